@@ -27,6 +27,7 @@ CHUNK_BYTES = 256 << 10  # small blocks stay in cache while split and parsed: ~1
 UTF8_BOM = b"\xef\xbb\xbf"
 
 OnError = Literal["raise", "skip"]
+READ_ERROR_REASONS = ("malformed_json", "not_an_object")
 
 
 class RecordError(ValueError):

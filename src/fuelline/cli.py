@@ -1,0 +1,134 @@
+"""The `fuelline` command: one subcommand per stage, plus `run` (a pipeline file) and `demo`.
+
+Stage subcommands are built from each stage's Config dataclass, so an option exists once, with
+one help text, for the CLI and for pipeline files alike. Heavy imports happen inside commands.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import typing
+
+import click
+
+from fuelline import __version__
+from fuelline.pipeline.registry import STAGES, stage_class
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="fuelline")
+def main() -> None:
+    """Turn raw text corpora into training-ready data."""
+
+
+def _print_stats(all_stats: list[dict]) -> None:
+    for stats in all_stats:
+        dropped = ", ".join(f"{reason} {n:,}" for reason, n in stats["dropped"].items()) or "none"
+        resumed = f", {stats['resumed_shards']} shard(s) resumed" if stats.get("resumed_shards") else ""
+        click.echo(
+            f"{stats['stage']:<10} in {stats['records_in']:>10,}  out {stats['records_out']:>10,}  "
+            f"dropped: {dropped}  ({stats['wall_seconds']:.1f}s{resumed})"
+        )
+
+
+def _fail(error: Exception) -> typing.NoReturn:
+    click.echo(f"error: {error}", err=True)
+    sys.exit(2)
+
+
+USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError)
+
+
+def _run_params() -> list[click.Option]:
+    """Options every command that runs stages shares."""
+    return [
+        click.Option(["--workers", "-w"], type=int, default=None, help="processes (default: all cores)"),
+        click.Option(["--restart"], is_flag=True, help="discard output made with other options or inputs"),
+        click.Option(["--quiet", "-q"], is_flag=True, help="no progress bar"),
+    ]
+
+
+@main.command(params=_run_params())
+@click.argument("pipeline_file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--run-dir", "-o", required=True, type=click.Path(file_okay=False), help="where stage outputs go")
+@click.option("--input", "-i", "inputs", multiple=True, help="input of the first stage (files, dirs, globs)")
+def run(pipeline_file, run_dir, inputs, workers, restart, quiet):
+    """Run a pipeline file (TOML); running it again resumes."""
+    from fuelline.pipeline.config import load_pipeline, run_pipeline
+
+    try:
+        steps = load_pipeline(pipeline_file)
+        all_stats = run_pipeline(steps, run_dir, input=list(inputs), workers=workers, restart=restart,
+                                 progress=not quiet)
+    except USER_ERRORS as e:
+        _fail(e)
+    _print_stats(all_stats)
+
+
+def _option_for(field: dataclasses.Field, hint) -> click.Option:
+    flag = "--" + field.name.replace("_", "-")
+    help_text = field.metadata.get("help", "")
+    if hint is bool:
+        return click.Option([f"{flag}/--no-{field.name.replace('_', '-')}"], default=None, help=help_text)
+    if typing.get_origin(hint) is list:
+        (item,) = typing.get_args(hint)
+        return click.Option([flag], multiple=True, type=item, help=f"{help_text} (repeatable)")
+    choices = field.metadata.get("choices")
+    if choices:
+        kind = click.Choice(choices)
+    else:  # `int | None` and the like: the non-None member
+        kind = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
+    return click.Option([flag], type=kind, default=None, help=help_text)
+
+
+def _stage_command(name: str) -> click.Command:
+    """A subcommand for stage `name`, with its Config's fields as options."""
+    cls = stage_class(name)
+    hints = typing.get_type_hints(cls.Config)
+    fields = dataclasses.fields(cls.Config)
+
+    def callback(inputs, output, workers, restart, quiet, shard_size, output_format, on_error, no_rejects, **values):
+        from fuelline.pipeline.config import build_dataclass
+        from fuelline.pipeline.executor import RunOptions, run_stage
+
+        given = {k: (list(v) if isinstance(v, tuple) else v) for k, v in values.items()
+                 if v is not None and v != ()}
+        try:
+            config = build_dataclass(cls.Config, given, f"fuelline {name}")
+            options = RunOptions(workers=workers, shard_size=shard_size, output_format=output_format,
+                                 on_error=on_error, keep_rejects=not no_rejects, restart=restart,
+                                 progress=not quiet)
+            stats = run_stage(cls(config), list(inputs), output, options)
+        except USER_ERRORS as e:
+            _fail(e)
+        _print_stats([stats])
+
+    params = [
+        click.Option(["--input", "-i", "inputs"], multiple=True, required=True, help="files, directories or globs"),
+        click.Option(["--output", "-o"], required=True, type=click.Path(file_okay=False), help="output directory"),
+        *_run_params(),
+        click.Option(["--shard-size"], type=int, default=50_000, show_default=True, help="lines per shard"),
+        click.Option(["--format", "output_format"], type=click.Choice(["jsonl.zst", "parquet"]), default="jsonl.zst",
+                     show_default=True, help="output format"),
+        click.Option(["--on-error"], type=click.Choice(["raise", "skip"]), default="raise", show_default=True,
+                     help="malformed records: stop with FILE:LINE, or count and keep them in _rejects/"),
+        click.Option(["--no-rejects"], is_flag=True, help="count dropped records but do not keep them"),
+        *[_option_for(f, hints[f.name]) for f in fields],
+    ]
+    return click.Command(name, callback=callback, params=params, help=cls.description, short_help=cls.description)
+
+
+for _name in STAGES:
+    main.add_command(_stage_command(_name))
+
+
+@main.command()
+@click.option("--dir", "-o", "directory", type=click.Path(file_okay=False), default=None,
+              help="where to write the corpus and the run (default: a new temporary directory)")
+@click.option("--workers", "-w", type=int, default=None, help="processes (default: all cores)")
+def demo(directory, workers):
+    """Generate a small messy corpus and run the pipeline on it."""
+    from fuelline.demo import run_demo
+
+    run_demo(directory, workers=workers, report=_print_stats)

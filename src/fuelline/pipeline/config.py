@@ -1,0 +1,131 @@
+"""Typed stage options, and pipeline files: an ordered list of stages in TOML.
+
+    [defaults]              # run options for every stage (each may override them)
+    workers = 2
+    on_error = "skip"
+
+    [[stage]]
+    use = "ingest"          # a registered stage
+    input = "corpus/*.jsonl.zst"   # first stage only; later stages read the one before
+    text_key = "paragraphs" # the stage's own options
+
+Each stage writes RUN_DIR/NN-NAME/; running the file again resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from fuelline.io.atomic import write_bytes_atomic
+from fuelline.pipeline.executor import RunOptions, run_stage
+from fuelline.pipeline.registry import stage_class
+from fuelline.pipeline.stage import Stage, StageConfig
+
+RUN_OPTION_KEYS = {f.name for f in dataclasses.fields(RunOptions)} - {"restart", "progress"}
+
+
+def _check_type(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_check_type(value, h) for h in typing.get_args(hint))
+    if origin is list:
+        (item,) = typing.get_args(hint) or (Any,)
+        return isinstance(value, list) and all(_check_type(v, item) for v in value)
+    if hint is Any:
+        return True
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def build_dataclass(cls: type, values: dict[str, Any], where: str):
+    """An instance of dataclass `cls` from `values`, refusing unknown keys and wrong types."""
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"{where}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+    for key, value in values.items():
+        if not _check_type(value, hints[key]):
+            raise ValueError(f"{where}: option {key!r} must be {hints[key]}, found {value!r}")
+    return cls(**values)
+
+
+@dataclass
+class PipelineStep:
+    name: str
+    stage: Stage
+    run_options: RunOptions
+    input: list[str] = field(default_factory=list)
+
+
+def load_pipeline(path: str | os.PathLike) -> list[PipelineStep]:
+    path = Path(path)
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: invalid TOML: {e}") from None
+    unknown = sorted(set(doc) - {"defaults", "stage"})
+    if unknown:
+        raise ValueError(f"{path}: unknown table(s) {', '.join(unknown)}; expected [defaults] and [[stage]]")
+    defaults = doc.get("defaults", {})
+    build_dataclass(RunOptions, defaults, f"{path} [defaults]")
+    if not doc.get("stage"):
+        raise ValueError(f"{path}: no [[stage]] tables")
+    steps, names = [], set()
+    for i, table in enumerate(doc["stage"], start=1):
+        where = f"{path} [[stage]] #{i}"
+        table = dict(table)
+        if "use" not in table:
+            raise ValueError(f"{where}: missing key 'use' (the stage to run)")
+        cls = stage_class(table.pop("use"))
+        name = table.pop("name", cls.name)
+        if name in names:
+            raise ValueError(f"{where}: stage name {name!r} is used twice; give one a distinct 'name'")
+        names.add(name)
+        inputs = table.pop("input", [])
+        inputs = [inputs] if isinstance(inputs, str) else list(inputs)
+        run_values = {**defaults, **{k: table.pop(k) for k in list(table) if k in RUN_OPTION_KEYS}}
+        options = build_dataclass(RunOptions, run_values, where)
+        config = build_dataclass(cls.Config, table, f"{where} ({cls.name})")
+        steps.append(PipelineStep(name, cls(config), options, inputs))
+    return steps
+
+
+def run_pipeline(steps: list[PipelineStep], run_dir: str | os.PathLike, *, input: list[str] | None = None,
+                 workers: int | None = None, restart: bool = False, progress: bool = True) -> list[dict]:
+    """Run the steps in order, each reading the previous one's output; return their stats."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    previous: list[str] = []
+    all_stats = []
+    layout = []
+    for i, step in enumerate(steps, start=1):
+        if i == 1:
+            inputs = list(input) if input else step.input
+        else:
+            inputs = step.input or previous
+        if not inputs:
+            raise ValueError(f"stage {step.name!r} has no input: give --input or set 'input' in the pipeline file")
+        out = run_dir / f"{i:02d}-{step.name}"
+        options = dataclasses.replace(step.run_options, restart=restart, progress=progress,
+                                      workers=workers or step.run_options.workers)
+        stats = run_stage(step.stage, inputs, out, options)
+        all_stats.append(stats)
+        layout.append({"name": step.name, "stage": step.stage.name, "dir": out.name})
+        previous = [os.fspath(out)]
+    write_bytes_atomic(run_dir / "pipeline.json", orjson.dumps({"stages": layout}, option=orjson.OPT_INDENT_2) + b"\n")
+    return all_stats

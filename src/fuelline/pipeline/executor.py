@@ -1,0 +1,252 @@
+"""The local executor: runs a stage over input shards on N processes, resumably.
+
+Layout of a stage's output directory:
+
+    _plan.json        what this directory is the output of (stage options, inputs, shards)
+    part-00000.*      output shard k, written atomically
+    _rejects/part-*   dropped and unreadable records of shard k, with their reasons
+    _done/part-*.json completion marker of shard k: its counts, seconds and output sizes
+    stats.json        the stage's totals, written last; the funnel report reads only these
+
+A shard counts as finished only when its marker exists and the sizes it records match the files
+on disk: a crash before the marker, or a truncated temp file, means the shard is redone.
+Re-running over a directory made from other options or inputs is refused unless `restart`.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import time
+from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Callable, Iterator
+
+import orjson
+from tqdm import tqdm
+
+from fuelline.io.atomic import remove_temp_files, write_bytes_atomic
+from fuelline.io.paths import STAGE_PLAN_FILE, expand_inputs
+from fuelline.io.readers import READ_ERROR_REASONS, iter_file_records
+from fuelline.io.rejects import Rejects
+from fuelline.io.writers import OUTPUT_FORMATS, open_writer
+from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
+from fuelline.pipeline.stage import Location, ShardContext, Stage
+
+PLAN_VERSION = 1
+DONE_DIR, REJECTS_DIR, STATS_FILE = "_done", "_rejects", "stats.json"
+PROGRESS_EVERY = 4096
+
+
+class StageOutputMismatch(RuntimeError):
+    """The output directory holds the result of different options or inputs."""
+
+
+@dataclass
+class RunOptions:
+    """How a stage is run; none of these change its output bytes except format and on_error."""
+
+    workers: int | None = None  # None: every core this process may use
+    shard_size: int = 50_000
+    output_format: str = "jsonl.zst"
+    on_error: str = "raise"
+    keep_rejects: bool = True
+    restart: bool = False
+    progress: bool = True
+
+    def resolved_workers(self, pending: int) -> int:
+        workers = self.workers or len(os.sched_getaffinity(0))
+        return max(1, min(workers, pending))
+
+
+def _dumps(obj) -> bytes:
+    return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
+
+
+def _read_json(path: Path):
+    return orjson.loads(path.read_bytes())
+
+
+def _part_path(output_dir: Path, shard: InputShard, output_format: str) -> Path:
+    return output_dir / f"{shard.part_name}{OUTPUT_FORMATS[output_format].suffix}"
+
+
+def run_shard(stage: Stage, shard: InputShard, output_dir: Path, options: RunOptions,
+              progress: Callable[[int], None] = lambda n: None) -> dict:
+    """Process one shard: write its part file, its rejects and, last, its completion marker."""
+    started = time.perf_counter()
+    rejects_path = output_dir / REJECTS_DIR / f"{shard.part_name}.jsonl.zst" if options.keep_rejects else None
+    rejects = Rejects(rejects_path)
+    ctx = ShardContext(shard.shard_id, rejects)
+    read = 0
+
+    def located() -> Iterator[tuple[Location, dict]]:
+        nonlocal read
+        for line, record in iter_file_records(shard.source, start=shard.start, stop=shard.stop,
+                                              on_error=options.on_error, rejects=rejects):
+            read += 1
+            if read % PROGRESS_EVERY == 0:
+                progress(PROGRESS_EVERY)
+            yield Location(shard.source, line), record
+
+    writer = open_writer(output_dir / shard.part_name, options.output_format)
+    try:
+        for record in stage.process(located(), ctx):
+            writer.write(record)
+    except BaseException:
+        writer.abort()
+        rejects.abort()
+        raise
+    writer.close()
+    rejects.close()
+    progress(read % PROGRESS_EVERY)
+    unreadable = sum(rejects.counts[r] for r in READ_ERROR_REASONS)
+    marker = {
+        "shard": shard.shard_id,
+        "records_in": read + unreadable,
+        "records_out": writer.count,
+        "dropped": dict(sorted(rejects.counts.items())),
+        "counters": dict(sorted(ctx.counters.items())),
+        "seconds": round(time.perf_counter() - started, 4),
+        "files": {writer.path.name: writer.path.stat().st_size},
+    }
+    if rejects.written:
+        marker["files"][f"{REJECTS_DIR}/{rejects_path.name}"] = rejects_path.stat().st_size
+    write_bytes_atomic(output_dir / DONE_DIR / f"{shard.part_name}.json", _dumps(marker))
+    return marker
+
+
+def _finished_marker(output_dir: Path, shard: InputShard) -> dict | None:
+    """The shard's marker if the shard is complete on disk, else None."""
+    try:
+        marker = _read_json(output_dir / DONE_DIR / f"{shard.part_name}.json")
+    except (FileNotFoundError, orjson.JSONDecodeError):
+        return None
+    for name, size in marker["files"].items():
+        path = output_dir / name
+        if not path.is_file() or path.stat().st_size != size:
+            return None
+    return marker
+
+
+def _prepare_output(stage: Stage, inputs: list[Path], output_dir: Path, options: RunOptions) -> list[InputShard]:
+    """Create or check `_plan.json`; return the shards of this run."""
+    identity = {
+        "version": PLAN_VERSION,
+        **stage.fingerprint(),
+        "inputs": describe_inputs(inputs),
+        "shard_size": options.shard_size,
+        "output_format": options.output_format,
+        "on_error": options.on_error,
+    }
+    plan_path = output_dir / STAGE_PLAN_FILE
+    if plan_path.exists():
+        existing = _read_json(plan_path)
+        same = {k: v for k, v in existing.items() if k != "shards"} == identity
+        if same:
+            remove_temp_files(output_dir)
+            return [InputShard(**s) for s in existing["shards"]]
+        if not options.restart:
+            differing = sorted(k for k in identity.keys() | existing.keys()
+                               if k != "shards" and existing.get(k) != identity.get(k))
+            raise StageOutputMismatch(
+                f"{output_dir} holds the output of a run with different {', '.join(differing)}; "
+                "pass --restart to delete it and run again, or choose another output directory"
+            )
+        shutil.rmtree(output_dir)
+    elif output_dir.exists() and any(output_dir.iterdir()):
+        raise StageOutputMismatch(f"{output_dir} exists, is not empty and is not a fuelline stage output")
+    output_dir.mkdir(parents=True, exist_ok=True)
+    shards = plan_shards(inputs, options.shard_size)
+    write_bytes_atomic(plan_path, _dumps({**identity, "shards": [s.to_json() for s in shards]}))
+    return shards
+
+
+def _run_pending(stage: Stage, pending: list[InputShard], output_dir: Path, options: RunOptions,
+                 bar: tqdm) -> None:
+    workers = options.resolved_workers(len(pending))
+    if workers == 1:
+        for shard in pending:
+            run_shard(stage, shard, output_dir, options, bar.update)
+        return
+    ctx = get_context("spawn")  # no fork: the parent may hold threads (pyarrow, tqdm)
+    updates = ctx.Queue()
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(updates,)) as pool:
+        running = {pool.submit(_run_shard_in_worker, stage, s, output_dir, options) for s in pending}
+        while running:
+            done, running = wait(running, timeout=0.2, return_when=FIRST_COMPLETED)
+            _drain(updates, bar)
+            for future in done:
+                future.result()  # re-raise a worker's error here, naming its file and line
+        _drain(updates, bar)
+
+
+_worker_updates = None
+
+
+def _init_worker(updates) -> None:
+    global _worker_updates
+    _worker_updates = updates
+
+
+def _run_shard_in_worker(stage: Stage, shard: InputShard, output_dir: Path, options: RunOptions) -> dict:
+    return run_shard(stage, shard, output_dir, options, _worker_updates.put)
+
+
+def _drain(updates, bar: tqdm) -> None:
+    while True:
+        try:
+            bar.update(updates.get_nowait())
+        except queue.Empty:
+            return
+
+
+def aggregate_stats(stage: Stage, markers: list[dict]) -> dict:
+    dropped: Counter = Counter()
+    counters: Counter = Counter()
+    for m in markers:
+        dropped.update(m["dropped"])
+        counters.update(m["counters"])
+    return {
+        "stage": stage.name,
+        "records_in": sum(m["records_in"] for m in markers),
+        "records_out": sum(m["records_out"] for m in markers),
+        "dropped": dict(sorted(dropped.items())),
+        "counters": dict(sorted(counters.items())),
+        "seconds": round(sum(m["seconds"] for m in markers), 3),
+        "shards": len(markers),
+    }
+
+
+def run_stage(stage: Stage, inputs, output_dir: str | os.PathLike, options: RunOptions | None = None) -> dict:
+    """Run `stage` over `inputs` (files, directories, globs) into `output_dir`; return its stats.
+
+    Finished shards of an earlier, interrupted run with the same options are kept.
+    """
+    options = options or RunOptions()
+    if options.output_format not in OUTPUT_FORMATS:
+        raise ValueError(f"unknown output format {options.output_format!r}; choose one of {sorted(OUTPUT_FORMATS)}")
+    output_dir = Path(output_dir)
+    started = time.perf_counter()
+    files = expand_inputs(inputs)
+    shards = _prepare_output(stage, files, output_dir, options)
+    pending = [s for s in shards if _finished_marker(output_dir, s) is None]
+    total = None if any(s.units is None for s in pending) else sum(s.units for s in pending)
+    with tqdm(total=total, desc=stage.name, unit="rec", disable=not options.progress, leave=False) as bar:
+        if pending:
+            _run_pending(stage, pending, output_dir, options, bar)
+    markers = []
+    for shard in shards:
+        marker = _finished_marker(output_dir, shard)
+        if marker is None:
+            raise RuntimeError(f"{output_dir}: shard {shard.part_name} did not finish")
+        markers.append(marker)
+    stats = aggregate_stats(stage, markers)
+    stats["resumed_shards"] = len(shards) - len(pending)
+    stats["wall_seconds"] = round(time.perf_counter() - started, 3)
+    write_bytes_atomic(output_dir / STATS_FILE, _dumps(stats))
+    return stats

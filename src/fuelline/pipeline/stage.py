@@ -1,0 +1,79 @@
+"""What a stage is: a small object that turns the records of one shard into output records.
+
+A stage knows nothing of processes, files or resume: the executor feeds it one shard's records
+as `(location, record)` pairs and a `ShardContext`, writes what it yields, and counts what it
+drops. Most stages only implement `apply(record, location)`, returning the new record or a
+`Drop` with a named reason; stages that need the whole shard override `process`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Iterable, Iterator
+
+from fuelline.io.rejects import Rejects
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a record came from: its file and 1-based line (or array element, or Parquet row)."""
+
+    source: str
+    line: int
+
+
+@dataclass(frozen=True)
+class Drop:
+    """Returned by `Stage.apply` to drop a record; `reason` names the rule, as in stats.json."""
+
+    reason: str
+    detail: str | None = None
+
+
+@dataclass
+class ShardContext:
+    """Per-shard bookkeeping a stage may use: drop records, add counters (tokens, bytes, …)."""
+
+    shard_id: int
+    rejects: Rejects
+    counters: Counter = field(default_factory=Counter)
+
+    def drop(self, record: Any, reason: str, location: Location | None = None, detail: str | None = None) -> None:
+        self.rejects.add(reason, record, source=location.source if location else None,
+                         line=location.line if location else None, detail=detail)
+
+    def count(self, name: str, amount: int = 1) -> None:
+        self.counters[name] += amount
+
+
+@dataclass
+class StageConfig:
+    """Base of every stage's options; fields become CLI options and pipeline-file keys."""
+
+
+class Stage:
+    """Base class. Subclasses set `name`, `Config` (a StageConfig dataclass) and `apply` or `process`."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    Config: ClassVar[type[StageConfig]] = StageConfig
+
+    def __init__(self, config: StageConfig | None = None):
+        self.config = config if config is not None else self.Config()
+
+    def process(self, records: Iterable[tuple[Location, dict]], ctx: ShardContext) -> Iterator[dict]:
+        for location, record in records:
+            result = self.apply(record, location)
+            if isinstance(result, Drop):
+                ctx.drop(record, result.reason, location, result.detail)
+            else:
+                yield result
+
+    def apply(self, record: dict, location: Location) -> dict | Drop:
+        raise NotImplementedError(f"stage {self.name!r} must implement apply() or process()")
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What identifies this stage's output: its name and every option (the resume check)."""
+        return {"stage": self.name, "config": dataclasses.asdict(self.config)}
