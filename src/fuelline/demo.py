@@ -102,7 +102,8 @@ def run_demo(directory: str | None, *, workers: int | None = None,
     run_dir = base / "run"
     print(f"corpus: {', '.join(str(p) for p in files)}")
     print(f"pipeline: {pipeline_file}\nrun: {run_dir}\n")
-    all_stats = run_pipeline(load_pipeline(pipeline_file), run_dir, input=[str(corpus)], workers=workers)
+    # The corpus was just rewritten, so an earlier demo run in the same place is redone.
+    all_stats = run_pipeline(load_pipeline(pipeline_file), run_dir, input=[str(corpus)], workers=workers, restart=True)
     report(all_stats)
     last = sorted(p for p in run_dir.iterdir() if p.is_dir())[-1]
     print(f"\nread the result:\n  python -c \"from fuelline.io import read_records; "

@@ -37,6 +37,9 @@ class RecordError(ValueError):
         self.source, self.line, self.what = os.fspath(source), line, what
         super().__init__(f"{self.source}:{line}: {what}")
 
+    def __reduce__(self):  # travels intact from a worker process to the parent
+        return type(self), (self.source, self.line, self.what)
+
 
 def open_binary(path: str | os.PathLike) -> IO[bytes]:
     """Open `path` for reading, decompressing by suffix (.gz, .zst, .bz2, .xz)."""

@@ -177,11 +177,16 @@ def _run_pending(stage: Stage, pending: list[InputShard], output_dir: Path, opti
     updates = ctx.Queue()
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(updates,)) as pool:
         running = {pool.submit(_run_shard_in_worker, stage, s, output_dir, options) for s in pending}
-        while running:
-            done, running = wait(running, timeout=0.2, return_when=FIRST_COMPLETED)
-            _drain(updates, bar)
-            for future in done:
-                future.result()  # re-raise a worker's error here, naming its file and line
+        try:
+            while running:
+                done, running = wait(running, timeout=0.2, return_when=FIRST_COMPLETED)
+                _drain(updates, bar)
+                for future in done:
+                    future.result()  # re-raise a worker's error here, naming its file and line
+        except BaseException:
+            for future in running:
+                future.cancel()  # finished shards stay finished; queued ones are not started
+            raise
         _drain(updates, bar)
 
 

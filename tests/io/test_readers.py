@@ -1,0 +1,146 @@
+import bz2
+import gzip
+import lzma
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from fuelline.io import Rejects, RecordError, expand_inputs, iter_file_records, read_records
+from fuelline.io.readers import count_units
+
+from ..conftest import shared_file
+
+RECORDS = [{"id": str(i), "text": f"第{i}行 line {i}", "n": i} for i in range(50)]
+
+
+def jsonl_bytes(records, *, extra_lines=()):
+    lines = [orjson.dumps(r) for r in records]
+    for index, line in extra_lines:
+        lines.insert(index, line)
+    return b"\n".join(lines) + b"\n"
+
+
+COMPRESSORS = {
+    ".jsonl": lambda b: b,
+    ".jsonl.gz": gzip.compress,
+    ".jsonl.zst": lambda b: zstandard.ZstdCompressor().compress(b),
+    ".jsonl.bz2": bz2.compress,
+    ".jsonl.xz": lzma.compress,
+}
+
+
+@pytest.mark.parametrize("suffix", COMPRESSORS)
+def test_line_formats_round_trip(tmp_path, suffix):
+    path = tmp_path / f"data{suffix}"
+    path.write_bytes(COMPRESSORS[suffix](jsonl_bytes(RECORDS)))
+    assert list(read_records(path)) == RECORDS
+
+
+def test_json_array_is_streamed_and_json_lines_in_a_json_file_are_read(tmp_path):
+    array = tmp_path / "array.json.zst"
+    array.write_bytes(zstandard.ZstdCompressor().compress(orjson.dumps(RECORDS, option=orjson.OPT_INDENT_2)))
+    lines = tmp_path / "lines.json"
+    lines.write_bytes(jsonl_bytes(RECORDS))
+    assert list(read_records(array)) == RECORDS
+    assert list(read_records(lines)) == RECORDS
+
+
+def test_json_array_element_that_is_not_an_object_is_named(tmp_path):
+    path = tmp_path / "a.json"
+    path.write_bytes(orjson.dumps([RECORDS[0], [1, 2], RECORDS[1]]))
+    with pytest.raises(RecordError, match=r"a\.json:2: array element 2 is list"):
+        list(read_records(path))
+
+
+def test_parquet(tmp_path):
+    path = tmp_path / "data.parquet"
+    pq.write_table(pa.Table.from_pylist(RECORDS), path, row_group_size=7)
+    assert list(read_records(path)) == RECORDS
+
+
+def test_blank_lines_crlf_and_bom_are_handled(tmp_path):
+    path = tmp_path / "d.jsonl"
+    body = jsonl_bytes(RECORDS[:3], extra_lines=[(1, b""), (2, b"   \r")]).replace(b"\n", b"\r\n")
+    path.write_bytes(b"\xef\xbb\xbf" + body)
+    assert [loc for loc, _ in iter_file_records(path)] == [1, 4, 5]
+    assert list(read_records(path)) == RECORDS[:3]
+
+
+def test_malformed_line_in_the_middle_of_a_zst_file_names_file_and_line(tmp_path):
+    path = tmp_path / "broken.jsonl.zst"
+    body = jsonl_bytes(RECORDS, extra_lines=[(25, b'{"id": "x", "text": "unterminated')])
+    path.write_bytes(zstandard.ZstdCompressor().compress(body))
+    with pytest.raises(RecordError) as error:
+        list(read_records(path))
+    assert str(error.value).startswith(f"{path}:26: invalid JSON")
+    assert (error.value.source, error.value.line) == (str(path), 26)
+
+
+def test_skip_mode_counts_and_keeps_rejects(tmp_path):
+    path = tmp_path / "broken.jsonl"
+    path.write_bytes(jsonl_bytes(RECORDS, extra_lines=[(10, b"{not json"), (20, b"[1, 2]")]))
+    rejects = Rejects(tmp_path / "rejects.jsonl.zst")
+    records = list(read_records(path, on_error="skip", rejects=rejects))
+    rejects.close()
+    assert records == RECORDS
+    assert rejects.counts == {"malformed_json": 1, "not_an_object": 1}
+    kept = list(read_records(tmp_path / "rejects.jsonl.zst"))
+    assert [(r["reason"], r["line"], r["record"]) for r in kept] == [
+        ("malformed_json", 11, "{not json"), ("not_an_object", 21, "[1, 2]")]
+
+
+@pytest.mark.parametrize("shard", [(0, 10), (10, 11), (45, None), (3, 3), (60, None)])
+def test_line_ranges_select_the_same_records_as_slicing(tmp_path, shard):
+    path = tmp_path / "d.jsonl.zst"
+    path.write_bytes(zstandard.ZstdCompressor().compress(jsonl_bytes(RECORDS)))
+    start, stop = shard
+    got = [r for _, r in iter_file_records(path, start=start, stop=stop)]
+    assert got == RECORDS[start:stop]
+
+
+def test_line_ranges_cross_read_blocks(tmp_path, monkeypatch):
+    monkeypatch.setattr("fuelline.io.readers.CHUNK_BYTES", 64)  # many records span two blocks
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(jsonl_bytes(RECORDS))
+    assert [r for _, r in iter_file_records(path, start=17, stop=33)] == RECORDS[17:33]
+    assert list(read_records(path)) == RECORDS
+
+
+def test_count_units(tmp_path):
+    (tmp_path / "a.jsonl").write_bytes(b'{"a":1}\n{"a":2}')  # no trailing newline
+    (tmp_path / "b.json").write_bytes(b"[]")
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    assert count_units(tmp_path / "a.jsonl") == 2
+    assert count_units(tmp_path / "b.json") is None
+    assert count_units(tmp_path / "empty.jsonl") == 0
+
+
+def test_directories_and_globs_expand_in_sorted_order_skipping_hidden_and_temp_files(tmp_path):
+    (tmp_path / "sub").mkdir()
+    for name in ["b.jsonl", "a.jsonl.gz", "sub/c.parquet", ".hidden.jsonl", ".a.jsonl.tmp-1-ab", "notes.txt"]:
+        (tmp_path / name).write_bytes(b"")
+    assert [p.relative_to(tmp_path).as_posix() for p in expand_inputs(tmp_path)] == [
+        "a.jsonl.gz", "b.jsonl", "sub/c.parquet"]
+    assert [p.name for p in expand_inputs(str(tmp_path / "*.jsonl*"))] == ["a.jsonl.gz", "b.jsonl"]
+    with pytest.raises(FileNotFoundError, match="matched no data files"):
+        expand_inputs(str(tmp_path / "*.csv"))
+    with pytest.raises(ValueError, match="unsupported file type"):
+        expand_inputs(tmp_path / "notes.txt")
+
+
+@pytest.mark.parametrize("relative, expected", [
+    ("chinese-poetry.jsonl.zst", 398_631),
+    ("chat/sharegpt_zh_1K.jsonl.zst", 1_000),
+    ("chat/codegen-instruct.json.zst", 4_535),
+    ("chat/gsm8k-train.jsonl.zst", 7_473),
+])
+def test_shared_data_files_are_read_completely(relative, expected):
+    path = shared_file(relative)
+    count = 0
+    for record in read_records(path):
+        assert isinstance(record, dict)
+        count += 1
+    assert count == expected
