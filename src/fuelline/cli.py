@@ -132,3 +132,5 @@ def demo(directory, workers):
     from fuelline.demo import run_demo
 
     run_demo(directory, workers=workers, report=_print_stats)
+if __name__ == "__main__":
+    main()
