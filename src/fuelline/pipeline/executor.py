@@ -5,6 +5,7 @@ Layout of a stage's output directory:
     _plan.json        what this directory is the output of (stage options, inputs, shards)
     part-00000.*      output shard k, written atomically
     _rejects/part-*   dropped and unreadable records of shard k, with their reasons
+    _prepare/         what a corpus-level stage learned before the shards (Stage.prepare)
     _done/part-*.json completion marker of shard k: its counts, seconds and output sizes
     stats.json        the stage's totals, written last; the funnel report reads only these
 
@@ -38,7 +39,7 @@ from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.pipeline.stage import Location, ShardContext, Stage
 
 PLAN_VERSION = 1
-DONE_DIR, REJECTS_DIR, STATS_FILE = "_done", "_rejects", "stats.json"
+DONE_DIR, REJECTS_DIR, PREPARE_DIR, STATS_FILE = "_done", "_rejects", "_prepare", "stats.json"
 PROGRESS_EVERY = 4096
 
 
@@ -243,6 +244,7 @@ def run_stage(stage: Stage, inputs, output_dir: str | os.PathLike, options: RunO
     total = None if any(s.units is None for s in pending) else sum(s.units for s in pending)
     with tqdm(total=total, desc=stage.name, unit="rec", disable=not options.progress, leave=False) as bar:
         if pending:
+            stage.prepare(files, output_dir / PREPARE_DIR)
             _run_pending(stage, pending, output_dir, options, bar)
     markers = []
     for shard in shards:

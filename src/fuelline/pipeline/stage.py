@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Iterable, Iterator
 
 from fuelline.io.rejects import Rejects
@@ -62,6 +63,13 @@ class Stage:
 
     def __init__(self, config: StageConfig | None = None):
         self.config = config if config is not None else self.Config()
+
+    def prepare(self, files: list[Path], workdir: Path) -> None:
+        """Corpus-level pass run once before the shards (e.g. counting lines across documents).
+
+        Whatever it learns is kept on `self` (the stage object travels to every worker) and may
+        be cached in `workdir`, which survives an interrupted run. Most stages need nothing here.
+        """
 
     def process(self, records: Iterable[tuple[Location, dict]], ctx: ShardContext) -> Iterator[dict]:
         for location, record in records:
