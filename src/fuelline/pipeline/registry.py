@@ -8,6 +8,7 @@ from fuelline.pipeline.stage import Stage
 
 STAGES: dict[str, str] = {
     "ingest": "fuelline.ingest:IngestStage",
+    "clean": "fuelline.clean.stage:CleanStage",
 }
 
 

@@ -1,0 +1,1 @@
+"""Cleaning: text normalization, poetry rules, web quality filters, boilerplate removal."""

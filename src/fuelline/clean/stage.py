@@ -1,0 +1,79 @@
+"""The clean stage: one stage, two profiles (poetry, web), optional script conversion."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+from fuelline.clean.poetry import clean_poem
+from fuelline.clean.web import WebRules, clean_web_text
+from fuelline.ingest import document_from_raw
+from fuelline.pipeline.stage import Drop, Location, ShardContext, Stage, StageConfig
+from fuelline.records import fallback_id
+
+CONVERSIONS = ["none", "t2s", "s2t", "tw2s", "hk2s", "s2tw"]  # OpenCC configuration names
+
+
+@dataclass
+class CleanConfig(StageConfig):
+    profile: str = field(default="poetry", metadata={"help": "rules to apply", "choices": ["poetry", "web"]})
+    convert: str = field(default="none", metadata={
+        "help": "convert between traditional and simplified script with OpenCC", "choices": CONVERSIONS})
+    text_key: str = field(default="text", metadata={"help": "web profile: field holding the text"})
+    max_han: int = field(default=3000, metadata={"help": "poetry profile: drop poems longer than this (Han characters)"})
+    min_chars: int = field(default=WebRules.min_chars, metadata={"help": "web profile: shortest text kept"})
+    min_words: int = field(default=WebRules.min_words, metadata={"help": "web profile: fewest words (CJK: characters)"})
+
+    def __post_init__(self):
+        if self.profile not in ("poetry", "web"):
+            raise ValueError(f"profile must be 'poetry' or 'web', not {self.profile!r}")
+        if self.convert not in CONVERSIONS:
+            raise ValueError(f"convert must be one of {', '.join(CONVERSIONS)}, not {self.convert!r}")
+
+
+class CleanStage(Stage):
+    name = "clean"
+    description = "Clean raw records into documents: poetry rules and metadata, or web quality rules."
+    Config = CleanConfig
+
+    def __init__(self, config: CleanConfig | None = None):
+        super().__init__(config)
+        self._converter = None
+        self._web_rules = WebRules(min_chars=self.config.min_chars, min_words=self.config.min_words)
+
+    def __getstate__(self):
+        return {**self.__dict__, "_converter": None}  # OpenCC objects do not pickle; rebuilt per worker
+
+    def _convert(self, text: str) -> str:
+        if self.config.convert == "none":
+            return text
+        if self._converter is None:
+            import opencc
+
+            self._converter = opencc.OpenCC(f"{self.config.convert}.json")
+        return self._converter.convert(text)
+
+    def process(self, records: Iterable[tuple[Location, dict]], ctx: ShardContext) -> Iterator[dict]:
+        for location, record in records:
+            if self.config.profile == "poetry":
+                result, notes = clean_poem(record, max_han=self.config.max_han)
+                ctx.count("notes_removed", notes)
+            else:
+                result = document_from_raw(record, location, text_key=self.config.text_key)
+                if not isinstance(result, Drop):
+                    text, removed = clean_web_text(result["text"], self._web_rules)
+                    ctx.count("lines_removed", removed)
+                    result = text if isinstance(text, Drop) else {**result, "text": text}
+            if isinstance(result, Drop):
+                ctx.drop(record, result.reason, location, result.detail)
+                continue
+            if result["id"] is None:
+                result["id"] = fallback_id(location.source, location.line)
+            if self.config.convert != "none":
+                result["text"] = self._convert(result["text"])
+                for key in ("title", "author"):
+                    if isinstance(result["meta"].get(key), str):
+                        result["meta"][key] = self._convert(result["meta"][key])
+            if "form" in result["meta"]:
+                ctx.count(f"kept_{result['meta']['form']}")
+            yield result
