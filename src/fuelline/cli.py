@@ -44,7 +44,7 @@ def _run_params() -> list[click.Option]:
     """Options every command that runs stages shares."""
     return [
         click.Option(["--workers", "-w"], type=int, default=None, help="processes (default: all cores)"),
-        click.Option(["--restart"], is_flag=True, help="discard output made with other options or inputs"),
+        click.Option(["--restart"], is_flag=True, help="discard existing output and start over"),
         click.Option(["--quiet", "-q"], is_flag=True, help="no progress bar"),
     ]
 

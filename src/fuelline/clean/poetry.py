@@ -85,8 +85,9 @@ def split_title(title: str) -> tuple[str, int | None]:
     if not match:
         return title, None
     part = chinese_numeral(match.group(1) or match.group(2))
-    base = title[: match.start()].strip()
-    return (base, part) if base and part else (title, None)
+    if not part:
+        return title, None
+    return title[: match.start()].strip(), part  # a title that was only "其二" becomes ""
 
 
 def normalize_author(author: str | None) -> str:
@@ -146,19 +147,19 @@ def clean_poem(record: dict, *, max_han: int = 3000) -> tuple[dict | Drop, int]:
     problem = malformed_reason(record)
     if problem:
         return Drop("malformed_record", problem), 0
-    lines = [normalize_text(p, form=None) for p in record["paragraphs"]]
-    text, notes = strip_notes("\n".join(line for line in lines if line))
-    text = normalize_text(text, form=None)
-    if not HAN.search(text):
-        return Drop("empty_poem"), notes
+    text, notes = strip_notes("\n".join(normalize_text(p, form=None) for p in record["paragraphs"]))
     reason = dirt_reason(text)
+    # Lines left with no Han character (a lone "。" after its note was removed) are not verse.
+    text = "\n".join(line for line in normalize_text(text, form=None).split("\n") if HAN.search(line))
+    if not text:
+        return Drop("empty_poem"), notes
     source = record.get("source") or ""
     form = FORM_BY_SOURCE.get(source, "other")
     if reason is None:
         reason = "too_long" if han_count(text) > max_han else form_reason(text, form)
     if reason:
         return Drop(reason), notes
-    title, part = split_title(normalize_text(record.get("title") or "", form=None))
+    title, part = split_title(normalize_text(strip_notes(record.get("title") or "")[0], form=None))
     meta = {
         "title": "" if "□" in title else title,
         "author": UNKNOWN_AUTHOR if "□" in (record.get("author") or "") else normalize_author(record.get("author")),

@@ -11,7 +11,8 @@ Layout of a stage's output directory:
 
 A shard counts as finished only when its marker exists and the sizes it records match the files
 on disk: a crash before the marker, or a truncated temp file, means the shard is redone.
-Re-running over a directory made from other options or inputs is refused unless `restart`.
+Re-running over a directory made from other options or inputs is refused; `restart` discards
+whatever the directory holds and starts over.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class RunOptions:
     output_format: str = "jsonl.zst"
     on_error: str = "raise"
     keep_rejects: bool = True
-    restart: bool = False
+    restart: bool = False  # discard what the output directory holds
     progress: bool = True
 
     def resolved_workers(self, pending: int) -> int:
@@ -145,21 +146,21 @@ def _prepare_output(stage: Stage, inputs: list[Path], output_dir: Path, options:
         "on_error": options.on_error,
     }
     plan_path = output_dir / STAGE_PLAN_FILE
+    if options.restart and plan_path.exists():
+        shutil.rmtree(output_dir)
     if plan_path.exists():
         existing = _read_json(plan_path)
         same = {k: v for k, v in existing.items() if k != "shards"} == identity
         if same:
             remove_temp_files(output_dir)
             return [InputShard(**s) for s in existing["shards"]]
-        if not options.restart:
-            differing = sorted(k for k in identity.keys() | existing.keys()
-                               if k != "shards" and existing.get(k) != identity.get(k))
-            raise StageOutputMismatch(
-                f"{output_dir} holds the output of a run with different {', '.join(differing)}; "
-                "pass --restart to delete it and run again, or choose another output directory"
-            )
-        shutil.rmtree(output_dir)
-    elif output_dir.exists() and any(output_dir.iterdir()):
+        differing = sorted(k for k in identity.keys() | existing.keys()
+                           if k != "shards" and existing.get(k) != identity.get(k))
+        raise StageOutputMismatch(
+            f"{output_dir} holds the output of a run with different {', '.join(differing)}; "
+            "pass --restart to delete it and run again, or choose another output directory"
+        )
+    if output_dir.exists() and any(output_dir.iterdir()):
         raise StageOutputMismatch(f"{output_dir} exists, is not empty and is not a fuelline stage output")
     output_dir.mkdir(parents=True, exist_ok=True)
     shards = plan_shards(inputs, options.shard_size)
