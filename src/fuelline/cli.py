@@ -88,14 +88,16 @@ def _stage_command(name: str) -> click.Command:
     hints = typing.get_type_hints(cls.Config)
     fields = dataclasses.fields(cls.Config)
 
-    def callback(inputs, output, workers, restart, quiet, shard_size, output_format, on_error, no_rejects, **values):
-        from fuelline.pipeline.config import build_dataclass
+    def callback(inputs, output, workers, restart, quiet, shard_size, output_format, on_error, no_rejects,
+                 config_file, **values):
+        from fuelline.pipeline.config import build_dataclass, read_toml
         from fuelline.pipeline.executor import RunOptions, run_stage
 
         given = {k: (list(v) if isinstance(v, tuple) else v) for k, v in values.items()
                  if v is not None and v != ()}
         try:
-            config = build_dataclass(cls.Config, given, f"fuelline {name}")
+            from_file = read_toml(config_file) if config_file else {}
+            config = build_dataclass(cls.Config, {**from_file, **given}, config_file or f"fuelline {name}")
             options = RunOptions(workers=workers, shard_size=shard_size, output_format=output_format,
                                  on_error=on_error, keep_rejects=not no_rejects, restart=restart,
                                  progress=not quiet)
@@ -114,6 +116,8 @@ def _stage_command(name: str) -> click.Command:
         click.Option(["--on-error"], type=click.Choice(["raise", "skip"]), default="raise", show_default=True,
                      help="malformed records: stop with FILE:LINE, or count and keep them in _rejects/"),
         click.Option(["--no-rejects"], is_flag=True, help="count dropped records but do not keep them"),
+        click.Option(["--config", "config_file"], type=click.Path(exists=True, dir_okay=False),
+                     help="TOML file of this stage's options; options given here override it"),
         *[_option_for(f, hints[f.name]) for f in fields],
     ]
     return click.Command(name, callback=callback, params=params, help=cls.description, short_help=cls.description)

@@ -72,12 +72,16 @@ class PipelineStep:
     input: list[str] = field(default_factory=list)
 
 
-def load_pipeline(path: str | os.PathLike) -> list[PipelineStep]:
-    path = Path(path)
+def read_toml(path: str | os.PathLike) -> dict[str, Any]:
     try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{path}: invalid TOML: {e}") from None
+
+
+def load_pipeline(path: str | os.PathLike) -> list[PipelineStep]:
+    path = Path(path)
+    doc = read_toml(path)
     unknown = sorted(set(doc) - {"defaults", "stage"})
     if unknown:
         raise ValueError(f"{path}: unknown table(s) {', '.join(unknown)}; expected [defaults] and [[stage]]")

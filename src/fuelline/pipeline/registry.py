@@ -8,6 +8,7 @@ from fuelline.pipeline.stage import Stage
 
 STAGES: dict[str, str] = {
     "ingest": "fuelline.ingest:IngestStage",
+    "boilerplate": "fuelline.clean.boilerplate:BoilerplateStage",
     "clean": "fuelline.clean.stage:CleanStage",
 }
 
