@@ -13,7 +13,7 @@ def test_help_lists_only_working_commands():
     result = fuelline("--help")
     assert result.returncode == 0
     listed = [line.split()[0] for line in result.stdout.split("Commands:")[1].strip().splitlines()]
-    assert listed == ["demo", "ingest", "run"]
+    assert listed == ["boilerplate", "clean", "demo", "ingest", "run"]
     for command in listed:  # each one builds and documents its options
         assert fuelline(command, "--help").returncode == 0
 
