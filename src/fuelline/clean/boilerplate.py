@@ -29,6 +29,10 @@ mostly distinct, spills ~16 GB, 250 MB a partition, ~750 MB at the peak. Only ha
 least `min_doc_freq` documents are kept, as sorted arrays (24 bytes each) that travel to every
 worker with the stage. Two of 1e9 distinct lines share a 64-bit hash with probability ~3%, and
 then only merge their counts.
+
+Speed: the counting pass takes ~3 s per million lines on one core (the poetry corpus, 1.76M
+non-blank lines, in 5.3 s), two thirds of it NFKC. There the defaults remove 5,668 lines (0.3%):
+stray "）。" fragments and 元曲 stage directions such as "（唱）。" at the ends of poems.
 """
 
 from __future__ import annotations
@@ -115,8 +119,9 @@ def keyed_lines(text: str, max_chars: int) -> list[tuple[int, str, int | None]]:
     """(index in text.split("\\n"), normalized line, hash) of every non-blank line of `text`.
 
     The hash is None for a line longer than `max_chars`: it still takes a position (it is
-    content) but is neither counted nor removed. Normalizing the whole text at once is ~2× faster
-    than line by line and gives the same lines: no NFKC mapping creates or removes a "\\n".
+    content) but is neither counted nor removed. The whole text is normalized at once, which
+    gives the same lines as normalizing each: no NFKC mapping creates or removes a "\\n". NFKC is
+    two thirds of the cost (~2.4 µs a line of classical poetry, where "，" becomes ",").
     """
     folded = _DIGIT.sub("0", unicodedata.normalize("NFKC", text).lower())
     keyed = []
@@ -283,7 +288,7 @@ def iter_texts(files: list[Path]) -> Iterator[str]:
 
 class BoilerplateStage(Stage):
     name = "boilerplate"
-    description = "Remove navigation, footer and copyright lines that recur across documents."
+    description = "Remove nav, footer and © lines that recur across documents."
     Config = BoilerplateConfig
 
     def __init__(self, config: BoilerplateConfig | None = None):
