@@ -89,7 +89,7 @@ def _stage_command(name: str) -> click.Command:
     fields = dataclasses.fields(cls.Config)
 
     def callback(inputs, output, workers, restart, quiet, shard_size, output_format, on_error, no_rejects,
-                 config_file, **values):
+                 config_file, explain=None, **values):
         from fuelline.pipeline.config import build_dataclass, read_toml
         from fuelline.pipeline.executor import RunOptions, run_stage
 
@@ -98,6 +98,9 @@ def _stage_command(name: str) -> click.Command:
         try:
             from_file = read_toml(config_file) if config_file else {}
             config = build_dataclass(cls.Config, {**from_file, **given}, config_file or f"fuelline {name}")
+            if explain:
+                click.echo(cls.explain_report(list(inputs), config, explain))
+                return
             options = RunOptions(workers=workers, shard_size=shard_size, output_format=output_format,
                                  on_error=on_error, keep_rejects=not no_rejects, restart=restart,
                                  progress=not quiet)
@@ -120,6 +123,9 @@ def _stage_command(name: str) -> click.Command:
                      help="TOML file of this stage's options; options given here override it"),
         *[_option_for(f, hints[f.name]) for f in fields],
     ]
+    if hasattr(cls, "explain_report"):  # stages that can show why they would remove what they remove
+        params.append(click.Option(["--explain"], type=int, is_flag=False, flag_value=30, default=None,
+                                   help="list the top N scored items with their features instead of running"))
     return click.Command(name, callback=callback, params=params, help=cls.description, short_help=cls.description)
 
 

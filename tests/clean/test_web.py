@@ -47,3 +47,24 @@ def test_document_rules_name_their_reason():
     no_stop_words = "\n".join(" ".join(rng.choice(["river", "market", "winter", "letter"]) for _ in range(12)) + "."
                               for _ in range(7))
     assert clean_web_text(no_stop_words, RULES)[0] == Drop("stop_words")
+
+
+def test_web_profile_strips_boilerplate_by_default(tmp_path):
+    import orjson
+
+    from fuelline.clean.stage import CleanConfig, CleanStage
+    from fuelline.io import read_records
+    from fuelline.pipeline.executor import RunOptions, run_stage
+
+    footer = "© 2026 Example Media. All rights reserved."
+    source = tmp_path / "pages.jsonl"
+    source.write_bytes(b"".join(orjson.dumps({"id": str(i), "text": english_page() + "\n" + footer}) + b"\n"
+                                for i in range(60)))
+    options = RunOptions(workers=2, shard_size=20, progress=False)
+    run_stage(CleanStage(CleanConfig(profile="web")), source, tmp_path / "on", options)
+    run_stage(CleanStage(CleanConfig(profile="web", boilerplate=False)), source, tmp_path / "off", options)
+    on, off = list(read_records(tmp_path / "on")), list(read_records(tmp_path / "off"))
+    assert len(on) == len(off) == 60
+    assert all(footer in d["text"] for d in off)  # the C4 line rules alone keep it: it ends in "."
+    assert not any(footer in d["text"] for d in on)
+    assert [d["text"] + "\n" + footer for d in on] == [d["text"] for d in off]

@@ -45,7 +45,7 @@ import tempfile
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import orjson
@@ -302,6 +302,10 @@ class BoilerplateStage(Stage):
 
     def prepare(self, files: list[Path], workdir: Path) -> None:
         """Count every line of the corpus once; a resumed run reads the counts from `workdir`."""
+        self.prepare_texts(files, iter_texts, workdir)
+
+    def prepare_texts(self, files: list[Path], texts: Callable[[list[Path]], Iterable[str]], workdir: Path) -> None:
+        """`prepare` over the texts `texts(files)` yields: for a stage that cleans text before this one."""
         self.files = list(files)
         self._index = None
         cfg = self.config
@@ -315,7 +319,7 @@ class BoilerplateStage(Stage):
                     self.table = LineTable(saved["hashes"], saved["doc_counts"], saved["edge_counts"],
                                            int(saved["num_docs"]))
                     return
-        self.table = count_lines(iter_texts(self.files), cfg, workdir / SPILL_NAME)
+        self.table = count_lines(texts(self.files), cfg, workdir / SPILL_NAME)
         with atomic_write(cache) as f:
             np.savez(f, key=np.array(key), hashes=self.table.hashes, doc_counts=self.table.doc_counts,
                      edge_counts=self.table.edge_counts, num_docs=np.array(self.table.num_docs))
@@ -369,6 +373,11 @@ class BoilerplateStage(Stage):
                 continue
             meta = {**(record.get("meta") or {}), "boilerplate_lines_removed": len(removed)}
             yield {**record, "text": text, "meta": meta}
+
+    @classmethod
+    def explain_report(cls, inputs, config: BoilerplateConfig, top: int = 30) -> str:
+        """The text table `fuelline boilerplate --explain` prints."""
+        return format_explanation(explain_boilerplate(inputs, config, top))
 
     def explain(self, top: int = 30) -> list[dict]:
         """The `top` candidate lines by score, with their features and an example as written.

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterable, Iterator
 
+from fuelline.clean.boilerplate import BoilerplateStage
 from fuelline.clean.poetry import clean_poem
 from fuelline.clean.web import WebRules, clean_web_text
 from fuelline.ingest import document_from_raw
+from fuelline.io.readers import iter_file_records
+from fuelline.io.rejects import Rejects
 from fuelline.pipeline.stage import Drop, Location, ShardContext, Stage, StageConfig
 from fuelline.records import fallback_id
 
@@ -23,6 +27,8 @@ class CleanConfig(StageConfig):
     max_han: int = field(default=3000, metadata={"help": "poetry profile: drop poems longer than this (Han characters)"})
     min_chars: int = field(default=WebRules.min_chars, metadata={"help": "web profile: shortest text kept"})
     min_words: int = field(default=WebRules.min_words, metadata={"help": "web profile: fewest words (CJK: characters)"})
+    boilerplate: bool | None = field(default=None, metadata={
+        "help": "strip boilerplate lines (default: on for web, off for poetry; see the boilerplate stage)"})
 
     def __post_init__(self):
         if self.profile not in ("poetry", "web"):
@@ -40,6 +46,8 @@ class CleanStage(Stage):
         super().__init__(config)
         self._converter = None
         self._web_rules = WebRules(min_chars=self.config.min_chars, min_words=self.config.min_words)
+        use_boilerplate = self.config.boilerplate if self.config.boilerplate is not None else self.config.profile == "web"
+        self._boilerplate = BoilerplateStage() if use_boilerplate else None
 
     def __getstate__(self):
         return {**self.__dict__, "_converter": None}  # OpenCC objects do not pickle; rebuilt per worker
@@ -53,7 +61,25 @@ class CleanStage(Stage):
             self._converter = opencc.OpenCC(f"{self.config.convert}.json")
         return self._converter.convert(text)
 
+    def prepare(self, files: list[Path], workdir: Path) -> None:
+        """With boilerplate removal on, count the lines of the cleaned texts across the corpus."""
+        if self._boilerplate is not None:
+            self._boilerplate.prepare_texts(files, self._cleaned_texts, workdir)
+
+    def _cleaned_texts(self, files: list[Path]) -> Iterator[str]:
+        located = ((Location(str(path), line), record) for path in files
+                   for line, record in iter_file_records(path, on_error="skip"))
+        for _, doc in self._clean(located, ShardContext(-1, Rejects())):
+            yield doc["text"]
+
     def process(self, records: Iterable[tuple[Location, dict]], ctx: ShardContext) -> Iterator[dict]:
+        cleaned = self._clean(records, ctx)
+        if self._boilerplate is not None:
+            yield from self._boilerplate.process(cleaned, ctx)
+        else:
+            yield from (doc for _, doc in cleaned)
+
+    def _clean(self, records: Iterable[tuple[Location, dict]], ctx: ShardContext) -> Iterator[tuple[Location, dict]]:
         for location, record in records:
             if self.config.profile == "poetry":
                 result, notes = clean_poem(record, max_han=self.config.max_han)
@@ -76,4 +102,4 @@ class CleanStage(Stage):
                         result["meta"][key] = self._convert(result["meta"][key])
             if "form" in result["meta"]:
                 ctx.count(f"kept_{result['meta']['form']}")
-            yield result
+            yield location, result
