@@ -8,7 +8,7 @@ import pytest
 from fuelline.clean import boilerplate
 from fuelline.clean.boilerplate import (BoilerplateConfig, BoilerplateStage, count_lines, edge_width,
                                         explain_boilerplate, format_explanation, keyed_lines,
-                                        short_text_score, template_similarity)
+                                        iter_texts, short_text_score, template_similarity)
 from fuelline.io import RecordError, read_records
 from fuelline.pipeline.executor import RunOptions, run_stage
 
@@ -232,4 +232,4 @@ def test_options_and_records_are_checked(tmp_path):
     raw = tmp_path / "raw.jsonl"
     raw.write_text('{"paragraphs": ["a"]}\n')
     with pytest.raises(RecordError, match=r"raw.jsonl:1: no string field \"text\""):
-        BoilerplateStage().prepare([raw], tmp_path / "work")
+        BoilerplateStage().prepare_texts([raw], iter_texts, tmp_path / "work")

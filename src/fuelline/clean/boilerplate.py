@@ -55,7 +55,7 @@ from fuelline.io.atomic import atomic_write
 from fuelline.io.paths import expand_inputs
 from fuelline.io.readers import RecordError, iter_file_records
 from fuelline.pipeline.shards import describe_inputs
-from fuelline.pipeline.stage import Location, ShardContext, Stage, StageConfig
+from fuelline.pipeline.stage import Location, PrepareContext, ShardContext, Stage, StageConfig
 
 BUFFER_ENTRIES = 1 << 22  # (hash, is_edge) pairs held before a spill
 STAGED_ENTRIES = 1 << 16  # Python ints gathered before one copy into the buffer (~3 MB)
@@ -300,9 +300,9 @@ class BoilerplateStage(Stage):
     def __getstate__(self):
         return {**self.__dict__, "_index": None}  # workers rebuild it; the arrays travel compactly
 
-    def prepare(self, files: list[Path], workdir: Path) -> None:
+    def prepare(self, ctx: PrepareContext) -> None:
         """Count every line of the corpus once; a resumed run reads the counts from `workdir`."""
-        self.prepare_texts(files, iter_texts, workdir)
+        self.prepare_texts(ctx.files, iter_texts, ctx.workdir)
 
     def prepare_texts(self, files: list[Path], texts: Callable[[list[Path]], Iterable[str]], workdir: Path) -> None:
         """`prepare` over the texts `texts(files)` yields: for a stage that cleans text before this one."""
@@ -326,7 +326,7 @@ class BoilerplateStage(Stage):
 
     def _lookup(self) -> dict[int, int]:
         if self.table is None:
-            raise RuntimeError("the boilerplate stage has no line counts: run prepare(files, workdir) first")
+            raise RuntimeError("the boilerplate stage has no line counts: run prepare() first")
         if self._index is None:
             self._index = dict(zip(self.table.hashes.tolist(), range(len(self.table.hashes))))
         return self._index
@@ -411,7 +411,7 @@ def explain_boilerplate(inputs, config: BoilerplateConfig | None = None, top: in
     """Count the lines of `inputs` (files, directories, globs) and explain the `top` candidates."""
     stage = BoilerplateStage(config)
     with tempfile.TemporaryDirectory(prefix="fuelline-boilerplate-") as workdir:
-        stage.prepare(expand_inputs(inputs), Path(workdir))
+        stage.prepare_texts(expand_inputs(inputs), iter_texts, Path(workdir))
     return stage.explain(top)
 
 

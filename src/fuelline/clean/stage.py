@@ -12,7 +12,7 @@ from fuelline.clean.web import WebRules, clean_web_text
 from fuelline.ingest import document_from_raw
 from fuelline.io.readers import iter_file_records
 from fuelline.io.rejects import Rejects
-from fuelline.pipeline.stage import Drop, Location, ShardContext, Stage, StageConfig
+from fuelline.pipeline.stage import Drop, Location, PrepareContext, ShardContext, Stage, StageConfig
 from fuelline.records import fallback_id
 
 CONVERSIONS = ["none", "t2s", "s2t", "tw2s", "hk2s", "s2tw"]  # OpenCC configuration names
@@ -61,10 +61,10 @@ class CleanStage(Stage):
             self._converter = opencc.OpenCC(f"{self.config.convert}.json")
         return self._converter.convert(text)
 
-    def prepare(self, files: list[Path], workdir: Path) -> None:
+    def prepare(self, ctx: PrepareContext) -> None:
         """With boilerplate removal on, count the lines of the cleaned texts across the corpus."""
         if self._boilerplate is not None:
-            self._boilerplate.prepare_texts(files, self._cleaned_texts, workdir)
+            self._boilerplate.prepare_texts(ctx.files, self._cleaned_texts, ctx.workdir)
 
     def _cleaned_texts(self, files: list[Path]) -> Iterator[str]:
         located = ((Location(str(path), line), record) for path in files

@@ -17,16 +17,17 @@ whatever the directory holds and starts over.
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import shutil
 import time
 from collections import Counter
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, as_completed, wait
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import orjson
 from tqdm import tqdm
@@ -37,7 +38,7 @@ from fuelline.io.readers import READ_ERROR_REASONS, iter_file_records
 from fuelline.io.rejects import Rejects
 from fuelline.io.writers import OUTPUT_FORMATS, open_writer
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
-from fuelline.pipeline.stage import Location, ShardContext, Stage
+from fuelline.pipeline.stage import Location, PrepareContext, ShardContext, Stage
 
 PLAN_VERSION = 1
 DONE_DIR, REJECTS_DIR, PREPARE_DIR, STATS_FILE = "_done", "_rejects", "_prepare", "stats.json"
@@ -192,6 +193,28 @@ def _run_pending(stage: Stage, pending: list[InputShard], output_dir: Path, opti
         _drain(updates, bar)
 
 
+def parallel_map(fn: Callable, items: Sequence, desc: str, *, workers: int, progress: bool) -> list:
+    """`[fn(x) for x in items]` on up to `workers` processes, with a progress bar."""
+    results: list = [None] * len(items)
+    with tqdm(total=len(items), desc=desc, disable=not progress, leave=False) as bar:
+        if workers <= 1 or len(items) <= 1:
+            for i, item in enumerate(items):
+                results[i] = fn(item)
+                bar.update()
+            return results
+        with ProcessPoolExecutor(min(workers, len(items)), mp_context=get_context("spawn")) as pool:
+            futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
+            try:
+                for future in as_completed(futures):
+                    results[futures[future]] = future.result()
+                    bar.update()
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+    return results
+
+
 _worker_updates = None
 
 
@@ -245,7 +268,9 @@ def run_stage(stage: Stage, inputs, output_dir: str | os.PathLike, options: RunO
     total = None if any(s.units is None for s in pending) else sum(s.units for s in pending)
     with tqdm(total=total, desc=stage.name, unit="rec", disable=not options.progress, leave=False) as bar:
         if pending:
-            stage.prepare(files, output_dir / PREPARE_DIR)
+            workers = options.resolved_workers(len(shards))
+            stage.prepare(PrepareContext(files, shards, output_dir / PREPARE_DIR, functools.partial(
+                parallel_map, workers=workers, progress=options.progress)))
             _run_pending(stage, pending, output_dir, options, bar)
     markers = []
     for shard in shards:
@@ -254,6 +279,7 @@ def run_stage(stage: Stage, inputs, output_dir: str | os.PathLike, options: RunO
             raise RuntimeError(f"{output_dir}: shard {shard.part_name} did not finish")
         markers.append(marker)
     stats = aggregate_stats(stage, markers)
+    stats.update(stage.summary(output_dir / PREPARE_DIR))
     stats["resumed_shards"] = len(shards) - len(pending)
     stats["wall_seconds"] = round(time.perf_counter() - started, 3)
     write_bytes_atomic(output_dir / STATS_FILE, _dumps(stats))

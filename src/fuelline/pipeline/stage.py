@@ -12,9 +12,10 @@ import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Iterable, Iterator
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Sequence
 
 from fuelline.io.rejects import Rejects
+from fuelline.pipeline.shards import InputShard
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,20 @@ class ShardContext:
 
 
 @dataclass
+class PrepareContext:
+    """What `Stage.prepare` may use: the inputs, the shard plan, a directory, and parallel map.
+
+    `map(fn, items, desc)` runs a picklable `fn` over `items` on the executor's workers and
+    returns the results in the order of `items`; the stage never sees processes.
+    """
+
+    files: list[Path]
+    shards: list[InputShard]
+    workdir: Path
+    map: Callable[[Callable[[Any], Any], Sequence[Any], str], list]
+
+
+@dataclass
 class StageConfig:
     """Base of every stage's options; fields become CLI options and pipeline-file keys."""
 
@@ -64,12 +79,16 @@ class Stage:
     def __init__(self, config: StageConfig | None = None):
         self.config = config if config is not None else self.Config()
 
-    def prepare(self, files: list[Path], workdir: Path) -> None:
-        """Corpus-level pass run once before the shards (e.g. counting lines across documents).
+    def prepare(self, ctx: PrepareContext) -> None:
+        """Corpus-level pass run once before the shards (counting lines, hashing documents, …).
 
-        Whatever it learns is kept on `self` (the stage object travels to every worker) and may
-        be cached in `workdir`, which survives an interrupted run. Most stages need nothing here.
+        Whatever it learns is kept on `self` (the stage object travels to every worker) or in
+        `ctx.workdir`, which survives an interrupted run. Most stages need nothing here.
         """
+
+    def summary(self, workdir: Path) -> dict[str, Any]:
+        """Corpus-level numbers for stats.json that no single shard knows (read from `workdir`)."""
+        return {}
 
     def process(self, records: Iterable[tuple[Location, dict]], ctx: ShardContext) -> Iterator[dict]:
         for location, record in records:
