@@ -16,6 +16,7 @@ HAN_RANGES = (
 )
 CJK_RANGES = HAN_RANGES + "\u3040-\u30ff\uac00-\ud7af"  # + kana and hangul syllables
 HAN = re.compile(f"[{HAN_RANGES}]")
+CJK = re.compile(f"[{CJK_RANGES}]")
 WORD = re.compile(f"[{CJK_RANGES}]|[^\\s{CJK_RANGES}]+")
 PRIVATE_USE = re.compile("[\ue000-\uf8ff\U000f0000-\U000ffffd\U00100000-\U0010fffd]")
 # Control and format characters except tab and newline; includes zero-width spaces and BOMs.
@@ -26,6 +27,12 @@ BLANK_LINES = re.compile(r"\n{3,}")
 
 def han_count(text: str) -> int:
     return len(HAN.findall(text))
+
+
+def cjk_share(text: str) -> float:
+    """Share of CJK characters among the non-space characters of `text`."""
+    visible = len(text) - text.count(" ") - text.count("\n")
+    return len(CJK.findall(text)) / max(1, visible)
 
 
 def words(text: str) -> list[str]:

@@ -8,14 +8,12 @@ Stop-word and mean-word-length rules only apply to text that is mostly non-CJK.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass
 
-from fuelline.clean.text import CJK_RANGES, normalize_text, words
+from fuelline.clean.text import cjk_share, normalize_text, words
 from fuelline.pipeline.stage import Drop
 
-CJK_CHAR = re.compile(f"[{CJK_RANGES}]")
 TERMINAL = tuple('.!?"”」』。！？…') + ("'",)
 BULLETS = ("•", "·", "-", "*", "●", "▪", "–", "—", "►")
 STOP_WORDS = frozenset("the be to of and that have with".split())
@@ -91,8 +89,7 @@ def repetition_reason(text: str, tokens: list[str], rules: WebRules) -> str | No
 def quality_reason(text: str, tokens: list[str], rules: WebRules) -> str | None:
     if not rules.min_words <= len(tokens) <= rules.max_words:
         return "word_count"
-    cjk_share = len(CJK_CHAR.findall(text)) / max(1, len(text.replace(" ", "").replace("\n", "")))
-    latin = cjk_share < 0.5
+    latin = cjk_share(text) < 0.5
     if latin:
         mean_length = sum(map(len, tokens)) / len(tokens)
         if not rules.min_mean_word_length <= mean_length <= rules.max_mean_word_length:

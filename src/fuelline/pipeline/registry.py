@@ -10,6 +10,7 @@ STAGES: dict[str, str] = {
     "ingest": "fuelline.ingest:IngestStage",
     "boilerplate": "fuelline.clean.boilerplate:BoilerplateStage",
     "clean": "fuelline.clean.stage:CleanStage",
+    "dedup": "fuelline.dedup.stage:DedupStage",
 }
 
 

@@ -1,0 +1,1 @@
+"""Two-level deduplication: exact hashes, then MinHash + LSH with Jaccard verification."""

@@ -1,0 +1,77 @@
+"""Verifying candidate pairs by true Jaccard similarity, and clustering the verified ones."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True)
+def _distinct_sorted(values):
+    out = np.sort(values)
+    if out.shape[0] == 0:
+        return out
+    keep = 1
+    for i in range(1, out.shape[0]):
+        if out[i] != out[keep - 1]:
+            out[keep] = out[i]
+            keep += 1
+    return out[:keep]
+
+
+@njit(cache=True)
+def jaccard_pairs(shingles, offsets, pairs):
+    """Exact Jaccard similarity of the shingle sets of each pair of documents."""
+    result = np.empty(pairs.shape[0], dtype=np.float64)
+    for k in range(pairs.shape[0]):
+        i, j = pairs[k, 0], pairs[k, 1]
+        x = _distinct_sorted(shingles[offsets[i]:offsets[i + 1]])
+        y = _distinct_sorted(shingles[offsets[j]:offsets[j + 1]])
+        a = b = common = 0
+        while a < x.shape[0] and b < y.shape[0]:
+            if x[a] == y[b]:
+                common += 1
+                a += 1
+                b += 1
+            elif x[a] < y[b]:
+                a += 1
+            else:
+                b += 1
+        union = x.shape[0] + y.shape[0] - common
+        result[k] = common / union if union else 1.0
+    return result
+
+
+@njit(cache=True)
+def _find(parent, x):
+    while parent[x] != x:
+        parent[x] = parent[parent[x]]
+        x = parent[x]
+    return x
+
+
+@njit(cache=True)
+def connected_components(num_docs, pairs):
+    """Label of each document: the smallest index in its component (union-find by min)."""
+    parent = np.arange(num_docs)
+    for k in range(pairs.shape[0]):
+        a, b = _find(parent, pairs[k, 0]), _find(parent, pairs[k, 1])
+        if a < b:
+            parent[b] = a
+        elif b < a:
+            parent[a] = b
+    for x in range(num_docs):
+        parent[x] = _find(parent, x)
+    return parent
+
+
+def keepers(labels: np.ndarray, lengths: np.ndarray, keep: str) -> np.ndarray:
+    """Index of the document kept for each label: the first, or the longest (ties: first)."""
+    if keep == "first":
+        return labels.copy()
+    # Sort by label, then length descending, then index: the head of each label's run wins.
+    order = np.lexsort((np.arange(len(labels)), -lengths, labels))
+    heads = np.concatenate(([True], labels[order][1:] != labels[order][:-1]))
+    winner = np.empty(len(labels), dtype=np.int64)
+    winner[labels[order][heads]] = order[heads]
+    return winner[labels]
