@@ -147,7 +147,7 @@ class MinHasher:
             flat = np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
         else:
             per_doc = [np.frombuffer(t.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64) if chars
-                       else np.array([xxhash.xxh3_64_intdigest(w) for w in words(t)], dtype=np.uint64)
+                       else np.array([xxhash.xxh3_64_intdigest(w.encode()) for w in words(t)], dtype=np.uint64)
                        for t, chars in zip(texts, by_chars)]
             lengths = [len(s) for s in per_doc]
             flat = np.concatenate(per_doc) if per_doc else np.empty(0, dtype=np.uint64)
