@@ -30,6 +30,9 @@ def _print_stats(all_stats: list[dict]) -> None:
             f"{stats['stage']:<10} in {stats['records_in']:>10,}  out {stats['records_out']:>10,}  "
             f"dropped: {dropped}  ({stats['wall_seconds']:.1f}s{resumed})"
         )
+        for key, value in stats.items():  # corpus-level numbers a stage adds (Stage.summary)
+            if isinstance(value, dict) and key not in ("dropped", "counters"):
+                click.echo(f"  {key}: " + ", ".join(f"{k} {v}" for k, v in value.items()))
 
 
 def _fail(error: Exception) -> typing.NoReturn:

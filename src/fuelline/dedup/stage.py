@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -132,6 +133,19 @@ def near_duplicate_pairs(dirs: list[Path], eligible: np.ndarray, num_docs: int, 
     return unique_pairs(np.concatenate(found) if found else np.empty((0, 2), dtype=np.int64), num_docs)
 
 
+class Stopwatch:
+    """Seconds spent per named step, for stats.json."""
+
+    def __init__(self):
+        self.laps: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = round(now - self._last, 3)
+        self._last = now
+
+
 @dataclass
 class Decision:
     """What `decide` concluded for every document (global index)."""
@@ -143,6 +157,7 @@ class Decision:
 
 
 def decide(dirs: list[Path], config: DedupConfig, shingles: np.ndarray, offsets: np.ndarray) -> Decision:
+    clock = Stopwatch()
     keys = np.concatenate([np.load(d / "exact.npy") for d in dirs])
     lengths = np.concatenate([np.load(d / "lengths.npy") for d in dirs])
     n = len(keys)
@@ -150,15 +165,19 @@ def decide(dirs: list[Path], config: DedupConfig, shingles: np.ndarray, offsets:
     exact_keeper = keepers(group_labels(keys), lengths, config.keep)
     codes = np.where(exact_keeper != index, EXACT, KEEP).astype(np.uint8)
     eligible = np.flatnonzero(codes == KEEP)
+    clock.lap("exact")
     bands, rows = config.band_layout()
     candidates = near_duplicate_pairs(dirs, eligible, n, bands)
+    clock.lap("lsh")
     if config.verify:
         verified = candidates[jaccard_pairs(shingles, offsets, candidates) >= config.threshold]
     else:
         verified = candidates
+    clock.lap("verify")
     labels = connected_components(n, verified)
     near_keeper = keepers(labels, lengths, config.keep)
     codes[near_keeper != index] = NEAR
+    clock.lap("cluster")
     cluster_sizes = np.bincount(labels, minlength=n)
     summary = {
         "bands": bands, "rows": rows,
@@ -170,21 +189,23 @@ def decide(dirs: list[Path], config: DedupConfig, shingles: np.ndarray, offsets:
         "rejected_pairs": len(candidates) - len(verified) if config.verify else None,
         "clusters": int((cluster_sizes > 1).sum()),
         "near_duplicates": int((codes == NEAR).sum()),
+        "seconds": clock.laps,
     }
     return Decision(codes, exact_keeper, near_keeper, summary)
 
 
 class IdLookup:
-    """Document id by global index, reading each shard's ids only when first needed."""
+    """Document ids by global index, reading each shard's ids only when first needed."""
 
     def __init__(self, dirs: list[Path], starts: np.ndarray):
         self.dirs, self.starts, self._loaded = dirs, starts, {}
 
-    def __getitem__(self, doc: int) -> str:
-        shard = int(np.searchsorted(self.starts, doc, side="right")) - 1
-        if shard not in self._loaded:
+    def __call__(self, docs: np.ndarray) -> list[str]:
+        shards = (np.searchsorted(self.starts, docs, side="right") - 1).tolist()
+        local = (docs - self.starts[shards]).tolist()
+        for shard in set(shards) - self._loaded.keys():
             self._loaded[shard] = orjson.loads((self.dirs[shard] / "ids.json").read_bytes())
-        return self._loaded[shard][doc - self.starts[shard]]
+        return [self._loaded[s][i] for s, i in zip(shards, local)]
 
 
 def write_audit(path: Path, ids: IdLookup, decision: Decision, shingles: np.ndarray, offsets: np.ndarray) -> None:
@@ -195,11 +216,12 @@ def write_audit(path: Path, ids: IdLookup, decision: Decision, shingles: np.ndar
             members = np.flatnonzero(np.bincount(keeper, minlength=len(keeper))[keeper] > 1)
             members = members[np.lexsort((members, keeper[members]))]
             if level == "near":
-                similarity = jaccard_pairs(shingles, offsets, np.stack([members, keeper[members]], axis=1))
-            for k, doc in enumerate(members):
-                writer.write({"id": ids[doc], "cluster": ids[keeper[doc]], "level": level,
-                              "kept": bool(keeper[doc] == doc),
-                              "similarity": 1.0 if level == "exact" else round(float(similarity[k]), 4)})
+                similarity = np.round(jaccard_pairs(shingles, offsets, np.stack([members, keeper[members]], axis=1)), 4)
+            else:
+                similarity = np.ones(len(members))
+            kept = (keeper[members] == members).tolist()
+            for doc_id, cluster, is_kept, value in zip(ids(members), ids(keeper[members]), kept, similarity.tolist()):
+                writer.write({"id": doc_id, "cluster": cluster, "level": level, "kept": is_kept, "similarity": value})
 
 
 class DedupStage(Stage):
@@ -215,13 +237,18 @@ class DedupStage(Stage):
         self._workdir = ctx.workdir
         if (ctx.workdir / "summary.json").exists():
             return  # decided in an earlier, interrupted run
+        clock = Stopwatch()
         hash_one = functools.partial(hash_shard, config=self.config, workdir=ctx.workdir)
         sizes = ctx.map(hash_one, ctx.shards, "dedup: hashing")
         dirs = _shard_dirs(ctx)
         starts = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
         shingles, offsets = _concatenate_shingles(dirs, ctx.workdir / "shingles.bin")
+        clock.lap("hash")
         decision = decide(dirs, self.config, shingles, offsets)
         write_audit(ctx.workdir.parent / AUDIT_FILE, IdLookup(dirs, starts), decision, shingles, offsets)
+        clock.lap("audit")
+        decision.summary["seconds"] = {"hash": clock.laps["hash"], **decision.summary["seconds"],
+                                       "audit": clock.laps["audit"]}
         for shard, begin, end in zip(ctx.shards, starts[:-1], starts[1:]):
             with atomic_write(ctx.workdir / "decisions" / f"{shard.part_name}.npy") as f:
                 np.save(f, decision.codes[begin:end])
