@@ -23,7 +23,7 @@ import queue
 import shutil
 import time
 from collections import Counter
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, as_completed, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -169,50 +169,76 @@ def _prepare_output(stage: Stage, inputs: list[Path], output_dir: Path, options:
     return shards
 
 
-def _run_pending(stage: Stage, pending: list[InputShard], output_dir: Path, options: RunOptions,
-                 bar: tqdm) -> None:
-    workers = options.resolved_workers(len(pending))
-    if workers == 1:
-        for shard in pending:
-            run_shard(stage, shard, output_dir, options, bar.update)
-        return
-    ctx = get_context("spawn")  # no fork: the parent may hold threads (pyarrow, tqdm)
-    updates = ctx.Queue()
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(updates,)) as pool:
-        running = {pool.submit(_run_shard_in_worker, stage, s, output_dir, options) for s in pending}
+class WorkerPool:
+    """The processes of one stage run: started on first use, shared by `prepare` and the shards.
+
+    Spawned, not forked (the parent may hold threads: pyarrow, tqdm); starting them and
+    importing numba in each costs about a second, paid once per stage. With one worker
+    everything runs in this process.
+    """
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+        self._updates = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+
+    def _executor(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            ctx = get_context("spawn")
+            self._updates = ctx.Queue()
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init_worker,
+                                             initargs=(self._updates,))
+        return self._pool
+
+    def _gather(self, futures: dict, on_result: Callable[[int, object], None], bar: tqdm | None) -> None:
+        """Wait for every future, in completion order; the first error cancels the rest."""
+        running = set(futures)
         try:
             while running:
                 done, running = wait(running, timeout=0.2, return_when=FIRST_COMPLETED)
-                _drain(updates, bar)
+                if bar is not None:
+                    _drain(self._updates, bar)
                 for future in done:
-                    future.result()  # re-raise a worker's error here, naming its file and line
+                    on_result(futures[future], future.result())  # a worker's error re-raised here
         except BaseException:
             for future in running:
-                future.cancel()  # finished shards stay finished; queued ones are not started
+                future.cancel()  # finished work stays finished; queued work is not started
             raise
-        _drain(updates, bar)
 
-
-def parallel_map(fn: Callable, items: Sequence, desc: str, *, workers: int, progress: bool) -> list:
-    """`[fn(x) for x in items]` on up to `workers` processes, with a progress bar."""
-    results: list = [None] * len(items)
-    with tqdm(total=len(items), desc=desc, disable=not progress, leave=False) as bar:
-        if workers <= 1 or len(items) <= 1:
-            for i, item in enumerate(items):
-                results[i] = fn(item)
-                bar.update()
-            return results
-        with ProcessPoolExecutor(min(workers, len(items)), mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
-            try:
-                for future in as_completed(futures):
-                    results[futures[future]] = future.result()
+    def map(self, fn: Callable, items: Sequence, desc: str, *, progress: bool) -> list:
+        """`[fn(x) for x in items]`, on the workers, with a progress bar."""
+        results: list = [None] * len(items)
+        with tqdm(total=len(items), desc=desc, disable=not progress, leave=False) as bar:
+            if self.workers == 1:
+                for i, item in enumerate(items):
+                    results[i] = fn(item)
                     bar.update()
-            except BaseException:
-                for future in futures:
-                    future.cancel()
-                raise
-    return results
+                return results
+
+            def store(i: int, result) -> None:
+                results[i] = result
+                bar.update()
+
+            self._gather({self._executor().submit(fn, item): i for i, item in enumerate(items)}, store, None)
+        return results
+
+    def run_shards(self, stage: Stage, pending: list[InputShard], output_dir: Path, options: RunOptions,
+                   bar: tqdm) -> None:
+        if self.workers == 1:
+            for shard in pending:
+                run_shard(stage, shard, output_dir, options, bar.update)
+            return
+        pool = self._executor()
+        futures = {pool.submit(_run_shard_in_worker, stage, s, output_dir, options): s for s in pending}
+        self._gather(futures, lambda shard, marker: None, bar)
+        _drain(self._updates, bar)
 
 
 _worker_updates = None
@@ -266,12 +292,12 @@ def run_stage(stage: Stage, inputs, output_dir: str | os.PathLike, options: RunO
     shards = _prepare_output(stage, files, output_dir, options)
     pending = [s for s in shards if _finished_marker(output_dir, s) is None]
     total = None if any(s.units is None for s in pending) else sum(s.units for s in pending)
-    with tqdm(total=total, desc=stage.name, unit="rec", disable=not options.progress, leave=False) as bar:
-        if pending:
-            workers = options.resolved_workers(len(shards))
-            stage.prepare(PrepareContext(files, shards, output_dir / PREPARE_DIR, functools.partial(
-                parallel_map, workers=workers, progress=options.progress)))
-            _run_pending(stage, pending, output_dir, options, bar)
+    if pending:
+        with WorkerPool(options.resolved_workers(len(shards))) as pool:
+            stage.prepare(PrepareContext(files, shards, output_dir / PREPARE_DIR,
+                                         functools.partial(pool.map, progress=options.progress)))
+            with tqdm(total=total, desc=stage.name, unit="rec", disable=not options.progress, leave=False) as bar:
+                pool.run_shards(stage, pending, output_dir, options, bar)
     markers = []
     for shard in shards:
         marker = _finished_marker(output_dir, shard)
