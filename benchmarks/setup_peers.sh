@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Peer environment of the dedup benchmarks: benchmarks/.venv (ignored by git), never the project's
+# own venv. It holds the peers and fuelline itself (editable), so both run in one process.
+#
+#     bash benchmarks/setup_peers.sh            # PYTHON=python3.11 to choose the interpreter
+#
+# datatrove 0.10 imports xxhash (it wants xxhash<4), regex, orjson and, through its dedup package's
+# __init__ (exact substrings), tokenizers without declaring them all, so they are installed
+# explicitly. numba is what fuelline's kernels compile with.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(dirname "$here")"
+venv="$here/.venv"
+
+"${PYTHON:-python3}" -m venv "$venv"
+"$venv/bin/python" -m pip install --quiet --upgrade pip
+"$venv/bin/python" -m pip install --quiet \
+    "datasketch==2.0.0" \
+    "rensa==0.5.0" \
+    "datatrove==0.10.1" \
+    "xxhash==3.8.2" \
+    "regex==2026.11.19" \
+    "orjson==3.13.0" \
+    "tokenizers==0.23.3" \
+    "numba==0.68.1"
+"$venv/bin/python" -m pip install --quiet -e "$root"
+"$venv/bin/python" - <<'EOF'
+from importlib.metadata import version
+for name in ("datasketch", "rensa", "datatrove", "xxhash", "numba", "fuelline"):
+    print(f"{name}=={version(name)}")
+EOF
