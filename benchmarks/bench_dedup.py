@@ -74,23 +74,12 @@ def run_fuelline(inputs: Path, out: Path, threshold: float) -> dict:
     stats = run_stage(DedupStage(config), inputs, out, RunOptions(workers=WORKERS, progress=False))
     seconds = time.perf_counter() - start
     kept = {record["id"] for record in read_records(out)}
-    # The audit has a row per document and level: an exact duplicate's keeper can be a member
-    # of a near-duplicate cluster too. Clusters that share a document are merged into one group.
-    parent, levels = {}, Counter()
-
-    def find(x: str) -> str:
-        while parent.setdefault(x, x) != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    audit = out / "clusters.jsonl.zst"
-    if audit.exists():
-        for row in read_records(audit):
-            parent[find(row["id"])] = find(row["cluster"])
-            if not row["kept"]:
-                levels[row["level"]] += 1
-    clustered = {doc_id: find(doc_id) for doc_id in list(parent)}
+    # The audit has one row per clustered document; `cluster` is the id of the document kept for it.
+    clustered, levels = {}, Counter()
+    for row in read_records(out / "clusters.jsonl.zst"):
+        clustered[row["id"]] = row["cluster"]
+        if not row["kept"]:
+            levels[row["removed"]] += 1
     return {"seconds": seconds, "stats": stats, "kept": kept, "clustered": clustered,
             "removed_by_level": dict(levels), "config": repr(config)}
 

@@ -63,11 +63,9 @@ def true_pairs(sets, threshold):
 
 
 def representatives(out_dir):
-    """Document id → id of the document that stands for it after both levels."""
-    exact, near = {}, {}
-    for row in read_records(out_dir / AUDIT_FILE):
-        (exact if row["level"] == "exact" else near)[row["id"]] = row["cluster"]
-    return lambda doc_id: near.get(exact.get(doc_id, doc_id), exact.get(doc_id, doc_id))
+    """Document id → id of the document kept in its place (itself when in no cluster)."""
+    cluster = {row["id"]: row["cluster"] for row in read_records(out_dir / AUDIT_FILE)}
+    return lambda doc_id: cluster.get(doc_id, doc_id)
 
 
 @pytest.fixture(scope="module")
@@ -111,18 +109,22 @@ def test_recall_against_brute_force_jaccard(tang_sample):
 def test_audit_lists_every_removed_document_with_its_similarity(tang_sample):
     docs, out, stats = tang_sample
     rows = list(read_records(out / AUDIT_FILE))
-    removed = {r["id"] for r in rows if not r["kept"]}
-    assert len(removed) == stats["dropped"]["exact_duplicate"] + stats["dropped"]["near_duplicate"]
+    assert len({r["id"] for r in rows}) == len(rows)  # one row per document
+    removed = [r for r in rows if not r["kept"]]
+    assert {r["removed"] for r in removed} == {"exact", "near"}
+    assert sum(r["removed"] == "exact" for r in removed) == stats["dropped"]["exact_duplicate"]
+    assert sum(r["removed"] == "near" for r in removed) == stats["dropped"]["near_duplicate"]
     kept_ids = {d["id"] for d in read_records(out)}
-    assert not removed & kept_ids
-    rep = representatives(out)  # an exact group's kept copy may itself be a near-duplicate
-    assert all(rep(r["id"]) in kept_ids for r in rows)
-    assert all(r["cluster"] in kept_ids for r in rows if r["level"] == "near")
+    assert not {r["id"] for r in removed} & kept_ids
+    assert all(r["cluster"] in kept_ids for r in rows)
+    assert all((r["cluster"] == r["id"]) == r["kept"] for r in rows)
     texts = {d["id"]: d["text"] for d in docs}
-    near = [r for r in rows if r["level"] == "near" and not r["kept"]][:300]
+    near = [r for r in removed if r["removed"] == "near"][:300]
     sets = shingle_sets([texts[r["id"]] for r in near] + [texts[r["cluster"]] for r in near])
     for k, row in enumerate(near):
         assert row["similarity"] == pytest.approx(jaccard(sets[k], sets[len(near) + k]), abs=1e-4)
+    assert all(r["similarity"] == 1.0 for r in removed if r["removed"] == "exact" and r["cluster"] in texts
+               and Normalizer()(texts[r["cluster"]]) == Normalizer()(texts[r["id"]]))
 
 
 def test_full_corpus_exact_duplicates_and_error_copies(raw_poems, tmp_path):

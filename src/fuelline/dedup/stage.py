@@ -209,19 +209,23 @@ class IdLookup:
 
 
 def write_audit(path: Path, ids: IdLookup, decision: Decision, shingles: np.ndarray, offsets: np.ndarray) -> None:
-    """One row per document of every duplicate group: its id, its cluster (the kept document's
-    id), whether it is kept, and its Jaccard similarity to the kept document."""
+    """One row per document of every duplicate cluster, grouped by cluster.
+
+    A cluster is everything that ends with the same kept document (through exact copies, then
+    near-duplicates); `cluster` is that document's id. `removed` says at which level a document
+    went (null: kept), `similarity` is its Jaccard similarity to the kept document.
+    """
+    final = decision.near_keeper[decision.exact_keeper]
+    members = np.flatnonzero(np.bincount(final, minlength=len(final))[final] > 1)
+    members = members[np.lexsort((members, final[members]))]
+    similarity = np.round(jaccard_pairs(shingles, offsets, np.stack(
+        [decision.exact_keeper[members], final[members]], axis=1)), 4)  # an exact copy is its keeper's text
+    levels = [None, "exact", "near"]
     with JsonlZstWriter(path) as writer:
-        for level, keeper in (("exact", decision.exact_keeper), ("near", decision.near_keeper)):
-            members = np.flatnonzero(np.bincount(keeper, minlength=len(keeper))[keeper] > 1)
-            members = members[np.lexsort((members, keeper[members]))]
-            if level == "near":
-                similarity = np.round(jaccard_pairs(shingles, offsets, np.stack([members, keeper[members]], axis=1)), 4)
-            else:
-                similarity = np.ones(len(members))
-            kept = (keeper[members] == members).tolist()
-            for doc_id, cluster, is_kept, value in zip(ids(members), ids(keeper[members]), kept, similarity.tolist()):
-                writer.write({"id": doc_id, "cluster": cluster, "level": level, "kept": is_kept, "similarity": value})
+        for doc_id, cluster, code, value in zip(ids(members), ids(final[members]),
+                                                decision.codes[members].tolist(), similarity.tolist()):
+            writer.write({"id": doc_id, "cluster": cluster, "kept": code == KEEP, "removed": levels[code],
+                          "similarity": value})
 
 
 class DedupStage(Stage):
