@@ -13,7 +13,6 @@ import argparse
 import collections
 import glob
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -60,31 +59,39 @@ def generate(path: Path, docs: int, seed: int = 0) -> dict:
     return {"planted_exact": int((kinds == 1).sum()), "planted_near": int((kinds == 2).sum())}
 
 
-def children_rss_mib() -> float:
-    """Largest resident memory among this process's children now (read from /proc).
+def memory_mib(pid: int | str) -> tuple[float, float]:
+    """(resident, anonymous) memory of a process in MiB, from /proc; (0, 0) once it is gone.
 
-    ru_maxrss of RUSAGE_CHILDREN is useless here: a child started by fork+exec is charged the
-    parent's size at the fork.
+    Resident memory counts the pages of memory-mapped files too (the shingle file the parent
+    reads), which the kernel can drop at any time; anonymous memory is what the process owns.
     """
-    largest = 0
-    for children in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
-        for pid in Path(children).read_text().split():
-            try:
-                status = Path(f"/proc/{pid}/status").read_text()
-            except OSError:
-                continue
-            rss = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
-            largest = max(largest, rss)
-    return largest / 1024
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0, 0.0
+    fields = {line.split(":")[0]: int(line.split()[1]) for line in status.splitlines()
+              if line.startswith(("VmRSS:", "RssAnon:"))}
+    return fields.get("VmRSS", 0) / 1024, fields.get("RssAnon", 0) / 1024
+
+
+def children() -> list[str]:
+    return [pid for path in glob.glob(f"/proc/{os.getpid()}/task/*/children") for pid in Path(path).read_text().split()]
 
 
 def dedup(source: Path, workers: int) -> dict:
-    """Run the stage (in a process of its own, so peak memory is the dedup's alone)."""
-    peak_worker, done = [0.0], threading.Event()
+    """Run the stage (in a process of its own, so peak memory is the dedup's alone), sampling
+    the memory of this process and of its workers every 50 ms. ru_maxrss cannot tell them
+    apart: a worker started by fork+exec is charged the parent's size at the fork."""
+    peaks = {"parent_rss": 0.0, "parent_anon": 0.0, "worker_rss": 0.0, "worker_anon": 0.0}
+    done = threading.Event()
 
     def watch() -> None:
         while not done.wait(0.05):
-            peak_worker[0] = max(peak_worker[0], children_rss_mib())
+            rss, anon = memory_mib(os.getpid())
+            peaks["parent_rss"], peaks["parent_anon"] = max(peaks["parent_rss"], rss), max(peaks["parent_anon"], anon)
+            for pid in children():
+                rss, anon = memory_mib(pid)
+                peaks["worker_rss"], peaks["worker_anon"] = max(peaks["worker_rss"], rss), max(peaks["worker_anon"], anon)
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -93,9 +100,7 @@ def dedup(source: Path, workers: int) -> dict:
     seconds = time.perf_counter() - started
     done.set()
     watcher.join()
-    return {"seconds": round(seconds, 1), "stats": stats,
-            "peak_rss_parent_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-            "peak_rss_largest_worker_mib": round(peak_worker[0])}
+    return {"seconds": round(seconds, 1), "stats": stats, **{f"peak_{k}_mib": round(v) for k, v in peaks.items()}}
 
 
 def in_child(*args: str) -> dict:
@@ -123,8 +128,9 @@ def main() -> None:
               f"{time.perf_counter() - started:.0f} s: {planted}")
         run = in_child("--workers", str(args.workers), "--dedup", str(source))
         stats = run.pop("stats")
-        print(f"dedup: {run['seconds']:.0f} s, {args.docs / run['seconds']:,.0f} docs/s; peak RSS parent "
-              f"{run['peak_rss_parent_mib']:,} MiB, largest worker {run['peak_rss_largest_worker_mib']:,} MiB")
+        print(f"dedup: {run['seconds']:.0f} s, {args.docs / run['seconds']:,.0f} docs/s; peak memory (MiB): "
+              f"parent {run['peak_parent_anon_mib']:,} anonymous, {run['peak_parent_rss_mib']:,} resident with "
+              f"mapped files; largest worker {run['peak_worker_anon_mib']:,} anonymous")
         print(stats["dedup"])
         path = write_result("dedup_scale", {
             "documents": args.docs, "workers": args.workers, **run, "docs_per_s": round(args.docs / run["seconds"]),

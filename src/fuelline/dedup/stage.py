@@ -249,6 +249,7 @@ class DedupStage(Stage):
         shingles, offsets = _concatenate_shingles(dirs, ctx.workdir / "shingles.bin")
         clock.lap("hash")
         decision = decide(dirs, self.config, shingles, offsets)
+        clock.lap("decide")  # itemized inside decision.summary
         write_audit(ctx.workdir.parent / AUDIT_FILE, IdLookup(dirs, starts), decision, shingles, offsets)
         clock.lap("audit")
         decision.summary["seconds"] = {"hash": clock.laps["hash"], **decision.summary["seconds"],
