@@ -13,14 +13,13 @@
 Then the shards run as usual and drop what was decided (`exact_duplicate`, `near_duplicate`).
 
 Memory in the parent, per document: exact key 16 B + length 8 B + one band column and its
-sort order 16 B + union-find label 8 B + decision 1 B ≈ 50 B, plus 16 B per candidate pair;
-shingles stay on disk (memory-mapped). 10 M documents: ~0.5 GB + pairs, well within 24 GB.
+sort order 16 B + union-find labels and keepers 24 B + decision 1 B ≈ 65 B, plus 16 B per
+candidate pair; shingles stay on disk (memory-mapped). 10 M documents: ~0.65 GB + pairs.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -82,7 +81,7 @@ def hash_shard(shard: InputShard, config: DedupConfig, workdir: Path) -> int:
     """Step 1 for one shard: exact keys, lengths, band hashes, shingles, ids. Returns its size."""
     target = workdir / "shards" / shard.part_name
     if (target / "done.json").exists():
-        return json.loads((target / "done.json").read_text())["documents"]
+        return orjson.loads((target / "done.json").read_bytes())["documents"]
     ids, texts, lengths = [], [], []
     for line, record in iter_file_records(shard.source, start=shard.start, stop=shard.stop, on_error="skip"):
         text = record.get("text")
