@@ -136,6 +136,27 @@ for _name in STAGES:
     main.add_command(_stage_command(_name))
 
 
+@main.group()
+def tokenizer() -> None:
+    """Train a BPE tokenizer, or convert a tiktoken vocabulary."""
+
+
+@tokenizer.command("from-tiktoken")
+@click.argument("ranks_file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--output", "-o", required=True, type=click.Path(file_okay=False), help="tokenizer directory to write")
+@click.option("--preset", type=click.Choice(["qwen", "none"]), default="qwen", show_default=True,
+              help="pre-tokenization pattern and special tokens of a known model family")
+def from_tiktoken(ranks_file, output, preset):
+    """Convert a tiktoken ranks file into a tokenizer.json that gives the same ids."""
+    from fuelline.tokenizer.tiktoken_convert import convert_tiktoken
+
+    try:
+        path = convert_tiktoken(ranks_file, output, preset=preset)
+    except USER_ERRORS as e:
+        _fail(e)
+    click.echo(f"wrote {path}")
+
+
 @main.command()
 @click.option("--dir", "-o", "directory", type=click.Path(file_okay=False), default=None,
               help="where to write the corpus and the run (default: a new temporary directory)")

@@ -1,0 +1,1 @@
+"""Tokenizers: BPE training on content text, and conversion of tiktoken vocabularies."""
