@@ -1,0 +1,1 @@
+"""On-disk formats, one module each: the bytes, one writer, one reader, their checks."""
