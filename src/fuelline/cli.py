@@ -157,6 +157,30 @@ def from_tiktoken(ranks_file, output, preset):
     click.echo(f"wrote {path}")
 
 
+@main.group()
+def export() -> None:
+    """Write a token dataset in another framework's format."""
+
+
+@export.command("megatron")
+@click.argument("token_dir", metavar="OUT", type=click.Path(exists=True, file_okay=False))
+@click.option("--output", "-o", "prefix", required=True, help="output prefix: PREFIX.bin and PREFIX.idx are written")
+def export_megatron_command(token_dir, prefix):
+    """Export token dataset OUT to Megatron-LM's indexed dataset (.bin/.idx); the loss mask is dropped."""
+    from fuelline.formats.megatron import export_megatron
+    from fuelline.formats.tokens import read_manifest
+
+    try:
+        bin_path, idx_path = export_megatron(token_dir, prefix)
+        manifest = read_manifest(token_dir)
+    except USER_ERRORS as e:
+        _fail(e)
+    click.echo(f"wrote {bin_path} and {idx_path}: {manifest['num_documents']:,} documents, "
+               f"{manifest['num_tokens']:,} tokens")
+    if manifest["mask"] is not None:
+        click.echo("note: the loss mask was not exported (Megatron's format has none); every token is a target")
+
+
 @main.command()
 @click.option("--dir", "-o", "directory", type=click.Path(file_okay=False), default=None,
               help="where to write the corpus and the run (default: a new temporary directory)")
