@@ -141,6 +141,27 @@ def tokenizer() -> None:
     """Train a BPE tokenizer, or convert a tiktoken vocabulary."""
 
 
+@tokenizer.command("train")
+@click.option("--input", "-i", "inputs", multiple=True, required=True, help="document records (files, dirs, globs)")
+@click.option("--output", "-o", required=True, type=click.Path(file_okay=False), help="tokenizer directory to write")
+@click.option("--vocab-size", type=int, default=4096, show_default=True)
+@click.option("--pretokenize", type=click.Choice(["han-chars", "han-pairs", "bytelevel"]), default="han-chars",
+              show_default=True, help="how text is cut before BPE (see fuelline.tokenizer.train)")
+@click.option("--min-frequency", type=int, default=2, show_default=True)
+def train(inputs, output, vocab_size, pretokenize, min_frequency):
+    """Train a byte-level BPE tokenizer on the text of document records (never on metadata)."""
+    from fuelline.tokenizer.train import train_tokenizer
+
+    try:
+        report = train_tokenizer(list(inputs), output, vocab_size=vocab_size, pretokenize=pretokenize,
+                                 min_frequency=min_frequency)
+    except USER_ERRORS as e:
+        _fail(e)
+    click.echo(f"trained on {report['documents']:,} documents in {report['train_seconds']} s: "
+               f"{report['vocab_size']:,} tokens, {report['tokens_per_char']} tokens per character, "
+               f"{report['isolated_share']:.1%} of punctuation marks are tokens of their own; wrote {output}")
+
+
 @tokenizer.command("from-tiktoken")
 @click.argument("ranks_file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--output", "-o", required=True, type=click.Path(file_okay=False), help="tokenizer directory to write")
