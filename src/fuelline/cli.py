@@ -136,6 +136,75 @@ for _name in STAGES:
     main.add_command(_stage_command(_name))
 
 
+@main.command(params=_run_params())
+@click.option("--input", "-i", "inputs", multiple=True, required=True, help="document records (files, dirs, globs)")
+@click.option("--tokenizer", "tokenizer_dir", required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--output", "-o", required=True, type=click.Path(file_okay=False))
+@click.option("--template", type=click.Choice(["poetry", "plain"]), default="poetry", show_default=True)
+@click.option("--metadata-dropout", type=float, default=0.25, show_default=True,
+              help="share of poetry documents packed without title, author and dynasty")
+@click.option("--val-fraction", type=float, default=0.05, show_default=True)
+@click.option("--seed", type=int, default=42, show_default=True, help="decides split and dropout per document")
+@click.option("--dtype", type=click.Choice(["auto", "uint16", "uint32"]), default="auto", show_default=True)
+@click.option("--threads", type=int, default=None, help="tokenizer threads per worker (default: the library's own)")
+def pack(inputs, tokenizer_dir, output, template, metadata_dropout, val_fraction, seed, dtype, threads,
+         workers, restart, quiet):
+    """Tokenize documents into train/ and val/ token datasets with a loss mask."""
+    from fuelline.pack.packer import PackConfig, pack as run_pack
+
+    try:
+        config = PackConfig(template=template, metadata_dropout=metadata_dropout, val_fraction=val_fraction,
+                            seed=seed, dtype=dtype)
+        stats = run_pack(list(inputs), tokenizer_dir, output, config, workers=workers, threads=threads,
+                         restart=restart, progress=not quiet)
+    except USER_ERRORS as e:
+        _fail(e)
+    for split, numbers in stats["splits"].items():
+        click.echo(f"{split:<6} {numbers['documents']:>9,} documents {numbers['tokens']:>12,} tokens  "
+                   f"supervised {numbers['supervised_share']:.2%}  metadata dropped {numbers['metadata_dropout_share']:.2%}")
+    click.echo(f"{stats['dtype']}, vocabulary {stats['vocab_size']:,}; wrote {output}")
+
+
+@main.command()
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+def verify(directory):
+    """Check a token dataset (or a pack output's train/ and val/): manifest, sizes, checksums, ids."""
+    from pathlib import Path
+
+    from fuelline.formats.tokens import MANIFEST, verify_token_dataset
+
+    root = Path(directory)
+    targets = [root] if (root / MANIFEST).exists() else [root / s for s in ("train", "val") if (root / s).is_dir()]
+    if not targets:
+        _fail(ValueError(f"{root}: neither a token dataset (no {MANIFEST}) nor a pack output (no train/ or val/)"))
+    for target in targets:
+        try:
+            manifest = verify_token_dataset(target)
+        except USER_ERRORS as e:
+            _fail(e)
+        click.echo(f"ok  {target}: {manifest['num_documents']:,} documents, {manifest['num_tokens']:,} tokens, "
+                   f"{manifest['dtype']}, checksums match")
+
+
+@main.command()
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option("--doc", "doc", type=int, default=None, help="decode document K, showing masked and trained parts")
+@click.option("--window", type=int, default=None, help="show the inputs and labels of training window I")
+@click.option("--seq-len", type=int, default=64, show_default=True, help="window length for --window")
+@click.option("--split", default="train", show_default=True, help="split of a pack output to read")
+def inspect(directory, doc, window, seq_len, split):
+    """Look inside a token dataset: one document, or the position table of a training window."""
+    from fuelline.pack.inspect import open_for_inspection, show_document, show_window
+
+    if (doc is None) == (window is None):
+        _fail(ValueError("give exactly one of --doc K or --window I"))
+    try:
+        files, tokenizer = open_for_inspection(directory, split)
+        click.echo(show_document(files, tokenizer, doc) if doc is not None else show_window(files, tokenizer, window, seq_len))
+    except (*USER_ERRORS, IndexError) as e:
+        _fail(e)
+
+
 @main.group()
 def tokenizer() -> None:
     """Train a BPE tokenizer, or convert a tiktoken vocabulary."""

@@ -1,0 +1,1 @@
+"""Packing: templates that render documents to ids and loss mask, and the parallel packer."""

@@ -1,0 +1,242 @@
+"""The parallel packer: document records → `train/` and `val/` token datasets.
+
+1. Shards (fixed line ranges, as for every stage) are rendered on the workers by the template:
+   each writes its ids, lengths, mask and split flags under `_work/` atomically, with a marker,
+   so an interrupted run keeps finished shards. Each worker runs the tokenizer's own thread
+   pool too (`threads`); see benchmarks/bench_pack.py for the processes × threads measured.
+2. The parent merges the shards in order into the two splits, streaming one shard at a time,
+   so memory stays flat in corpus size and the bytes do not depend on the number of workers.
+
+The split of a document (val with probability `val_fraction`) and its metadata dropout are
+drawn from a hash of (seed, document id): the same for the same seed, whatever the order or
+sharding. `_work/plan.json` records the tokenizer fingerprint and options; resuming with
+another tokenizer or other options is refused.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from fuelline.formats.tokens import DTYPES, TokenDatasetWriter, check_dtype, dtype_for
+from fuelline.io.atomic import atomic_write, write_bytes_atomic
+from fuelline.io.paths import expand_inputs
+from fuelline.io.readers import RecordError, iter_file_records
+from fuelline.pack.templates import TEMPLATES, unit_interval
+from fuelline.pipeline.executor import WorkerPool
+from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
+from fuelline.tokenizer.train import tokenizer_fingerprint
+
+SPLITS = ("train", "val")
+SHARD_ARRAYS = ("ids", "val", "lengths", "mask", "dropped")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+@dataclass
+class PackConfig:
+    template: str = "poetry"
+    metadata_dropout: float = 0.25
+    val_fraction: float = 0.05
+    seed: int = 42
+    dtype: str = "auto"
+    shard_size: int = 50_000
+    batch_size: int = 4096
+
+    def __post_init__(self):
+        if self.template not in TEMPLATES:
+            raise ValueError(f"template must be one of {', '.join(TEMPLATES)}, not {self.template!r}")
+        for name in ("metadata_dropout", "val_fraction"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), not {getattr(self, name)}")
+        if self.dtype not in ("auto", *DTYPES):
+            raise ValueError(f"dtype must be auto, uint16 or uint32, not {self.dtype!r}")
+
+
+_tokenizers: dict[str, object] = {}
+
+
+def _load_tokenizer(path: str, threads: int | None):
+    """One tokenizer per process; its thread pool sized before the library starts it."""
+    if path not in _tokenizers:
+        if threads:
+            os.environ["RAYON_NUM_THREADS"] = str(threads)
+        from tokenizers import Tokenizer
+
+        _tokenizers[path] = Tokenizer.from_file(path)
+    return _tokenizers[path]
+
+
+def encode_shard(shard: InputShard, *, tokenizer_path: str, config: PackConfig, workdir: Path,
+                 threads: int | None) -> dict:
+    """Render one shard with the template; write its arrays and marker. Returns the marker."""
+    marker_path = workdir / f"{shard.part_name}.json"
+    if marker_path.exists():
+        return orjson.loads(marker_path.read_bytes())
+    tokenizer = _load_tokenizer(tokenizer_path, threads)
+    template = TEMPLATES[config.template](tokenizer, metadata_dropout=config.metadata_dropout, seed=config.seed)
+    parts, records, doc_ids = [], [], []
+
+    def flush() -> None:
+        if records:
+            parts.append(template.render(records))
+            records.clear()
+
+    for line, record in iter_file_records(shard.source, start=shard.start, stop=shard.stop):
+        if not isinstance(record.get("text"), str) or not isinstance(record.get("id"), str):
+            raise RecordError(shard.source, line, 'expected a document record with string "id" and "text"')
+        records.append(record)
+        doc_ids.append(record["id"])
+        if len(records) == config.batch_size:
+            flush()
+    flush()
+    ids = np.concatenate([p.ids for p in parts]) if parts else np.zeros(0, dtype=np.int64)
+    arrays = {
+        "ids": ids,
+        "val": np.array([unit_interval(config.seed, "split", r) < config.val_fraction for r in doc_ids], dtype=bool),
+        "lengths": np.concatenate([p.lengths for p in parts]) if parts else np.zeros(0, dtype=np.int64),
+        "mask": np.packbits(np.concatenate([p.mask for p in parts]) if parts else np.zeros(0, bool), bitorder="little"),
+        "dropped": np.concatenate([p.dropped_metadata for p in parts]) if parts else np.zeros(0, bool),
+    }
+    for name, array in arrays.items():
+        with atomic_write(workdir / f"{shard.part_name}.{name}.npy") as f:
+            np.save(f, array)
+    marker = {"documents": len(arrays["lengths"]), "tokens": int(len(ids)),
+              "max_id": int(ids.max()) if len(ids) else -1}
+    write_bytes_atomic(marker_path, orjson.dumps(marker))
+    return marker
+
+
+def _identity(files: list[Path], tokenizer_dir: Path, config: PackConfig) -> dict:
+    return {"config": asdict(config), "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer_dir),
+            "inputs": describe_inputs(files)}
+
+
+def _check_resume(plan_path: Path, identity: dict, output: Path) -> dict | None:
+    if not plan_path.exists():
+        return None
+    existing = orjson.loads(plan_path.read_bytes())
+    if existing["identity"]["tokenizer_fingerprint"] != identity["tokenizer_fingerprint"]:
+        raise ValueError(f"{output} was packed with another tokenizer (sha256 "
+                         f"{existing['identity']['tokenizer_fingerprint'][:12]}…, this one is "
+                         f"{identity['tokenizer_fingerprint'][:12]}…); pass --restart to pack it again")
+    differing = [k for k in identity if existing["identity"][k] != identity[k]]
+    if differing:
+        raise ValueError(f"{output} was packed with different {', '.join(differing)}; pass --restart to pack it again")
+    return existing
+
+
+def resolve_dtype(config: PackConfig, vocab_size: int, where: str) -> str:
+    dtype = dtype_for(vocab_size - 1) if config.dtype == "auto" else config.dtype
+    check_dtype(dtype, vocab_size - 1, where)
+    return dtype
+
+
+def merge_split(split: str, shards: list[InputShard], workdir: Path, output: Path, with_mask: bool,
+                writer_args: dict) -> dict:
+    """Write one split from the shard arrays, one shard in memory at a time; return its numbers."""
+    writer = TokenDatasetWriter(output / split, with_mask=with_mask, **writer_args)
+    lengths_kept, dropped = [], 0
+    try:
+        for shard in shards:
+            arrays = {name: np.load(workdir / f"{shard.part_name}.{name}.npy") for name in SHARD_ARRAYS}
+            chosen = arrays["val"] if split == "val" else ~arrays["val"]
+            tokens = np.repeat(chosen, arrays["lengths"])
+            mask = None
+            if with_mask:
+                mask = np.unpackbits(arrays["mask"], count=len(arrays["ids"]), bitorder="little").astype(bool)[tokens]
+            writer.add_documents(arrays["ids"][tokens], arrays["lengths"][chosen], mask)
+            lengths_kept.append(arrays["lengths"][chosen])
+            dropped += int(arrays["dropped"][chosen].sum())
+    except BaseException:
+        writer.abort()
+        raise
+    manifest = writer.close()
+    return split_stats(manifest, np.concatenate(lengths_kept), dropped)
+
+
+def split_stats(manifest: dict, lengths: np.ndarray, dropped: int) -> dict:
+    tokens, documents = manifest["num_tokens"], manifest["num_documents"]
+    supervised = manifest["mask"]["supervised_tokens"] if manifest["mask"] else tokens
+    percentiles = np.percentile(lengths, [50, 90, 99]).tolist() if documents else [0, 0, 0]
+    edges = [0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, np.inf]
+    counts = np.histogram(lengths, bins=edges)[0].tolist() if documents else [0] * (len(edges) - 1)
+    return {
+        "documents": documents, "tokens": tokens,
+        "supervised_tokens": supervised, "masked_tokens": tokens - supervised,
+        "supervised_share": round(supervised / tokens, 4) if tokens else 0.0,
+        "masked_share": round(1 - supervised / tokens, 4) if tokens else 0.0,
+        "metadata_dropout_share": round(dropped / documents, 4) if documents else 0.0,
+        "tokens_per_document": {
+            "min": int(lengths.min()) if documents else 0, "mean": round(float(lengths.mean()), 2) if documents else 0.0,
+            "p50": percentiles[0], "p90": percentiles[1], "p99": percentiles[2],
+            "max": int(lengths.max()) if documents else 0,
+            "histogram": {f"{int(lo)}-{'' if hi == np.inf else int(hi) - 1}": c
+                          for lo, hi, c in zip(edges[:-1], edges[1:], counts)},
+        },
+    }
+
+
+def pack(inputs, tokenizer_dir: str | os.PathLike, output: str | os.PathLike, config: PackConfig | None = None, *,
+         workers: int | None = None, threads: int | None = None, restart: bool = False, progress: bool = True) -> dict:
+    """Pack document records into OUTPUT/train and OUTPUT/val; return (and write) stats.json."""
+    config = config or PackConfig()
+    output, tokenizer_dir = Path(output), Path(tokenizer_dir)
+    started = time.perf_counter()
+    from tokenizers import Tokenizer
+
+    tokenizer_path = tokenizer_dir / "tokenizer.json"
+    if not tokenizer_path.exists():
+        raise FileNotFoundError(f"{tokenizer_dir}: no tokenizer.json")
+    tokenizer = Tokenizer.from_file(str(tokenizer_path))
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    dtype = resolve_dtype(config, vocab_size, os.fspath(output))  # before anything is written
+    TEMPLATES[config.template](tokenizer)  # refuses a tokenizer without the template's special tokens
+    files = expand_inputs(inputs)
+    identity = _identity(files, tokenizer_dir, config)
+    workdir = output / "_work"
+    if restart and output.exists():
+        shutil.rmtree(output)
+    stats_path = output / "stats.json"
+    if stats_path.exists() and orjson.loads(stats_path.read_bytes())["identity"] == identity:
+        return orjson.loads(stats_path.read_bytes())  # packed already
+    existing = _check_resume(workdir / "plan.json", identity, output)
+    if existing is None:
+        if output.exists() and any(output.iterdir()):
+            raise ValueError(f"{output} exists and is not an unfinished pack of these inputs; pass --restart")
+        shards = plan_shards(files, config.shard_size)
+        write_bytes_atomic(workdir / "plan.json", orjson.dumps(
+            {"identity": identity, "shards": [s.to_json() for s in shards]}))
+    else:
+        shards = [InputShard(**s) for s in existing["shards"]]
+    encode = functools.partial(encode_shard, tokenizer_path=str(tokenizer_path), config=config, workdir=workdir,
+                               threads=threads)
+    with WorkerPool(max(1, min(workers or len(os.sched_getaffinity(0)), len(shards)))) as pool:
+        markers = pool.map(encode, shards, "pack: tokenizing", progress=progress)
+    encoded = time.perf_counter()
+    for name in TOKENIZER_FILES:  # the output carries its tokenizer (inspect, training scripts)
+        if (tokenizer_dir / name).exists():
+            write_bytes_atomic(output / "tokenizer" / name, (tokenizer_dir / name).read_bytes())
+    writer_args = {
+        "dtype": dtype, "vocab_size": vocab_size, "bos_id": tokenizer.token_to_id("<s>"),
+        "eos_id": tokenizer.token_to_id("</s>"),
+        "tokenizer": {"fingerprint": identity["tokenizer_fingerprint"],
+                      "special_tokens": {t.content: i for i, t in sorted(tokenizer.get_added_tokens_decoder().items())}},
+        "config": {**asdict(config), "inputs": [f["path"] for f in identity["inputs"]]},
+    }
+    splits = {split: merge_split(split, shards, workdir, output, config.template != "plain", writer_args)
+              for split in SPLITS}
+    stats = {
+        "stage": "pack", "identity": identity, "records_in": sum(m["documents"] for m in markers),
+        "splits": splits, "dtype": dtype, "vocab_size": vocab_size,
+        "seconds": {"tokenize": round(encoded - started, 2), "merge": round(time.perf_counter() - encoded, 2)},
+    }
+    write_bytes_atomic(stats_path, orjson.dumps(stats, option=orjson.OPT_INDENT_2) + b"\n")
+    shutil.rmtree(workdir)
+    return stats
