@@ -118,18 +118,14 @@ def _identity(files: list[Path], tokenizer_dir: Path, config: PackConfig) -> dic
             "inputs": describe_inputs(files)}
 
 
-def _check_resume(plan_path: Path, identity: dict, output: Path) -> dict | None:
-    if not plan_path.exists():
-        return None
-    existing = orjson.loads(plan_path.read_bytes())
-    if existing["identity"]["tokenizer_fingerprint"] != identity["tokenizer_fingerprint"]:
-        raise ValueError(f"{output} was packed with another tokenizer (sha256 "
-                         f"{existing['identity']['tokenizer_fingerprint'][:12]}…, this one is "
-                         f"{identity['tokenizer_fingerprint'][:12]}…); pass --restart to pack it again")
-    differing = [k for k in identity if existing["identity"][k] != identity[k]]
+def _refuse_other_run(existing: dict, identity: dict, output: Path) -> None:
+    """Raise unless `existing` (the identity of what `output` holds) is this run's."""
+    if existing["tokenizer_fingerprint"] != identity["tokenizer_fingerprint"]:
+        raise ValueError(f"{output} was packed with another tokenizer (sha256 {existing['tokenizer_fingerprint'][:12]}…, "
+                         f"this one is {identity['tokenizer_fingerprint'][:12]}…); pass --restart to pack it again")
+    differing = [k for k in identity if existing.get(k) != identity[k]]
     if differing:
         raise ValueError(f"{output} was packed with different {', '.join(differing)}; pass --restart to pack it again")
-    return existing
 
 
 def resolve_dtype(config: PackConfig, vocab_size: int, where: str) -> str:
@@ -203,18 +199,20 @@ def pack(inputs, tokenizer_dir: str | os.PathLike, output: str | os.PathLike, co
     workdir = output / "_work"
     if restart and output.exists():
         shutil.rmtree(output)
-    stats_path = output / "stats.json"
-    if stats_path.exists() and orjson.loads(stats_path.read_bytes())["identity"] == identity:
-        return orjson.loads(stats_path.read_bytes())  # packed already
-    existing = _check_resume(workdir / "plan.json", identity, output)
-    if existing is None:
-        if output.exists() and any(output.iterdir()):
-            raise ValueError(f"{output} exists and is not an unfinished pack of these inputs; pass --restart")
-        shards = plan_shards(files, config.shard_size)
-        write_bytes_atomic(workdir / "plan.json", orjson.dumps(
-            {"identity": identity, "shards": [s.to_json() for s in shards]}))
+    stats_path, plan_path = output / "stats.json", workdir / "plan.json"
+    if stats_path.exists():
+        finished = orjson.loads(stats_path.read_bytes())
+        _refuse_other_run(finished["identity"], identity, output)
+        return finished  # packed already
+    if plan_path.exists():
+        plan = orjson.loads(plan_path.read_bytes())
+        _refuse_other_run(plan["identity"], identity, output)
+        shards = [InputShard(**s) for s in plan["shards"]]
     else:
-        shards = [InputShard(**s) for s in existing["shards"]]
+        if output.exists() and any(output.iterdir()):
+            raise ValueError(f"{output} exists and is not a pack output; choose another directory or pass --restart")
+        shards = plan_shards(files, config.shard_size)
+        write_bytes_atomic(plan_path, orjson.dumps({"identity": identity, "shards": [s.to_json() for s in shards]}))
     encode = functools.partial(encode_shard, tokenizer_path=str(tokenizer_path), config=config, workdir=workdir,
                                threads=threads)
     with WorkerPool(max(1, min(workers or len(os.sched_getaffinity(0)), len(shards)))) as pool:

@@ -1,0 +1,189 @@
+import subprocess
+import sys
+
+import numpy as np
+import orjson
+import pytest
+
+from fuelline.clean.poetry import clean_poem
+from fuelline.formats.tokens import TokenFiles, TokenFormatError, verify_token_dataset
+from fuelline.io import read_records
+from fuelline.pack import packer
+from fuelline.pack.packer import PackConfig, pack
+from fuelline.tokenizer.train import SPECIAL_TOKENS, train_tokenizer
+
+from ..conftest import shared_file
+
+DOCS = 6_000
+
+
+@pytest.fixture(scope="module")
+def poems(tmp_path_factory):
+    """The first few thousand real poems, cleaned, as document records."""
+    base = tmp_path_factory.mktemp("poems")
+    docs = []
+    for line, raw in enumerate(read_records(shared_file("chinese-poetry.jsonl.zst")), start=1):
+        doc, _ = clean_poem(raw)
+        if isinstance(doc, dict):
+            docs.append({**doc, "id": doc["id"] or f"line-{line}"})
+            if len(docs) == DOCS:
+                break
+    path = base / "poems.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(d) + b"\n" for d in docs))
+    return path, docs
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(poems, tmp_path_factory):
+    out = tmp_path_factory.mktemp("tokenizer")
+    train_tokenizer(poems[0], out, vocab_size=1024)
+    return out
+
+
+def packed(poems, tokenizer_dir, out, **options):
+    workers = options.pop("workers", 1)
+    pack(poems[0], tokenizer_dir, out, PackConfig(shard_size=1_000, **options), workers=workers, progress=False)
+    return out
+
+
+def test_every_poetry_document_masks_exactly_its_metadata_prefix(poems, tokenizer_dir, tmp_path):
+    out = packed(poems, tokenizer_dir, tmp_path / "out", metadata_dropout=0.25)
+    vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+    total = dropped = 0
+    for split in ("train", "val"):
+        files = TokenFiles(out / split)
+        for k in range(files.num_documents):
+            ids, mask = files.document(k)
+            content = int(np.flatnonzero(ids == vocab["<|content|>"])[0])
+            assert ids[0] == vocab["<s>"] and ids[-1] == vocab["</s>"]
+            assert not mask[: content + 1].any() and mask[content + 1:].all()
+            assert vocab["<|content|>"] not in ids[content + 1:].tolist()
+            if content == 1:  # metadata dropped: <s><|content|>POEM</s>
+                dropped += 1
+            else:
+                assert ids[1] == vocab["<|title|>"] and vocab["<|author|>"] in ids[:content].tolist()
+            total += 1
+    assert total == DOCS
+    assert abs(dropped / total - 0.25) < 0.02
+    stats = orjson.loads((out / "stats.json").read_bytes())
+    assert stats["splits"]["val"]["documents"] + stats["splits"]["train"]["documents"] == DOCS
+    assert abs(stats["splits"]["val"]["documents"] / DOCS - 0.05) < 0.01
+
+
+def test_same_seed_same_bytes_whatever_the_workers(poems, tokenizer_dir, tmp_path):
+    one = packed(poems, tokenizer_dir, tmp_path / "one")
+    two = packed(poems, tokenizer_dir, tmp_path / "two", workers=2)
+    other = packed(poems, tokenizer_dir, tmp_path / "other", seed=7)
+    for split in ("train", "val"):
+        for name in ("tokens.bin", "docs.idx", "mask.bin", "manifest.json"):
+            assert (one / split / name).read_bytes() == (two / split / name).read_bytes()
+    assert (one / "val" / "tokens.bin").read_bytes() != (other / "val" / "tokens.bin").read_bytes()
+
+
+def test_plain_template_supervises_everything_without_a_mask_file(poems, tokenizer_dir, tmp_path):
+    out = packed(poems, tokenizer_dir, tmp_path / "plain", template="plain")
+    files = TokenFiles(out / "train")
+    assert files.manifest["mask"] is None and not (out / "train" / "mask.bin").exists()
+    ids, mask = files.document(0)
+    assert mask is None and ids[0] == 0 and ids[-1] == 1
+
+
+def test_an_interrupted_pack_resumes_without_redoing_shards(poems, tokenizer_dir, tmp_path, monkeypatch):
+    reference = packed(poems, tokenizer_dir, tmp_path / "reference")
+    real_merge = packer.merge_split
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed while merging")
+
+    monkeypatch.setattr(packer, "merge_split", killed)
+    with pytest.raises(KeyboardInterrupt):
+        packed(poems, tokenizer_dir, tmp_path / "out")
+    assert len(list((tmp_path / "out" / "_work").glob("part-*.json"))) == 6  # every shard finished
+    monkeypatch.setattr(packer, "merge_split", real_merge)
+
+    def no_tokenizer(*args):
+        raise AssertionError("a finished shard was tokenized again")
+
+    monkeypatch.setattr(packer, "_load_tokenizer", no_tokenizer)
+    packed(poems, tokenizer_dir, tmp_path / "out")
+    for split in ("train", "val"):
+        for name in ("tokens.bin", "docs.idx", "mask.bin"):
+            assert (tmp_path / "out" / split / name).read_bytes() == (reference / split / name).read_bytes()
+    assert not (tmp_path / "out" / "_work").exists()
+
+
+def test_resuming_with_another_tokenizer_is_refused(poems, tokenizer_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(packer, "merge_split", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        packed(poems, tokenizer_dir, tmp_path / "out")
+    monkeypatch.undo()
+    other = tmp_path / "other-tokenizer"
+    train_tokenizer(poems[0], other, vocab_size=800)
+    with pytest.raises(ValueError, match="packed with another tokenizer"):
+        packed(poems, other, tmp_path / "out")
+    done = packed(poems, tokenizer_dir, tmp_path / "done")
+    with pytest.raises(ValueError, match="packed with another tokenizer"):
+        packed(poems, other, done)
+
+
+def test_uint16_overflow_is_an_error_before_anything_is_written(poems, tmp_path):
+    from tokenizers import Tokenizer, models
+
+    vocab = {f"t{i}": i for i in range(70_000)}
+    big = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    big.add_special_tokens(SPECIAL_TOKENS)
+    (tmp_path / "big").mkdir()
+    big.save(str(tmp_path / "big" / "tokenizer.json"))
+    with pytest.raises(ValueError, match=r"token id 70,006 does not fit in uint16"):
+        packed(poems, tmp_path / "big", tmp_path / "out", dtype="uint16")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture
+def damaged(poems, tokenizer_dir, tmp_path):
+    return packed(poems, tokenizer_dir, tmp_path / "out") / "train"
+
+
+def test_verify_finds_truncation(damaged):
+    data = (damaged / "tokens.bin").read_bytes()
+    (damaged / "tokens.bin").write_bytes(data[:-10])
+    with pytest.raises(TokenFormatError, match="truncated"):
+        verify_token_dataset(damaged)
+
+
+def test_verify_finds_a_flipped_byte(damaged):
+    data = bytearray((damaged / "mask.bin").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (damaged / "mask.bin").write_bytes(bytes(data))
+    with pytest.raises(TokenFormatError, match="checksum mismatch"):
+        verify_token_dataset(damaged)
+
+
+def test_verify_finds_ids_beyond_the_vocabulary(damaged):
+    from fuelline.formats.tokens import sha256_file
+
+    tokens = np.fromfile(damaged / "tokens.bin", dtype="<u2")
+    tokens[5] = 5_000  # vocabulary has 1,024 tokens
+    tokens.tofile(damaged / "tokens.bin")
+    manifest = orjson.loads((damaged / "manifest.json").read_bytes())
+    manifest["files"]["tokens.bin"]["sha256"] = sha256_file(damaged / "tokens.bin")
+    (damaged / "manifest.json").write_bytes(orjson.dumps(manifest))
+    with pytest.raises(TokenFormatError, match="token id 5000 >= vocab_size 1024"):
+        verify_token_dataset(damaged)
+
+
+def test_cli_pack_verify_and_inspect(poems, tokenizer_dir, tmp_path):
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "fuelline.cli", *args], capture_output=True, text=True)
+
+    out = tmp_path / "out"
+    result = run("pack", "-i", str(poems[0]), "--tokenizer", str(tokenizer_dir), "-o", str(out), "-q", "-w", "2")
+    assert result.returncode == 0, result.stderr
+    assert run("verify", str(out)).stdout.count("checksums match") == 2
+    shown = run("inspect", str(out), "--doc", "0")
+    assert "[masked ] '<s>" in shown.stdout and "[trained]" in shown.stdout
+    table = run("inspect", str(out), "--window", "0", "--seq-len", "64").stdout
+    assert "-100" in table and "predict" in table
+    (out / "val" / "docs.idx").write_bytes(b"\0" * 8)
+    broken = run("verify", str(out))
+    assert broken.returncode == 2 and "docs.idx" in broken.stderr and "Traceback" not in broken.stderr
