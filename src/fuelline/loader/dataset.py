@@ -1,0 +1,107 @@
+"""TokenDataset: training windows read straight from a token dataset's memory maps.
+
+Item i is the window of `seq_len` tokens starting at token i·seq_len, as
+`{"input_ids", "labels"}` int64 tensors: `labels[t] == input_ids[t]` where the token is trained
+on and -100 where it is masked. Never shifted: the model shifts once (`causal_lm_loss`).
+
+Batches are gathered whole (`__getitems__`, which DataLoader calls with a batch of indices) by
+one numba loop that reads the memory-mapped tokens and mask bits and writes ids and labels
+directly. Nothing is read up front, so a file far larger than memory costs only the
+pages a batch touches, and those are released again every few million tokens (`TokenFiles.release`),
+so the resident memory of a long run stays flat; the maps are reopened lazily in each
+DataLoader worker.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+from numba import njit
+
+from fuelline.formats.tokens import TokenFiles
+
+IGNORE_INDEX = -100
+RELEASE_EVERY_TOKENS = 8 << 20  # read pages dropped from the resident set every ~8 M tokens
+
+
+@njit(cache=True, nogil=True)
+def gather_windows(tokens, mask_bits, has_mask, starts, ids, labels):
+    """ids[b] = tokens of window b, widened to int64; labels[b] = the same where the mask bit is
+    set, -100 where not. One pass over the batch, ~4x faster than numpy's stack + unpackbits +
+    where, which each make a full temporary."""
+    length = ids.shape[1]
+    for b in range(starts.shape[0]):
+        start = starts[b]
+        for t in range(length):
+            position = start + t
+            token = np.int64(tokens[position])
+            ids[b, t] = token
+            if has_mask and not (mask_bits[position >> 3] >> (position & 7)) & 1:
+                labels[b, t] = IGNORE_INDEX
+            else:
+                labels[b, t] = token
+
+
+class TokenDataset:
+    def __init__(self, path: str | os.PathLike, seq_len: int, *, document_aware: bool = False):
+        if seq_len < 2:
+            raise ValueError(f"seq_len must be at least 2, not {seq_len}")
+        self.path, self.seq_len, self.document_aware = Path(path), seq_len, document_aware
+        self._files: TokenFiles | None = None
+        self._touched = 0
+        files = self.files
+        self.num_windows = files.num_tokens // seq_len
+        if self.num_windows == 0:
+            raise ValueError(f"{path}: {files.num_tokens} tokens make no window of {seq_len}")
+
+    @property
+    def files(self) -> TokenFiles:
+        if self._files is None:
+            self._files = TokenFiles(self.path)
+        return self._files
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_files": None}  # memory maps are reopened in each worker
+
+    def __len__(self) -> int:
+        return self.num_windows
+
+    def __getitem__(self, index: int) -> dict:
+        if not -self.num_windows <= index < self.num_windows:
+            raise IndexError(f"window {index} out of range ({self.num_windows} windows)")
+        return {k: v[0] if k != "cu_seqlens" else v for k, v in self.__getitems__([index % self.num_windows]).items()}
+
+    def __getitems__(self, indices) -> dict:
+        import torch
+
+        files, length = self.files, self.seq_len
+        starts = np.asarray(indices, dtype=np.int64) * length
+        ids = np.empty((len(starts), length), dtype=np.int64)
+        labels = np.empty_like(ids)
+        mask_bits = files.mask_bits if files.mask_bits is not None else np.zeros(0, dtype=np.uint8)
+        gather_windows(files.tokens, mask_bits, files.mask_bits is not None, starts, ids, labels)
+        self._touched += ids.size
+        if self._touched >= RELEASE_EVERY_TOKENS:
+            files.release()
+            self._touched = 0
+        batch = {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels)}
+        if self.document_aware:
+            positions, cu_seqlens = self._document_positions(starts)
+            batch["position_ids"] = torch.from_numpy(positions)
+            batch["cu_seqlens"] = torch.from_numpy(cu_seqlens)
+        return batch
+
+    def _document_positions(self, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Position ids restarting at every document start (and at each window's start), and
+        cu_seqlens: the boundaries of those segments in the flattened batch, for varlen attention."""
+        length = self.seq_len
+        tokens = starts[:, None] + np.arange(length)
+        offsets = self.files.offsets
+        doc = np.searchsorted(offsets, tokens, side="right") - 1
+        segment_start = np.maximum(np.asarray(offsets[doc], dtype=np.int64), starts[:, None])
+        positions = tokens - segment_start
+        begins = np.flatnonzero(positions.reshape(-1) == 0)
+        cu_seqlens = np.append(begins, positions.size).astype(np.int32)
+        return positions, cu_seqlens

@@ -1,0 +1,63 @@
+"""`make_loader`: a DataLoader over a TokenDataset whose position can be saved and restored."""
+
+from __future__ import annotations
+
+from fuelline.loader.sampler import WindowSampler
+
+
+def _already_batched(batch):
+    """The dataset's __getitems__ returns whole batches: nothing left to collate."""
+    return batch
+
+
+def accelerator_present() -> bool:
+    import torch
+
+    accelerator = getattr(torch, "accelerator", None)
+    return bool(accelerator.is_available()) if accelerator is not None else torch.cuda.is_available()
+
+
+class ResumableLoader:
+    """Iterates batches; `state_dict()` says how many were delivered, so a resumed run continues
+    with the next one, whatever the number of workers or how far they had prefetched."""
+
+    def __init__(self, dataset, sampler: WindowSampler, **dataloader_options):
+        from torch.utils.data import DataLoader
+
+        self.dataset, self.sampler = dataset, sampler
+        sampler.tracked_by_loader = True
+        self._loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=_already_batched, **dataloader_options)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self):
+        start = self.sampler.position
+        delivered = 0
+        try:
+            for batch in self._loader:
+                delivered += 1
+                self.sampler.position = start + delivered * self.sampler.batch_size
+                yield batch
+        finally:
+            # Workers may have drawn batches that were never delivered: they come again.
+            self.sampler.position = start + delivered * self.sampler.batch_size
+
+    def state_dict(self) -> dict:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.load_state_dict(state)
+
+
+def make_loader(dataset, batch_size: int, *, shuffle: bool = True, seed: int = 0, rank: int = 0, world_size: int = 1,
+                num_workers: int = 0, pin_memory: bool | None = None, prefetch_factor: int | None = None) -> ResumableLoader:
+    """A resumable loader; pinned memory is on exactly when an accelerator is present (pinning
+    without one only warns and costs a copy)."""
+    sampler = WindowSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size)
+    options = {"num_workers": num_workers, "pin_memory": accelerator_present() if pin_memory is None else pin_memory}
+    if num_workers > 0:
+        options["persistent_workers"] = False
+        if prefetch_factor is not None:
+            options["prefetch_factor"] = prefetch_factor
+    return ResumableLoader(dataset, sampler, **options)

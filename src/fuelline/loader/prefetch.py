@@ -1,0 +1,88 @@
+"""CUDAPrefetcher: the next batch is copied to the GPU while the current one is computed on.
+
+Each batch is staged into reused pinned host buffers and copied on a side CUDA stream with
+`non_blocking=True`; an event recorded after the copy is what the compute stream waits on, and
+`record_stream` tells the caching allocator the tensors are used on the compute stream, so
+their memory is not handed out again while kernels may still read it. Token ids travel in
+their narrow dtype (uint16/int32: half or a quarter of the bytes) and are widened to int64 on
+the GPU. An exception in the loader is re-raised at the batch where it happened; no stale
+batch is ever served. Without CUDA the prefetcher passes batches through unchanged.
+"""
+
+from __future__ import annotations
+
+WIDEN = ("input_ids", "labels", "position_ids")
+
+
+class CUDAPrefetcher:
+    def __init__(self, loader, device=None):
+        import torch
+
+        self.loader = loader
+        self.device = torch.device(device) if device is not None else (
+            torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
+        self.enabled = self.device.type == "cuda"
+        # Two sets of pinned buffers, used in turn: one is read by the copy in flight while the
+        # next batch is staged into the other.
+        self._slots = [{"buffers": {}, "copied": None}, {"buffers": {}, "copied": None}]
+        self._turn = 0
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        if not self.enabled:
+            yield from self.loader
+            return
+        import torch
+
+        stream = torch.cuda.Stream(device=self.device)
+        iterator = iter(self.loader)
+        pending = self._start(iterator, stream)
+        while pending is not None:
+            batch, ready = pending
+            torch.cuda.current_stream(self.device).wait_event(ready)
+            for value in batch.values():
+                if isinstance(value, torch.Tensor):
+                    value.record_stream(torch.cuda.current_stream(self.device))
+            pending = self._start(iterator, stream)  # the next copy overlaps the caller's compute
+            yield batch
+
+    def _start(self, iterator, stream):
+        """Fetch the next batch and launch its copy; None at the end. Loader errors propagate."""
+        import torch
+
+        try:
+            host = next(iterator)
+        except StopIteration:
+            return None
+        slot = self._slots[self._turn]
+        self._turn ^= 1
+        if slot["copied"] is not None:
+            slot["copied"].synchronize()  # the copy that last read these pinned buffers is done
+        with torch.cuda.stream(stream):
+            batch = {}
+            for key, value in host.items():
+                if not isinstance(value, torch.Tensor):
+                    batch[key] = value
+                    continue
+                on_device = self._stage(slot, key, value).to(self.device, non_blocking=True)
+                batch[key] = on_device.long() if key in WIDEN and on_device.dtype != torch.int64 else on_device
+            ready = torch.cuda.Event()
+            ready.record(stream)
+        slot["copied"] = ready
+        return batch, ready
+
+    @staticmethod
+    def _stage(slot: dict, key: str, value):
+        """Copy into this slot's reused pinned buffer (unless the loader already pinned it)."""
+        import torch
+
+        if value.is_pinned():
+            return value
+        buffer = slot["buffers"].get(key)
+        if buffer is None or buffer.shape != value.shape or buffer.dtype != value.dtype:
+            buffer = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+            slot["buffers"][key] = buffer
+        buffer.copy_(value)
+        return buffer
