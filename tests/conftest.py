@@ -1,7 +1,12 @@
 import os
 from pathlib import Path
 
+import orjson
 import pytest
+
+from fuelline.clean.poetry import clean_poem
+from fuelline.io import read_records
+from fuelline.tokenizer.train import train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("FUELLINE_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -18,3 +23,39 @@ def shared_file(relative: str) -> Path:
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("FUELLINE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+
+
+POEMS = 6_000
+
+
+@pytest.fixture(scope="session")
+def poems(tmp_path_factory):
+    """The first few thousand real poems, cleaned, as document records."""
+    base = tmp_path_factory.mktemp("poems")
+    docs = []
+    for line, raw in enumerate(read_records(shared_file("chinese-poetry.jsonl.zst")), start=1):
+        doc, _ = clean_poem(raw)
+        if isinstance(doc, dict):
+            docs.append({**doc, "id": doc["id"] or f"line-{line}"})
+            if len(docs) == POEMS:
+                break
+    path = base / "poems.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(d) + b"\n" for d in docs))
+    return path, docs
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(poems, tmp_path_factory):
+    out = tmp_path_factory.mktemp("tokenizer")
+    train_tokenizer(poems[0], out, vocab_size=1024)
+    return out
+
+
+@pytest.fixture(scope="session")
+def packed_poems(poems, tokenizer_dir, tmp_path_factory):
+    """The poems packed with the poetry template (dropout 0.25), as a pack output directory."""
+    from fuelline.pack.packer import PackConfig, pack
+
+    out = tmp_path_factory.mktemp("packed") / "out"
+    pack(poems[0], tokenizer_dir, out, PackConfig(shard_size=1_000), workers=1, progress=False)
+    return out

@@ -5,40 +5,13 @@ import numpy as np
 import orjson
 import pytest
 
-from fuelline.clean.poetry import clean_poem
 from fuelline.formats.tokens import TokenFiles, TokenFormatError, verify_token_dataset
 from fuelline.io import read_records
 from fuelline.pack import packer
 from fuelline.pack.packer import PackConfig, pack
 from fuelline.tokenizer.train import SPECIAL_TOKENS, train_tokenizer
 
-from ..conftest import shared_file
-
-DOCS = 6_000
-
-
-@pytest.fixture(scope="module")
-def poems(tmp_path_factory):
-    """The first few thousand real poems, cleaned, as document records."""
-    base = tmp_path_factory.mktemp("poems")
-    docs = []
-    for line, raw in enumerate(read_records(shared_file("chinese-poetry.jsonl.zst")), start=1):
-        doc, _ = clean_poem(raw)
-        if isinstance(doc, dict):
-            docs.append({**doc, "id": doc["id"] or f"line-{line}"})
-            if len(docs) == DOCS:
-                break
-    path = base / "poems.jsonl"
-    path.write_bytes(b"".join(orjson.dumps(d) + b"\n" for d in docs))
-    return path, docs
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(poems, tmp_path_factory):
-    out = tmp_path_factory.mktemp("tokenizer")
-    train_tokenizer(poems[0], out, vocab_size=1024)
-    return out
-
+from ..conftest import POEMS as DOCS
 
 def packed(poems, tokenizer_dir, out, **options):
     workers = options.pop("workers", 1)

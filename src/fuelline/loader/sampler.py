@@ -1,8 +1,8 @@
 """Deterministic, shardable, exactly resumable order of training windows.
 
-The stream of positions j = 0, 1, 2, … of one rank covers global positions
-k = j·world_size + rank; position k is window `perm_e(k mod n)` of epoch e = k div n, where
-`perm_e` is a Feistel permutation keyed by (seed, epoch). Nothing is precomputed per epoch:
+Epoch e of one rank is its stream positions j in [e·E, (e+1)·E), E = batches per epoch × batch
+size; position j is window `perm_e((j - e·E)·world_size + rank)`, where `perm_e` is a Feistel
+permutation of the n windows keyed by (seed, epoch): ranks interleave, never overlap. Nothing is precomputed per epoch:
 a block of 65,536 permuted positions is computed when first needed (~1 ms) and reused.
 
 The state is a handful of integers (`position` is all that changes). The sampler runs in the
@@ -40,10 +40,15 @@ class WindowSampler:
         """Batches per epoch on this rank."""
         return self.num_samples // (self.world_size * self.batch_size)
 
+    @property
+    def epoch_length(self) -> int:
+        """Stream positions per epoch on this rank (the remainder that fills no batch is dropped)."""
+        return len(self) * self.batch_size
+
     def indices(self, start: int, count: int) -> np.ndarray:
         """Window indices at this rank's stream positions start..start+count-1."""
-        k = (np.arange(start, start + count, dtype=np.int64) * self.world_size) + self.rank
-        epochs, offsets = np.divmod(k, self.num_samples)
+        epochs, within = np.divmod(np.arange(start, start + count, dtype=np.int64), self.epoch_length)
+        offsets = within * self.world_size + self.rank
         if not self.shuffle:
             return offsets
         out = np.empty(count, dtype=np.int64)
@@ -65,14 +70,15 @@ class WindowSampler:
         return self._block[2][offsets - first]
 
     def __iter__(self):
-        """One epoch's worth of batches from `position`. The DataLoader draws batches ahead of
+        """The batches from `position` to the end of its epoch. The DataLoader draws batches ahead of
         what it delivers, so `position` is not moved here while a ResumableLoader tracks it;
         used bare, the sampler moves it on by a whole epoch when the epoch is exhausted."""
         start = self.position
-        for b in range(len(self)):
-            yield self.indices(start + b * self.batch_size, self.batch_size).tolist()
+        end = (start // self.epoch_length + 1) * self.epoch_length  # a resumed epoch is finished, not redone
+        for first in range(start, end, self.batch_size):
+            yield self.indices(first, self.batch_size).tolist()
         if not self.tracked_by_loader:
-            self.position = start + len(self) * self.batch_size
+            self.position = end
 
     def state_dict(self) -> dict:
         return {"version": STATE_VERSION, "position": self.position, "seed": self.seed, "shuffle": self.shuffle,

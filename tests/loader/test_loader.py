@@ -1,0 +1,152 @@
+import numpy as np
+import pytest
+import torch
+
+from fuelline.formats.tokens import TokenDatasetWriter, TokenFiles
+from fuelline.loader import (AlignmentError, CUDAPrefetcher, TokenDataset, causal_lm_loss, check_alignment,
+                             make_loader)
+from fuelline.tokenizer.train import SPECIAL_TOKENS
+
+CONTENT = SPECIAL_TOKENS.index("<|content|>")
+
+
+def stream(path):
+    """The whole token stream and, from the documents' structure alone, which tokens are metadata."""
+    files = TokenFiles(path)
+    ids = np.asarray(files.tokens).astype(np.int64)
+    prefix = np.zeros(len(ids), dtype=bool)
+    for k in range(files.num_documents):
+        start, stop = int(files.offsets[k]), int(files.offsets[k + 1])
+        content = start + int(np.flatnonzero(ids[start:stop] == CONTENT)[0])
+        prefix[start:content + 1] = True  # <s> … <|content|>
+    return ids, prefix
+
+
+def test_labels_align_with_inputs_and_mask_exactly_the_metadata_prefixes(packed_poems):
+    ids, prefix = stream(packed_poems / "train")
+    dataset = TokenDataset(packed_poems / "train", 128)
+    rng = np.random.default_rng(0)
+    windows = rng.integers(0, len(dataset), 200).tolist()
+    batch = dataset.__getitems__(windows)
+    check_alignment(batch)
+    for row, w in enumerate(windows):
+        span = slice(w * 128, (w + 1) * 128)
+        assert batch["input_ids"][row].tolist() == ids[span].tolist()
+        expected = np.where(prefix[span], -100, ids[span])
+        assert batch["labels"][row].tolist() == expected.tolist()
+
+
+def test_single_items_and_odd_window_lengths(packed_poems):
+    ids, prefix = stream(packed_poems / "train")
+    dataset = TokenDataset(packed_poems / "train", 77)  # windows do not start on a mask byte
+    item = dataset[10]
+    assert item["input_ids"].dtype == torch.int64 and item["input_ids"].shape == (77,)
+    assert item["labels"].tolist() == np.where(prefix[770:847], -100, ids[770:847]).tolist()
+    with pytest.raises(IndexError):
+        dataset[len(dataset)]
+
+
+def test_document_aware_positions_restart_at_every_document(packed_poems):
+    files = TokenFiles(packed_poems / "train")
+    dataset = TokenDataset(packed_poems / "train", 256, document_aware=True)
+    batch = dataset.__getitems__([3, 4])
+    starts = set(np.asarray(files.offsets).tolist())
+    for row, w in enumerate([3, 4]):
+        positions = batch["position_ids"][row].tolist()
+        for t, p in enumerate(positions):
+            token = w * 256 + t
+            assert p == 0 if (t == 0 or token in starts) else p == positions[t - 1] + 1
+    cu = batch["cu_seqlens"].tolist()
+    assert cu[0] == 0 and cu[-1] == 512 and cu == sorted(cu)
+    assert len(cu) - 1 == int((batch["position_ids"] == 0).sum())
+
+
+def test_check_alignment_catches_the_double_shift_and_masking_by_value(packed_poems):
+    batch = TokenDataset(packed_poems / "train", 64).__getitems__([5, 6])
+    shifted = dict(batch, labels=torch.cat([batch["labels"][:, 1:], torch.full((2, 1), -100)], dim=1))
+    with pytest.raises(AlignmentError, match="double shift"):
+        check_alignment(shifted)
+    eos = SPECIAL_TOKENS.index("</s>")
+    by_value = dict(batch, labels=torch.where(batch["input_ids"] == eos, -100, batch["labels"]))
+    if bool((batch["input_ids"][:, :-8] == eos).any()):
+        with pytest.raises(AlignmentError, match="pad id"):
+            check_alignment(by_value, pad_id=eos)
+    check_alignment(batch, pad_id=eos)  # the real labels train on </s>
+
+
+def test_causal_lm_loss_shifts_once():
+    torch.manual_seed(0)
+    labels = torch.tensor([[5, 6, -100, 7]])
+    logits = torch.full((1, 4, 10), -20.0)
+    logits[0, 0, 6] = logits[0, 2, 7] = 20.0  # position t predicts the label at t + 1
+    assert causal_lm_loss(logits, labels).item() < 1e-6
+    # The same labels shifted before the model: position 1 is scored against 7, which it does not predict.
+    assert causal_lm_loss(logits, torch.tensor([[6, -100, 7, -100]])).item() > 2
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_resume_gives_the_uninterrupted_sequence(packed_poems, workers):
+    dataset = TokenDataset(packed_poems / "train", 64)
+    full = [b["input_ids"] for b in make_loader(dataset, 16, seed=3, num_workers=workers)]
+    loader = make_loader(dataset, 16, seed=3, num_workers=workers)
+    first = []
+    for batch in loader:
+        first.append(batch["input_ids"])
+        if len(first) == 7:
+            state = loader.state_dict()
+            break
+    resumed = make_loader(dataset, 16, seed=3, num_workers=workers)
+    resumed.load_state_dict(state)
+    rest = [b["input_ids"] for b in resumed]
+    assert len(first) + len(rest) == len(full)
+    assert all(torch.equal(a, b) for a, b in zip(first + rest, full))
+    assert set(state) >= {"position", "seed"} and all(isinstance(v, (int, bool)) for v in state.values())
+
+
+def test_epochs_differ_and_ranks_partition_the_windows(packed_poems):
+    dataset = TokenDataset(packed_poems / "train", 64)
+    loader = make_loader(dataset, 8, seed=1)
+    epoch_one = torch.cat([b["input_ids"][:, 0] for b in loader])
+    epoch_two = torch.cat([b["input_ids"][:, 0] for b in loader])
+    assert not torch.equal(epoch_one, epoch_two)
+    samplers = [make_loader(dataset, 8, seed=1, rank=r, world_size=2).sampler for r in (0, 1)]
+    seen = [set(s.indices(0, s.epoch_length).tolist()) for s in samplers]
+    assert not seen[0] & seen[1]  # an epoch of rank 0 and one of rank 1 never share a window
+    assert len(seen[0] | seen[1]) == 2 * samplers[0].epoch_length >= len(dataset) - 16
+
+
+def rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+def test_iterating_a_large_file_keeps_memory_flat(tmp_path):
+    rng = np.random.default_rng(0)
+    writer = TokenDatasetWriter(tmp_path / "big", dtype="uint16", vocab_size=50_000, bos_id=0, eos_id=1,
+                                tokenizer={"fingerprint": "synthetic"}, with_mask=True)
+    for _ in range(30):  # 30 × 1 M tokens = 60 MB of tokens
+        lengths = np.full(1_000, 1_000)
+        writer.add_documents(rng.integers(0, 50_000, 1_000_000), lengths, rng.random(1_000_000) < 0.8)
+    writer.close()
+    loader = make_loader(TokenDataset(tmp_path / "big", 1024), 64, seed=0)
+    next(iter(loader))  # imports and compiled kernels are not the dataset's memory
+    before = rss_mib()
+    for _ in range(3):
+        for _batch in loader:
+            pass
+    assert rss_mib() - before <= 50
+
+
+def test_prefetcher_passes_batches_through_on_cpu(packed_poems):
+    loader = make_loader(TokenDataset(packed_poems / "train", 64), 4, seed=0)
+    prefetched = list(CUDAPrefetcher(loader, "cpu"))
+    direct = list(make_loader(TokenDataset(packed_poems / "train", 64), 4, seed=0))
+    assert len(prefetched) == len(direct)
+    assert all(torch.equal(a["labels"], b["labels"]) for a, b in zip(prefetched, direct))
+
+
+def test_pinned_memory_only_with_an_accelerator(packed_poems, recwarn):
+    loader = make_loader(TokenDataset(packed_poems / "train", 64), 4, num_workers=1)
+    assert loader._loader.pin_memory == torch.cuda.is_available()
+    next(iter(loader))
+    assert not [w for w in recwarn if "pin_memory" in str(w.message)]
