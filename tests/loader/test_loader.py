@@ -150,3 +150,32 @@ def test_pinned_memory_only_with_an_accelerator(packed_poems, recwarn):
     assert loader._loader.pin_memory == torch.cuda.is_available()
     next(iter(loader))
     assert not [w for w in recwarn if "pin_memory" in str(w.message)]
+
+
+def test_mixture_weights_hold_over_every_prefix_and_resume(packed_poems):
+    from fuelline.loader import make_mixture_loader
+    from fuelline.loader.mixture import integer_weights
+
+    train, val = TokenDataset(packed_poems / "train", 64), TokenDataset(packed_poems / "val", 64)
+    loader = make_mixture_loader([train, val], [0.8, 0.2], 10, seed=2)
+    picks = np.concatenate([loader.sampler.indices(0, 5_000) >= len(train)])  # True: from val
+    counts = np.cumsum(picks)
+    prefix = np.arange(1, len(picks) + 1)
+    assert np.all(np.abs(counts - 0.2 * prefix) < 1)  # exact over every prefix, not on average
+    batches = []
+    for batch in loader:
+        batches.append(batch)
+        if len(batches) == 3:
+            state = loader.state_dict()
+        if len(batches) == 6:
+            break
+    resumed = make_mixture_loader([train, val], [0.8, 0.2], 10, seed=2)
+    resumed.load_state_dict(state)
+    again = [b for _, b in zip(range(3), resumed)]
+    assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(batches[3:], again))
+    first = loader.sampler.indices(0, 10)
+    expected = [train[int(i)] if i < len(train) else val[int(i) - len(train)] for i in first]
+    assert torch.equal(batches[0]["labels"], torch.stack([e["labels"] for e in expected]))
+    assert integer_weights([0.7, 0.3]).tolist() == [7, 3]
+    with pytest.raises(ValueError, match="weights"):
+        resumed.load_state_dict({**state, "weights": [1, 1]})

@@ -55,9 +55,22 @@ def make_loader(dataset, batch_size: int, *, shuffle: bool = True, seed: int = 0
     """A resumable loader; pinned memory is on exactly when an accelerator is present (pinning
     without one only warns and costs a copy)."""
     sampler = WindowSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size)
+    return ResumableLoader(dataset, sampler, **_dataloader_options(num_workers, pin_memory, prefetch_factor))
+
+
+def _dataloader_options(num_workers: int, pin_memory: bool | None, prefetch_factor: int | None) -> dict:
     options = {"num_workers": num_workers, "pin_memory": accelerator_present() if pin_memory is None else pin_memory}
-    if num_workers > 0:
-        options["persistent_workers"] = False
-        if prefetch_factor is not None:
-            options["prefetch_factor"] = prefetch_factor
-    return ResumableLoader(dataset, sampler, **options)
+    if num_workers > 0 and prefetch_factor is not None:
+        options["prefetch_factor"] = prefetch_factor
+    return options
+
+
+def make_mixture_loader(datasets: list, weights: list[float], batch_size: int, *, shuffle: bool = True,
+                        seed: int = 0, rank: int = 0, world_size: int = 1, num_workers: int = 0,
+                        pin_memory: bool | None = None) -> ResumableLoader:
+    """A resumable loader over several TokenDatasets, drawing from each by exact weights."""
+    from fuelline.loader.mixture import MixtureDataset, MixtureSampler
+
+    sampler = MixtureSampler([len(d) for d in datasets], weights, batch_size, shuffle=shuffle, seed=seed,
+                             rank=rank, world_size=world_size)
+    return ResumableLoader(MixtureDataset(datasets), sampler, **_dataloader_options(num_workers, pin_memory, None))
