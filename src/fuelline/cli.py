@@ -24,15 +24,21 @@ def main() -> None:
 
 def _print_stats(all_stats: list[dict]) -> None:
     for stats in all_stats:
+        if "report" in stats:
+            click.echo(f"report     {stats['report']}")
+            continue
         dropped = ", ".join(f"{reason} {n:,}" for reason, n in stats["dropped"].items()) or "none"
         resumed = f", {stats['resumed_shards']} shard(s) resumed" if stats.get("resumed_shards") else ""
         click.echo(
             f"{stats['stage']:<10} in {stats['records_in']:>10,}  out {stats['records_out']:>10,}  "
             f"dropped: {dropped}  ({stats['wall_seconds']:.1f}s{resumed})"
         )
-        for key, value in stats.items():  # corpus-level numbers a stage adds (Stage.summary)
-            if isinstance(value, dict) and key not in ("dropped", "counters"):
-                click.echo(f"  {key}: " + ", ".join(f"{k} {v}" for k, v in value.items()))
+        for key in SUMMARY_KEYS:  # corpus-level numbers a stage or task adds
+            if key in stats:
+                click.echo(f"  {key}: " + ", ".join(f"{k} {v}" for k, v in stats[key].items()))
+        for split, numbers in stats.get("splits", {}).items():
+            click.echo(f"  {split}: {numbers['documents']:,} documents, {numbers['tokens']:,} tokens, "
+                       f"supervised {numbers['supervised_share']:.2%}, metadata dropped {numbers['metadata_dropout_share']:.2%}")
 
 
 def _fail(error: Exception) -> typing.NoReturn:
@@ -41,6 +47,7 @@ def _fail(error: Exception) -> typing.NoReturn:
 
 
 USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError)
+SUMMARY_KEYS = ("dedup", "tokenizer")
 
 
 def _run_params() -> list[click.Option]:
@@ -203,6 +210,27 @@ def inspect(directory, doc, window, seq_len, split):
         click.echo(show_document(files, tokenizer, doc) if doc is not None else show_window(files, tokenizer, window, seq_len))
     except (*USER_ERRORS, IndexError) as e:
         _fail(e)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="print the funnel as JSON instead of a table")
+def report(run_dir, as_json):
+    """The funnel of a run: text table, and RUN/report/ (funnel.json, report.html, PNG charts)."""
+    from pathlib import Path
+
+    import orjson
+
+    from fuelline.report.funnel import format_funnel
+    from fuelline.report.task import build_report
+
+    try:
+        funnel = build_report(Path(run_dir), Path(run_dir) / "report")
+    except USER_ERRORS as e:
+        _fail(e)
+    click.echo(orjson.dumps(funnel, option=orjson.OPT_INDENT_2).decode() if as_json else format_funnel(funnel))
+    if not as_json:
+        click.echo(f"\nHTML report: {Path(run_dir) / 'report' / 'report.html'}")
 
 
 @main.group()

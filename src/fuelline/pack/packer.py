@@ -230,10 +230,12 @@ def pack(inputs, tokenizer_dir: str | os.PathLike, output: str | os.PathLike, co
     }
     splits = {split: merge_split(split, shards, workdir, output, config.template != "plain", writer_args)
               for split in SPLITS}
+    documents = sum(m["documents"] for m in markers)
     stats = {
-        "stage": "pack", "identity": identity, "records_in": sum(m["documents"] for m in markers),
+        "stage": "pack", "identity": identity, "records_in": documents, "records_out": documents, "dropped": {},
         "splits": splits, "dtype": dtype, "vocab_size": vocab_size,
         "seconds": {"tokenize": round(encoded - started, 2), "merge": round(time.perf_counter() - encoded, 2)},
+        "wall_seconds": round(time.perf_counter() - started, 3),
     }
     write_bytes_atomic(stats_path, orjson.dumps(stats, option=orjson.OPT_INDENT_2) + b"\n")
     shutil.rmtree(workdir)

@@ -29,6 +29,7 @@ from fuelline.io.atomic import write_bytes_atomic
 from fuelline.pipeline.executor import RunOptions, run_stage
 from fuelline.pipeline.registry import stage_class
 from fuelline.pipeline.stage import Stage, StageConfig
+from fuelline.pipeline.task import Task, resolve_step
 
 RUN_OPTION_KEYS = {f.name for f in dataclasses.fields(RunOptions)} - {"restart", "progress"}
 
@@ -67,9 +68,13 @@ def build_dataclass(cls: type, values: dict[str, Any], where: str):
 @dataclass
 class PipelineStep:
     name: str
-    stage: Stage
+    stage: Stage | Task
     run_options: RunOptions
     input: list[str] = field(default_factory=list)
+
+    @property
+    def produces_records(self) -> bool:
+        return not isinstance(self.stage, Task) or self.stage.produces_records
 
 
 def read_toml(path: str | os.PathLike) -> dict[str, Any]:
@@ -111,25 +116,38 @@ def load_pipeline(path: str | os.PathLike) -> list[PipelineStep]:
 
 def run_pipeline(steps: list[PipelineStep], run_dir: str | os.PathLike, *, input: list[str] | None = None,
                  workers: int | None = None, restart: bool = False, progress: bool = True) -> list[dict]:
-    """Run the steps in order, each reading the previous one's output; return their stats."""
+    """Run the steps in order; return their stats.
+
+    A step reads its `input` (paths, or `@NAME` for an earlier step's output), else the output of
+    the last step that produced records (so `pack` after `tokenizer` still reads documents); the
+    first step reads `--input` when given.
+    """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    previous: list[str] = []
-    all_stats = []
-    layout = []
+    outputs: dict[str, Path] = {}
+    last_records: list[str] = []
+    all_stats, layout = [], []
     for i, step in enumerate(steps, start=1):
-        if i == 1:
-            inputs = list(input) if input else step.input
+        if i == 1 and input:
+            inputs = list(input)
+        elif step.input:
+            inputs = [os.fspath(resolve_step(s, outputs)) for s in step.input]
         else:
-            inputs = step.input or previous
-        if not inputs:
+            inputs = last_records
+        if not inputs and getattr(step.stage, "needs_input", True):
             raise ValueError(f"stage {step.name!r} has no input: give --input or set 'input' in the pipeline file")
         out = run_dir / f"{i:02d}-{step.name}"
         options = dataclasses.replace(step.run_options, restart=restart, progress=progress,
                                       workers=workers or step.run_options.workers)
-        stats = run_stage(step.stage, inputs, out, options)
-        all_stats.append(stats)
         layout.append({"name": step.name, "stage": step.stage.name, "dir": out.name})
-        previous = [os.fspath(out)]
-    write_bytes_atomic(run_dir / "pipeline.json", orjson.dumps({"stages": layout}, option=orjson.OPT_INDENT_2) + b"\n")
+        write_bytes_atomic(run_dir / "pipeline.json", orjson.dumps({"stages": layout}, option=orjson.OPT_INDENT_2) + b"\n")
+        if isinstance(step.stage, Task):
+            stats = step.stage.run(inputs, out, workers=options.workers, steps=outputs, restart=restart,
+                                   progress=progress)
+        else:
+            stats = run_stage(step.stage, inputs, out, options)
+        all_stats.append(stats)
+        outputs[step.name] = out
+        if step.produces_records:
+            last_records = [os.fspath(out)]
     return all_stats

@@ -14,10 +14,19 @@ STAGES: dict[str, str] = {
 }
 
 
+# Steps a pipeline file can use that are not record stages (they have CLI commands of their own).
+TASKS: dict[str, str] = {
+    "tokenizer": "fuelline.tokenizer.task:TokenizerTask",
+    "pack": "fuelline.pack.task:PackTask",
+    "report": "fuelline.report.task:ReportTask",
+}
+
+
 def stage_class(name: str) -> type[Stage]:
+    """The class of a record stage or task called `name`."""
     try:
-        target = STAGES[name]
+        target = {**STAGES, **TASKS}[name]
     except KeyError:
-        raise ValueError(f"unknown stage {name!r}; available: {', '.join(sorted(STAGES))}") from None
+        raise ValueError(f"unknown stage {name!r}; available: {', '.join(sorted({**STAGES, **TASKS}))}") from None
     module, attr = target.split(":")
     return getattr(importlib.import_module(module), attr)

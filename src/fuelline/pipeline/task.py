@@ -1,0 +1,56 @@
+"""Pipeline steps that are not record-by-record: training a tokenizer, packing, the report.
+
+A task reads its inputs whole (or another step's output) and writes its own directory, with a
+`stats.json` like every stage, so the funnel report sees it. Re-running a pipeline skips a task
+whose stats.json records the same options and inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, ClassVar
+
+import orjson
+
+from fuelline.io.paths import expand_inputs
+from fuelline.pipeline.shards import describe_inputs
+from fuelline.pipeline.stage import StageConfig
+
+
+class Task:
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    Config: ClassVar[type[StageConfig]] = StageConfig
+    produces_records: ClassVar[bool] = False  # True: later steps read its output by default
+    needs_input: ClassVar[bool] = True
+
+    def __init__(self, config: StageConfig | None = None):
+        self.config = config if config is not None else self.Config()
+
+    def identity(self, inputs: list[str]) -> dict[str, Any]:
+        return {"task": self.name, "config": dataclasses.asdict(self.config),
+                "inputs": describe_inputs(expand_inputs(inputs)) if inputs else []}
+
+    def finished(self, output: Path, inputs: list[str]) -> dict | None:
+        """The stats of an earlier run with the same options and inputs, if there is one."""
+        path = output / "stats.json"
+        if not path.exists():
+            return None
+        stats = orjson.loads(path.read_bytes())
+        return stats if stats.get("identity") == self.identity(inputs) else None
+
+    def run(self, inputs: list[str], output: Path, *, workers: int | None, steps: dict[str, Path],
+            restart: bool, progress: bool) -> dict:
+        raise NotImplementedError
+
+
+def resolve_step(reference: str, steps: dict[str, Path]) -> Path:
+    """A path, or `@NAME`: the output directory of the pipeline step called NAME."""
+    if reference.startswith("@"):
+        try:
+            return steps[reference[1:]]
+        except KeyError:
+            raise ValueError(f"no earlier step named {reference[1:]!r} (known: {', '.join(steps) or 'none'})") from None
+    return Path(os.path.expanduser(reference))

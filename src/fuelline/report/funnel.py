@@ -1,0 +1,64 @@
+"""The funnel of a run, built only from the stages' stats.json files (and RUN/pipeline.json)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import orjson
+
+
+def load_funnel(run_dir: str | os.PathLike) -> dict:
+    """Every step's numbers in order, with a check that records in = out + dropped."""
+    run_dir = Path(run_dir)
+    layout_path = run_dir / "pipeline.json"
+    if not layout_path.exists():
+        raise FileNotFoundError(f"{run_dir}: no pipeline.json; is this the run directory of `fuelline run`?")
+    steps = []
+    for entry in orjson.loads(layout_path.read_bytes())["stages"]:
+        stats_path = run_dir / entry["dir"] / "stats.json"
+        if entry["stage"] == "report" or not stats_path.exists():
+            continue
+        stats = orjson.loads(stats_path.read_bytes())
+        dropped = stats.get("dropped", {})
+        step = {
+            "name": entry["name"], "stage": entry["stage"], "dir": entry["dir"],
+            "records_in": stats["records_in"], "records_out": stats["records_out"],
+            "dropped": dict(sorted(dropped.items(), key=lambda kv: -kv[1])),
+            "dropped_total": sum(dropped.values()),
+            "seconds": stats.get("wall_seconds"),
+        }
+        step["adds_up"] = step["records_in"] == step["records_out"] + step["dropped_total"]
+        for extra in ("dedup", "tokenizer", "splits", "counters"):
+            if stats.get(extra):
+                step[extra] = stats[extra]
+        steps.append(step)
+    funnel = {"run": os.fspath(run_dir), "steps": steps}
+    packed = next((s for s in steps if "splits" in s), None)
+    if packed:
+        splits = packed["splits"].values()
+        tokens = sum(s["tokens"] for s in splits)
+        supervised = sum(s["supervised_tokens"] for s in splits)
+        funnel["tokens"] = {"total": tokens, "supervised": supervised, "masked": tokens - supervised,
+                            "supervised_share": round(supervised / tokens, 4) if tokens else 0.0}
+    return funnel
+
+
+def format_funnel(funnel: dict) -> str:
+    steps = funnel["steps"]
+    first = steps[0]["records_in"] if steps else 0
+    lines = [f"{'stage':<14}{'in':>11}{'out':>11}{'dropped':>10}{'kept':>9}{'of input':>10}{'seconds':>9}"]
+    for s in steps:
+        kept = s["records_out"] / s["records_in"] if s["records_in"] else 0.0
+        overall = s["records_out"] / first if first else 0.0
+        seconds = f"{s['seconds']:.1f}" if s["seconds"] is not None else "-"
+        flag = "" if s["adds_up"] else "   (in != out + dropped!)"
+        lines.append(f"{s['name']:<14}{s['records_in']:>11,}{s['records_out']:>11,}{s['dropped_total']:>10,}"
+                     f"{kept:>9.2%}{overall:>10.2%}{seconds:>9}{flag}")
+        for reason, n in s["dropped"].items():
+            lines.append(f"    {reason:<30}{n:>10,}{n / s['records_in']:>9.2%}")
+    if "tokens" in funnel:
+        t = funnel["tokens"]
+        lines.append(f"tokens {t['total']:,}: supervised {t['supervised']:,} ({t['supervised_share']:.2%}), "
+                     f"masked {t['masked']:,} ({1 - t['supervised_share']:.2%})")
+    return "\n".join(lines)

@@ -1,0 +1,31 @@
+"""The report as the last pipeline step (also `fuelline report RUN`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+
+from fuelline.io.atomic import write_bytes_atomic
+from fuelline.pipeline.task import Task
+from fuelline.report.funnel import format_funnel, load_funnel
+from fuelline.report.html import write_report
+
+
+def build_report(run_dir: Path, directory: Path) -> dict:
+    """funnel.txt, funnel.json, report.html and charts for the run, in `directory`."""
+    funnel = load_funnel(run_dir)
+    write_bytes_atomic(directory / "funnel.json", orjson.dumps(funnel, option=orjson.OPT_INDENT_2) + b"\n")
+    write_bytes_atomic(directory / "funnel.txt", (format_funnel(funnel) + "\n").encode())
+    write_report(funnel, directory)
+    return funnel
+
+
+class ReportTask(Task):
+    name = "report"
+    description = "Write the funnel report of the run so far."
+    needs_input = False
+
+    def run(self, inputs, output: Path, *, workers, steps, restart, progress) -> dict:
+        funnel = build_report(output.parent, output)
+        return {"stage": self.name, "report": str(output / "report.html"), "steps": len(funnel["steps"])}
