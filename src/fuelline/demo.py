@@ -1,111 +1,141 @@
-"""`fuelline demo`: a small, deterministic, messy corpus and the pipeline run over it.
+"""`fuelline demo`: a small, deterministic, messy poetry corpus and the whole pipeline over it.
 
-The corpus mixes the formats a real one arrives in (JSONL.gz, a JSON array, Parquet) and the
-dirt the pipeline must survive: exact and near duplicates, boilerplate lines, blank and
-malformed lines, empty texts. It is generated from a fixed seed, so every run shows the same
-numbers.
+The corpus is shaped like the real chinese-poetry collection and carries its kinds of dirt:
+exact and near duplicates, a boilerplate line at the end of many poems, missing-character
+marks, placeholders, variant notes, numbered titles, dynasty-prefixed and unknown authors,
+empty poems, a malformed line and a malformed record. It is generated from a fixed seed, so
+every run shows the same funnel.
 """
 
 from __future__ import annotations
 
-import gzip
 import random
 import tempfile
 from pathlib import Path
 from typing import Callable
 
 import orjson
+import zstandard
 
-from fuelline.io.atomic import atomic_write
+from fuelline.io.atomic import write_bytes_atomic
 
 DEMO_PIPELINE = """\
-# The demo pipeline: every stage fuelline has so far.
+# The demo pipeline: the poetry pipeline of configs/poetry.toml, with a vocabulary sized for
+# a corpus of a few thousand poems.
 [defaults]
-on_error = "skip"      # malformed lines are counted and kept in _rejects/, not fatal
-shard_size = 500
+on_error = "skip"
 
 [[stage]]
-use = "ingest"
-text_key = "text"
-min_chars = 20
+use = "clean"
+profile = "poetry"
+convert = "t2s"
+
+[[stage]]
+use = "boilerplate"
+
+[[stage]]
+use = "dedup"
+
+[[stage]]
+use = "tokenizer"
+vocab_size = 1024
+
+[[stage]]
+use = "pack"
+template = "poetry"
+metadata_dropout = 0.25
+val_fraction = 0.05
+
+[[stage]]
+use = "report"
 """
 
-WORDS = ("river mountain lantern harbor winter orchard silver meadow thunder quiet window bridge "
-         "candle market garden forest letter morning shadow valley").split()
-HAN = "山水风月花雪云雨春秋江湖天地日夜人心明清长远归来"
-BOILERPLATE = ["Home | News | About | Contact", "© 2026 Example Press. All rights reserved.", "首页 | 新闻 | 关于我们"]
+HAN = ("山水风月花雪云雨春秋江湖天地日夜人心明清长远归来青白红绿高低东西南北千万"
+       "一孤寒暖深浅新旧古今朝暮烟霞松竹梅柳舟桥楼台城野林泉石鸟雁马客君")
+AUTHORS = ["李白", "杜甫", "王维", "（唐）孟浩然", "苏轼", "佚名", "不詳", "白居易", "李清照"]
+BOILERPLATE = "诗词网 · 古诗文大全"
 
 
-def _sentence(rng: random.Random) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 14))).capitalize() + "."
+def _clause(rng: random.Random, length: int) -> str:
+    return "".join(rng.choice(HAN) for _ in range(length))
 
 
-def _han_line(rng: random.Random) -> str:
-    return "".join(rng.choice(HAN) for _ in range(rng.choice((5, 7)))) + rng.choice("，。")
+def _shi(rng: random.Random) -> list[str]:
+    n = rng.choice((5, 7))
+    return [f"{_clause(rng, n)}，{_clause(rng, n)}。" for _ in range(rng.choice((2, 4)))]
 
 
-def _article(rng: random.Random) -> str:
-    body = [" ".join(_sentence(rng) for _ in range(rng.randint(2, 5))) for _ in range(rng.randint(2, 6))]
-    return "\n".join([BOILERPLATE[0], *body, BOILERPLATE[1]])
+def _ci(rng: random.Random) -> list[str]:
+    return [f"{_clause(rng, rng.randint(3, 7))}，{_clause(rng, rng.randint(4, 9))}。" for _ in range(rng.randint(3, 6))]
 
 
-def _near_copy(text: str, rng: random.Random) -> str:
-    words = text.split(" ")
-    i = rng.randrange(len(words))
-    words[i] = rng.choice(WORDS)
-    return " ".join(words)
+def _poem(rng: random.Random, i: int) -> dict:
+    form = "quantangshi" if rng.random() < 0.6 else "quansongci"
+    paragraphs = _shi(rng) if form == "quantangshi" else _ci(rng)
+    title = _clause(rng, rng.randint(2, 4)) + (f" 其{'一二三'[i % 3]}" if rng.random() < 0.2 else "")
+    if form == "quansongci" and rng.random() < 0.5:
+        paragraphs.append(BOILERPLATE)  # a site's footer, at the end of half the ci
+    return {"title": title, "author": rng.choice(AUTHORS), "paragraphs": paragraphs, "source": form,
+            "dynasty": "tang" if form == "quantangshi" else "song", "id": f"demo-{i}"}
 
 
-def generate_corpus(directory: Path, seed: int = 0, articles: int = 1200, poems: int = 400) -> list[Path]:
-    """Write the demo corpus into `directory`; return its files."""
+def _dirty(poem: dict, rng: random.Random) -> dict:
+    lines = list(poem["paragraphs"])
+    kind = rng.choice(["missing", "circle", "composed", "note", "empty"])
+    if kind == "missing":
+        lines[0] = lines[0][:2] + "□" + lines[0][3:]
+    elif kind == "circle":
+        lines[0] = lines[0][:1] + "○" + lines[0][2:]
+    elif kind == "composed":
+        lines[0] = lines[0][:1] + "{𥫗/戢}" + lines[0][2:]
+    elif kind == "note":
+        lines[0] = lines[0][:3] + "（一作「" + rng.choice(HAN) + "」）" + lines[0][3:]
+    else:
+        lines = []
+    return {**poem, "paragraphs": lines}
+
+
+def generate_corpus(directory: Path, seed: int = 0, poems: int = 3000) -> Path:
+    """Write the demo corpus (one JSONL.zst file) into `directory`; return its path."""
     rng = random.Random(seed)
-    directory.mkdir(parents=True, exist_ok=True)
-    news = [{"id": f"news-{i}", "text": _article(rng), "url": f"https://example.org/{i}"} for i in range(articles)]
-    news += [dict(doc, id=f"{doc['id']}-copy") for doc in rng.sample(news, articles // 10)]
-    news += [dict(doc, id=f"{doc['id']}-near", text=_near_copy(doc["text"], rng)) for doc in rng.sample(news, articles // 10)]
-    news += [{"id": "news-empty", "text": "   "}, {"id": "news-short", "text": "Too short."}]
-    rng.shuffle(news)
-    lines = [orjson.dumps(doc) for doc in news]
-    lines.insert(len(lines) // 2, b'{"id": "broken", "text": "an unterminated')
-    lines.insert(len(lines) // 3, b"")
-    news_path = directory / "news.jsonl.gz"
-    with atomic_write(news_path) as f:
-        f.write(gzip.compress(b"\n".join(lines) + b"\n", mtime=0))
-
-    poem_records = [{"title": f"无题 {i}", "text": "\n".join(_han_line(rng) for _ in range(4)), "author": "佚名"}
-                    for i in range(poems)]
-    poems_path = directory / "poems.json"
-    with atomic_write(poems_path) as f:
-        f.write(orjson.dumps(poem_records, option=orjson.OPT_INDENT_2))
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    forum = [{"id": f"post-{i}", "text": "\n".join(_sentence(rng) for _ in range(rng.randint(1, 4))) + "\n" + BOILERPLATE[2],
-              "board": rng.choice(["travel", "books", "food"])} for i in range(articles // 2)]
-    forum_path = directory / "forum.parquet"
-    with atomic_write(forum_path) as f:
-        pq.write_table(pa.Table.from_pylist(forum), f)
-    return [news_path, poems_path, forum_path]
+    records = [_poem(rng, i) for i in range(poems)]
+    records += [dict(rng.choice(records), id=f"copy-{i}") for i in range(poems // 10)]  # exact copies
+    for i in range(poems // 20):  # near copies: one character changed
+        original = rng.choice(records[:poems])
+        lines = list(original["paragraphs"])
+        lines[-1] = rng.choice(HAN) + lines[-1][1:]
+        records.append({**original, "paragraphs": lines, "id": f"near-{i}"})
+    records += [_dirty(rng.choice(records[:poems]), rng) | {"id": f"dirty-{i}"} for i in range(poems // 15)]
+    rng.shuffle(records)
+    lines = [orjson.dumps(r) for r in records]
+    lines.insert(len(lines) // 2, b'{"title": "broken", "paragraphs": ["unterminated')  # a malformed line
+    lines.insert(len(lines) // 3, orjson.dumps({"title": "no lines", "source": "quantangshi"}))  # a bad record
+    path = directory / "poems.jsonl.zst"
+    write_bytes_atomic(path, zstandard.ZstdCompressor(level=3).compress(b"\n".join(lines) + b"\n"))
+    return path
 
 
 def run_demo(directory: str | None, *, workers: int | None = None,
              report: Callable[[list[dict]], None] = print) -> Path:
     """Generate the corpus and run the demo pipeline; return the run directory."""
     from fuelline.pipeline.config import load_pipeline, run_pipeline
+    from fuelline.report.funnel import format_funnel, load_funnel
 
     base = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="fuelline-demo-"))
-    corpus = base / "corpus"
-    files = generate_corpus(corpus)
+    base.mkdir(parents=True, exist_ok=True)
+    corpus = generate_corpus(base / "corpus")
     pipeline_file = base / "pipeline.toml"
     pipeline_file.write_text(DEMO_PIPELINE, encoding="utf-8")
     run_dir = base / "run"
-    print(f"corpus: {', '.join(str(p) for p in files)}")
-    print(f"pipeline: {pipeline_file}\nrun: {run_dir}\n")
+    print(f"corpus: {corpus}\npipeline: {pipeline_file}\nrun: {run_dir}\n")
     # The corpus was just rewritten, so an earlier demo run in the same place is redone.
-    all_stats = run_pipeline(load_pipeline(pipeline_file), run_dir, input=[str(corpus)], workers=workers, restart=True)
+    all_stats = run_pipeline(load_pipeline(pipeline_file), run_dir, input=[str(corpus)], workers=workers,
+                             restart=True)
     report(all_stats)
-    last = sorted(p for p in run_dir.iterdir() if p.is_dir())[-1]
-    print(f"\nread the result:\n  python -c \"from fuelline.io import read_records; "
-          f"print(next(read_records('{last}')))\"")
+    print("\n" + format_funnel(load_funnel(run_dir)))
+    packed = next(p for p in sorted(run_dir.iterdir()) if p.name.endswith("-pack"))
+    print(f"\nload it for training:\n"
+          f"  from fuelline.loader import TokenDataset, make_loader\n"
+          f"  loader = make_loader(TokenDataset('{packed / 'train'}', seq_len=128), batch_size=8)\n"
+          f"  batch = next(iter(loader))   # input_ids and labels (-100 on the metadata prefix)")
     return run_dir

@@ -57,6 +57,8 @@ def format_funnel(funnel: dict) -> str:
                      f"{kept:>9.2%}{overall:>10.2%}{seconds:>9}{flag}")
         for reason, n in s["dropped"].items():
             lines.append(f"    {reason:<30}{n:>10,}{n / s['records_in']:>9.2%}")
+        if s.get("counters"):
+            lines.append("    (" + ", ".join(f"{k} {v:,}" for k, v in s["counters"].items()) + ")")
     if "tokens" in funnel:
         t = funnel["tokens"]
         lines.append(f"tokens {t['total']:,}: supervised {t['supervised']:,} ({t['supervised_share']:.2%}), "

@@ -55,6 +55,7 @@ def charts(funnel: dict) -> dict[str, bytes]:
         figure, axes = plt.subplots(figsize=(8, 3.5))
         axes.bar(list(histogram), list(histogram.values()), color="#9bbb59")
         axes.set_xlabel("tokens per document")
+        axes.tick_params(axis="x", labelrotation=30)
         axes.set_ylabel("documents (train)")
         axes.set_title("document lengths")
         pictures["tokens_per_document.png"] = _png(figure)
@@ -72,6 +73,9 @@ def render_html(funnel: dict, pictures: dict[str, bytes]) -> str:
         for reason, n in s["dropped"].items():
             rows.append(f"<tr class='reason'><td>{html.escape(reason)}</td><td></td><td></td><td>{n:,}</td>"
                         f"<td>{n / s['records_in']:.2%}</td><td></td></tr>")
+        if s.get("counters"):
+            counters = ", ".join(f"{html.escape(k)} {v:,}" for k, v in s["counters"].items())
+            rows.append(f"<tr class='reason'><td colspan='6'>{counters}</td></tr>")
     tokens = ""
     if "tokens" in funnel:
         t = funnel["tokens"]
