@@ -11,20 +11,17 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import orjson
 
-from common import write_result
+from common import MemoryPeaks, write_result
 
 from fuelline.dedup.stage import DedupStage
 from fuelline.pipeline.executor import RunOptions, run_stage
@@ -59,48 +56,13 @@ def generate(path: Path, docs: int, seed: int = 0) -> dict:
     return {"planted_exact": int((kinds == 1).sum()), "planted_near": int((kinds == 2).sum())}
 
 
-def memory_mib(pid: int | str) -> tuple[float, float]:
-    """(resident, anonymous) memory of a process in MiB, from /proc; (0, 0) once it is gone.
-
-    Resident memory counts the pages of memory-mapped files too (the shingle file the parent
-    reads), which the kernel can drop at any time; anonymous memory is what the process owns.
-    """
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return 0.0, 0.0
-    fields = {line.split(":")[0]: int(line.split()[1]) for line in status.splitlines()
-              if line.startswith(("VmRSS:", "RssAnon:"))}
-    return fields.get("VmRSS", 0) / 1024, fields.get("RssAnon", 0) / 1024
-
-
-def children() -> list[str]:
-    return [pid for path in glob.glob(f"/proc/{os.getpid()}/task/*/children") for pid in Path(path).read_text().split()]
-
-
 def dedup(source: Path, workers: int) -> dict:
-    """Run the stage (in a process of its own, so peak memory is the dedup's alone), sampling
-    the memory of this process and of its workers every 50 ms. ru_maxrss cannot tell them
-    apart: a worker started by fork+exec is charged the parent's size at the fork."""
-    peaks = {"parent_rss": 0.0, "parent_anon": 0.0, "worker_rss": 0.0, "worker_anon": 0.0}
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.wait(0.05):
-            rss, anon = memory_mib(os.getpid())
-            peaks["parent_rss"], peaks["parent_anon"] = max(peaks["parent_rss"], rss), max(peaks["parent_anon"], anon)
-            for pid in children():
-                rss, anon = memory_mib(pid)
-                peaks["worker_rss"], peaks["worker_anon"] = max(peaks["worker_rss"], rss), max(peaks["worker_anon"], anon)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    started = time.perf_counter()
-    stats = run_stage(DedupStage(), source, source.parent / "out", RunOptions(workers=workers, progress=False))
-    seconds = time.perf_counter() - started
-    done.set()
-    watcher.join()
-    return {"seconds": round(seconds, 1), "stats": stats, **{f"peak_{k}_mib": round(v) for k, v in peaks.items()}}
+    """Run the stage (in a process of its own, so peak memory is the dedup's alone)."""
+    with MemoryPeaks() as peaks:
+        started = time.perf_counter()
+        stats = run_stage(DedupStage(), source, source.parent / "out", RunOptions(workers=workers, progress=False))
+        seconds = time.perf_counter() - started
+    return {"seconds": round(seconds, 1), "stats": stats, **peaks.as_dict()}
 
 
 def in_child(*args: str) -> dict:

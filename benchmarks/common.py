@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime
+import glob
 import json
 import os
 import platform
+import threading
 import time
 from pathlib import Path
 
@@ -42,3 +44,55 @@ def write_result(name: str, payload: dict) -> Path:
     payload = {"benchmark": name, "date": datetime.date.today().isoformat(), "machine": machine(), **payload}
     path.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
     return path
+
+
+def memory_mib(pid: int | str) -> tuple[float, float]:
+    """(resident, anonymous) memory of a process in MiB, from /proc; (0, 0) once it is gone.
+
+    Resident memory counts the pages of memory-mapped files too, which the kernel can drop at
+    any time; anonymous memory is what the process owns.
+    """
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0, 0.0
+    fields = {line.split(":")[0]: int(line.split()[1]) for line in status.splitlines()
+              if line.startswith(("VmRSS:", "RssAnon:"))}
+    return fields.get("VmRSS", 0) / 1024, fields.get("RssAnon", 0) / 1024
+
+
+class MemoryPeaks:
+    """Samples, every 50 ms, the memory of this process and of its children (the workers).
+
+    ru_maxrss cannot tell them apart: a worker started by fork+exec is charged the parent's size
+    at the fork.
+    """
+
+    def __init__(self, interval: float = 0.05):
+        self.interval = interval
+        self.peaks = {"parent_rss": 0.0, "parent_anon": 0.0, "worker_rss": 0.0, "worker_anon": 0.0}
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _sample(self, prefix: str, pid) -> None:
+        rss, anon = memory_mib(pid)
+        self.peaks[f"{prefix}_rss"] = max(self.peaks[f"{prefix}_rss"], rss)
+        self.peaks[f"{prefix}_anon"] = max(self.peaks[f"{prefix}_anon"], anon)
+
+    def _watch(self) -> None:
+        while not self._done.wait(self.interval):
+            self._sample("parent", os.getpid())
+            for listing in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
+                for pid in Path(listing).read_text().split():
+                    self._sample("worker", pid)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._done.set()
+        self._thread.join()
+
+    def as_dict(self) -> dict:
+        return {f"peak_{k}_mib": round(v) for k, v in self.peaks.items()}
