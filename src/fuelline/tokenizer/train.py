@@ -26,7 +26,11 @@ from fuelline.io import read_records
 from fuelline.io.atomic import write_bytes_atomic
 
 SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<|title|>", "<|author|>", "<|dynasty|>", "<|content|>"]
-PRETOKENIZE = {"han-chars": r"\p{Han}", "han-pairs": r"\p{Han}{1,2}", "bytelevel": None}
+# GPT-2's pre-tokenization pattern with Han characters carved out of \p{L} and matched first,
+# as one regex: splitting Han first and then running ByteLevel's own regex on every piece gives
+# the same pieces but encodes ~40% slower.
+GPT2_REST = r"'s|'t|'re|'ve|'m|'ll|'d| ?[\p{L}&&[^\p{Han}]]+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+PRETOKENIZE = {"han-chars": r"\p{Han}|" + GPT2_REST, "han-pairs": r"\p{Han}{1,2}|" + GPT2_REST, "bytelevel": None}
 REPORT_SAMPLE = 50_000
 
 
@@ -36,10 +40,13 @@ def build_tokenizer(pretokenize: str = "han-chars"):
     if pretokenize not in PRETOKENIZE:
         raise ValueError(f"pretokenize must be one of {', '.join(PRETOKENIZE)}, not {pretokenize!r}")
     tokenizer = Tokenizer(models.BPE())
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     pattern = PRETOKENIZE[pretokenize]
-    tokenizer.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(pattern), "isolated"), byte_level])
-                               if pattern else byte_level)
+    if pattern:
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(pattern), "isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tokenizer.decoder = decoders.ByteLevel()
     return tokenizer
 
