@@ -54,6 +54,12 @@ class Template:
     def encode(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
 
+    def encode_repeated(self, values: list[str]) -> list[list[int]]:
+        """`encode` for fields with few distinct values (authors, dynasties): each encoded once."""
+        distinct = list(dict.fromkeys(values))
+        encoded = dict(zip(distinct, self.encode(distinct)))
+        return [encoded[v] for v in values]
+
     def render(self, records: list[dict]) -> Rendered:
         raise NotImplementedError
 
@@ -91,8 +97,9 @@ class PoetryTemplate(Template):
         dropped = [unit_interval(self.seed, "dropout", r["id"]) < self.metadata_dropout for r in records]
         poems = self.encode([r["text"] for r in records])
         titles = self.encode([str(m.get("title") or "") for m in metas])
-        authors = self.encode([str(m.get("author") or "") for m in metas])
-        dynasties = self.encode([DYNASTY_NAMES.get(m.get("dynasty"), str(m.get("dynasty") or "")) for m in metas])
+        authors = self.encode_repeated([str(m.get("author") or "") for m in metas])
+        dynasties = self.encode_repeated([DYNASTY_NAMES.get(m.get("dynasty"), str(m.get("dynasty") or ""))
+                                          for m in metas])
         documents = []
         for k in range(len(records)):
             if dropped[k]:
