@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Peer environment of the dedup benchmarks: benchmarks/.venv (ignored by git), never the project's
+# Peer environment of the benchmarks: benchmarks/.venv (ignored by git), never the project's
 # own venv. It holds the peers and fuelline itself (editable), so both run in one process.
 #
 #     bash benchmarks/setup_peers.sh            # PYTHON=python3.11 to choose the interpreter
@@ -7,6 +7,10 @@
 # datatrove 0.10 imports xxhash (it wants xxhash<4), regex, orjson and, through its dedup package's
 # __init__ (exact substrings), tokenizers without declaring them all, so they are installed
 # explicitly. numba is what fuelline's kernels compile with.
+#
+# The loader peers (bench_loader.py), litdata and megatron-core, depend on torch without a pin, and
+# the default torch wheel of Linux is a CUDA build of several GB: torch 2.13.0 (the project's pin)
+# is installed first and then held by a constraints file while they install.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -24,9 +28,16 @@ venv="$here/.venv"
     "orjson==3.13.0" \
     "tokenizers==0.23.3" \
     "numba==0.68.1"
+constraints="$(mktemp -d)"
+trap 'rm -rf "$constraints"' EXIT
+echo "torch==2.13.0" >"$constraints/torch.txt"
+"$venv/bin/python" -m pip install --quiet "torch==2.13.0"
+"$venv/bin/python" -m pip install --quiet -c "$constraints/torch.txt" \
+    "litdata==0.2.76" \
+    "megatron-core==0.16.1"
 "$venv/bin/python" -m pip install --quiet -e "$root"
 "$venv/bin/python" - <<'EOF'
 from importlib.metadata import version
-for name in ("datasketch", "rensa", "datatrove", "xxhash", "numba", "fuelline"):
+for name in ("datasketch", "rensa", "datatrove", "xxhash", "numba", "torch", "litdata", "megatron-core", "fuelline"):
     print(f"{name}=={version(name)}")
 EOF
