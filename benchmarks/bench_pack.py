@@ -46,7 +46,7 @@ from pathlib import Path
 
 import orjson
 
-from common import SHARED_DATA, machine, write_result
+from common import SHARED_DATA, machine, memory_mib, write_result
 
 CORPUS = SHARED_DATA / "chinese-poetry.jsonl.zst"
 MODES = ("han-chars", "han-pairs", "bytelevel")
@@ -62,17 +62,6 @@ REPEATS = 2  # pack configurations and datatrove: the fastest of 2 runs
 
 
 # --- /proc: memory of a process tree, CPU used by everything else ---------------------------------
-
-def memory_mib(pid: int | str) -> tuple[float, float]:
-    """(resident, anonymous) memory of a process in MiB, from /proc; (0, 0) once it is gone."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return 0.0, 0.0
-    fields = {line.split(":")[0]: int(line.split()[1]) for line in status.splitlines()
-              if line.startswith(("VmRSS:", "RssAnon:"))}
-    return fields.get("VmRSS", 0) / 1024, fields.get("RssAnon", 0) / 1024
-
 
 def descendants(pid: int) -> list[int]:
     """Every process below `pid` (datatrove's forkserver starts its workers one level further down)."""
