@@ -62,7 +62,7 @@ def dedup(source: Path, workers: int) -> dict:
         started = time.perf_counter()
         stats = run_stage(DedupStage(), source, source.parent / "out", RunOptions(workers=workers, progress=False))
         seconds = time.perf_counter() - started
-    return {"seconds": round(seconds, 1), "stats": stats, **peaks.as_dict()}
+    return {"seconds": round(seconds, 1), "stats": stats, **peaks.result()}
 
 
 def in_child(*args: str) -> dict:

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import orjson
 
-from common import SHARED_DATA, machine, memory_mib, write_result
+from common import SHARED_DATA, MemoryPeaks, descendants, machine, write_result
 
 CORPUS = SHARED_DATA / "chinese-poetry.jsonl.zst"
 MODES = ("han-chars", "han-pairs", "bytelevel")
@@ -62,61 +62,6 @@ REPEATS = 2  # pack configurations and datatrove: the fastest of 2 runs
 
 
 # --- /proc: memory of a process tree, CPU used by everything else ---------------------------------
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid` (datatrove's forkserver starts its workers one level further down)."""
-    found, queue = [], [pid]
-    while queue:
-        parent = queue.pop()
-        try:
-            tasks = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for task in tasks:
-            try:
-                kids = [int(k) for k in Path(f"/proc/{parent}/task/{task}/children").read_text().split()]
-            except OSError:
-                continue
-            found.extend(kids)
-            queue.extend(kids)
-    return found
-
-
-class MemoryWatch:
-    """Peak VmRSS and RssAnon of this process and of its largest descendant, sampled every 50 ms.
-
-    ru_maxrss cannot tell them apart: a spawned worker is charged the parent's size at the fork.
-    """
-
-    def __init__(self):
-        self.peaks = {"parent_rss": 0.0, "parent_anon": 0.0, "worker_rss": 0.0, "worker_anon": 0.0}
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-
-    def _sample(self) -> None:
-        p = self.peaks
-        rss, anon = memory_mib(os.getpid())
-        p["parent_rss"], p["parent_anon"] = max(p["parent_rss"], rss), max(p["parent_anon"], anon)
-        for pid in descendants(os.getpid()):
-            rss, anon = memory_mib(pid)
-            p["worker_rss"], p["worker_anon"] = max(p["worker_rss"], rss), max(p["worker_anon"], anon)
-
-    def _watch(self) -> None:
-        while not self._done.wait(0.05):
-            self._sample()
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._done.set()
-        self._thread.join()
-        self._sample()
-
-    def result(self) -> dict:
-        return {f"peak_{k}_mib": round(v) for k, v in self.peaks.items()}
-
 
 def cpu_ticks() -> dict[int, int]:
     ticks = {}
@@ -263,7 +208,7 @@ def child_pack(inputs: list[Path], tokenizer_dir: Path, out: Path, workers: int,
     from fuelline.pack.packer import PackConfig, pack
 
     config = PackConfig(template="poetry", metadata_dropout=0.25, val_fraction=0.05)
-    with MemoryWatch() as watch:
+    with MemoryPeaks() as watch:
         started = time.perf_counter()
         stats = pack(inputs, tokenizer_dir, out, config, workers=workers, threads=threads, restart=True,
                      progress=False)
@@ -293,7 +238,7 @@ def child_datatrove(texts_dir: Path, tokenizer_json: Path, out: Path) -> dict:
                                  shuffle_documents=False)
     executor = LocalPipelineExecutor(pipeline=[JsonlReader(str(texts_dir)), tokenize], tasks=2, workers=2,
                                      logging_dir=str(out / "logs"))
-    with MemoryWatch() as watch:
+    with MemoryPeaks() as watch:
         started = time.perf_counter()
         executor.run()
         seconds = time.perf_counter() - started

@@ -36,10 +36,10 @@ def main() -> None:
             seconds = time.perf_counter() - started
         funnel = load_funnel(run_dir)
         print(format_funnel(funnel))
-        print(f"\ntotal {seconds:.0f} s; peak memory (MiB): {peaks.as_dict()}")
+        print(f"\ntotal {seconds:.0f} s; peak memory (MiB): {peaks.result()}")
         path = write_result("pipeline", {
             "corpus": CORPUS.name, "workers": args.workers, "seconds": round(seconds, 1),
-            "stage_seconds": {s["name"]: s["seconds"] for s in funnel["steps"]}, **peaks.as_dict(),
+            "stage_seconds": {s["name"]: s["seconds"] for s in funnel["steps"]}, **peaks.result(),
             "funnel": funnel})
         print(f"wrote {path}")
     finally:

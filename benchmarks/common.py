@@ -61,8 +61,22 @@ def memory_mib(pid: int | str) -> tuple[float, float]:
     return fields.get("VmRSS", 0) / 1024, fields.get("RssAnon", 0) / 1024
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (datatrove's forkserver starts its workers one level further down)."""
+    found, queue = [], [pid]
+    while queue:
+        for listing in glob.glob(f"/proc/{queue.pop()}/task/*/children"):
+            try:
+                children = [int(k) for k in Path(listing).read_text().split()]
+            except OSError:
+                continue
+            found.extend(children)
+            queue.extend(children)
+    return found
+
+
 class MemoryPeaks:
-    """Samples, every 50 ms, the memory of this process and of its children (the workers).
+    """Samples, every 50 ms, the memory of this process and of every process below it (workers).
 
     ru_maxrss cannot tell them apart: a worker started by fork+exec is charged the parent's size
     at the fork.
@@ -82,9 +96,8 @@ class MemoryPeaks:
     def _watch(self) -> None:
         while not self._done.wait(self.interval):
             self._sample("parent", os.getpid())
-            for listing in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
-                for pid in Path(listing).read_text().split():
-                    self._sample("worker", pid)
+            for pid in descendants(os.getpid()):
+                self._sample("worker", pid)
 
     def __enter__(self):
         self._thread.start()
@@ -94,5 +107,5 @@ class MemoryPeaks:
         self._done.set()
         self._thread.join()
 
-    def as_dict(self) -> dict:
+    def result(self) -> dict:
         return {f"peak_{k}_mib": round(v) for k, v in self.peaks.items()}

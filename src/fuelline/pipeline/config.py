@@ -28,7 +28,7 @@ import orjson
 from fuelline.io.atomic import write_bytes_atomic
 from fuelline.pipeline.executor import RunOptions, run_stage
 from fuelline.pipeline.registry import stage_class
-from fuelline.pipeline.stage import Stage, StageConfig
+from fuelline.pipeline.stage import Stage
 from fuelline.pipeline.task import Task, resolve_step
 
 RUN_OPTION_KEYS = {f.name for f in dataclasses.fields(RunOptions)} - {"restart", "progress"}

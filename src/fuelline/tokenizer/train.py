@@ -18,7 +18,7 @@ import os
 import time
 import unicodedata
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterator
 
 import orjson
 
