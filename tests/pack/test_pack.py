@@ -6,7 +6,6 @@ import orjson
 import pytest
 
 from fuelline.formats.tokens import TokenFiles, TokenFormatError, verify_token_dataset
-from fuelline.io import read_records
 from fuelline.pack import packer
 from fuelline.pack.packer import PackConfig, pack
 from fuelline.tokenizer.train import SPECIAL_TOKENS, train_tokenizer

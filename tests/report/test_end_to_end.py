@@ -1,10 +1,8 @@
 import os
 import shutil
 import subprocess
-import sys
 import venv
 from itertools import islice
-from pathlib import Path
 
 import numpy as np
 import orjson
