@@ -44,6 +44,32 @@ def gather_windows(tokens, mask_bits, has_mask, starts, ids, labels):
                 labels[b, t] = token
 
 
+@njit(cache=True, nogil=True)
+def document_positions(offsets, starts, positions, boundaries):
+    """Fill positions (restarting at each document start and window start) and the segment
+    boundaries of the flattened batch, ending with its size; return how many boundaries."""
+    length = positions.shape[1]
+    count = 0
+    for b in range(starts.shape[0]):
+        start = starts[b]
+        doc = np.searchsorted(offsets, start, side="right") - 1
+        position = 0
+        for t in range(length):
+            token = start + t
+            restarted = t == 0
+            while doc + 1 < offsets.shape[0] and token >= offsets[doc + 1]:  # skips empty documents
+                doc += 1
+                restarted = True
+            if restarted:
+                position = 0
+                boundaries[count] = b * length + t
+                count += 1
+            positions[b, t] = position
+            position += 1
+    boundaries[count] = starts.shape[0] * length
+    return count + 1
+
+
 class TokenDataset:
     def __init__(self, path: str | os.PathLike, seq_len: int, *, document_aware: bool = False):
         if seq_len < 2:
@@ -96,12 +122,8 @@ class TokenDataset:
     def _document_positions(self, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Position ids restarting at every document start (and at each window's start), and
         cu_seqlens: the boundaries of those segments in the flattened batch, for varlen attention."""
-        length = self.seq_len
-        tokens = starts[:, None] + np.arange(length)
-        offsets = self.files.offsets
-        doc = np.searchsorted(offsets, tokens, side="right") - 1
-        segment_start = np.maximum(np.asarray(offsets[doc], dtype=np.int64), starts[:, None])
-        positions = tokens - segment_start
-        begins = np.flatnonzero(positions.reshape(-1) == 0)
-        cu_seqlens = np.append(begins, positions.size).astype(np.int32)
-        return positions, cu_seqlens
+        offsets = np.asarray(self.files.offsets, dtype=np.int64)
+        positions = np.empty((len(starts), self.seq_len), dtype=np.int64)
+        boundaries = np.empty(positions.size + 1, dtype=np.int32)
+        count = document_positions(offsets, starts, positions, boundaries)
+        return positions, boundaries[:count].copy()
