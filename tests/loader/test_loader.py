@@ -179,3 +179,35 @@ def test_mixture_weights_hold_over_every_prefix_and_resume(packed_poems):
     assert integer_weights([0.7, 0.3]).tolist() == [7, 3]
     with pytest.raises(ValueError, match="weights"):
         resumed.load_state_dict({**state, "weights": [1, 1]})
+
+
+def test_prefetch_look_ahead_loses_no_batch_on_error_and_resumes_at_the_next_unseen_batch(packed_poems):
+    # The CUDA path's look-ahead logic, driven on the CPU with an identity "copy".
+    loader = make_loader(TokenDataset(packed_poems / "train", 64), 4, seed=0)
+    prefetcher = CUDAPrefetcher(loader, "cpu")
+
+    def failing_after(n):
+        for k, batch in enumerate(loader):
+            if k == n:
+                raise RuntimeError("disk gone")
+            yield batch
+
+    delivered = []
+    with pytest.raises(RuntimeError, match="disk gone"):
+        for batch in prefetcher._one_ahead(failing_after(5), lambda b: b):
+            delivered.append(batch)
+    assert len(delivered) == 5  # every good batch before the error is handed over
+
+    fresh = make_loader(TokenDataset(packed_poems / "train", 64), 4, seed=0)
+    prefetcher = CUDAPrefetcher(fresh, "cpu")
+    seen = []
+    for batch in prefetcher._one_ahead(iter(fresh), lambda b: b):
+        seen.append(batch)
+        if len(seen) == 3:
+            state = prefetcher.state_dict()
+            break
+    assert state["position"] == 3 * 4  # not 4 batches: the one fetched ahead is not counted
+    resumed = make_loader(TokenDataset(packed_poems / "train", 64), 4, seed=0)
+    resumed.load_state_dict(state)
+    reference = list(make_loader(TokenDataset(packed_poems / "train", 64), 4, seed=0))
+    assert torch.equal(next(iter(resumed))["input_ids"], reference[3]["input_ids"])

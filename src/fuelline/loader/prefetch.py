@@ -26,36 +26,63 @@ class CUDAPrefetcher:
         # next batch is staged into the other.
         self._slots = [{"buffers": {}, "copied": None}, {"buffers": {}, "copied": None}]
         self._turn = 0
+        self._in_flight = 0  # batches fetched from the loader but not yet handed to the caller
 
     def __len__(self) -> int:
         return len(self.loader)
 
     def __iter__(self):
+        self._in_flight = 0
         if not self.enabled:
             yield from self.loader
             return
         import torch
 
         stream = torch.cuda.Stream(device=self.device)
-        iterator = iter(self.loader)
-        pending = self._start(iterator, stream)
-        while pending is not None:
-            batch, ready = pending
+        for batch, ready in self._one_ahead(iter(self.loader), lambda host: self._launch(host, stream)):
             torch.cuda.current_stream(self.device).wait_event(ready)
             for value in batch.values():
                 if isinstance(value, torch.Tensor):
                     value.record_stream(torch.cuda.current_stream(self.device))
-            pending = self._start(iterator, stream)  # the next copy overlaps the caller's compute
             yield batch
 
-    def _start(self, iterator, stream):
-        """Fetch the next batch and launch its copy; None at the end. Loader errors propagate."""
+    def _one_ahead(self, iterator, launch):
+        """Yield launch(batch) for each batch, launching batch k+1 before batch k is handed over
+        (so its copy overlaps the caller's compute). A loader error while fetching k+1 is raised
+        only after k has been handed over, so no good batch is lost."""
+        try:
+            pending = launch(next(iterator))
+        except StopIteration:
+            return
+        while True:
+            error, following = None, None
+            try:
+                following = launch(next(iterator))
+            except StopIteration:
+                pass
+            except Exception as e:  # re-raised right after the batch before it
+                error = e
+            self._in_flight = 0 if following is None else 1
+            yield pending
+            if error is not None:
+                raise error
+            if following is None:
+                return
+            pending = following
+
+    def state_dict(self) -> dict:
+        """The loader's state minus the batch fetched ahead and not yet handed over: resuming
+        continues with the next batch the caller has not seen."""
+        state = self.loader.state_dict()
+        return {**state, "position": state["position"] - self._in_flight * state["batch_size"]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.loader.load_state_dict(state)
+
+    def _launch(self, host: dict, stream):
+        """Stage a host batch into pinned buffers and start its copy on the side stream."""
         import torch
 
-        try:
-            host = next(iterator)
-        except StopIteration:
-            return None
         slot = self._slots[self._turn]
         self._turn ^= 1
         if slot["copied"] is not None:
