@@ -30,7 +30,7 @@ from fuelline.io.atomic import atomic_write, write_bytes_atomic
 from fuelline.io.paths import expand_inputs
 from fuelline.io.readers import RecordError, iter_file_records
 from fuelline.pack.templates import TEMPLATES, unit_interval
-from fuelline.pipeline.executor import WorkerPool
+from fuelline.pipeline.executor import RunOptions, WorkerPool
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.tokenizer.train import tokenizer_fingerprint
 
@@ -215,7 +215,7 @@ def pack(inputs, tokenizer_dir: str | os.PathLike, output: str | os.PathLike, co
         write_bytes_atomic(plan_path, orjson.dumps({"identity": identity, "shards": [s.to_json() for s in shards]}))
     encode = functools.partial(encode_shard, tokenizer_path=str(tokenizer_path), config=config, workdir=workdir,
                                threads=threads)
-    with WorkerPool(max(1, min(workers or len(os.sched_getaffinity(0)), len(shards)))) as pool:
+    with WorkerPool(RunOptions(workers=workers).resolved_workers(len(shards))) as pool:
         markers = pool.map(encode, shards, "pack: tokenizing", progress=progress)
     encoded = time.perf_counter()
     for name in TOKENIZER_FILES:  # the output carries its tokenizer (inspect, training scripts)
