@@ -36,6 +36,8 @@ def _print_stats(all_stats: list[dict]) -> None:
         for key in SUMMARY_KEYS:  # corpus-level numbers a stage or task adds
             if key in stats:
                 click.echo(f"  {key}: " + ", ".join(f"{k} {v}" for k, v in stats[key].items()))
+        for category, numbers in stats.get("categories", {}).items():
+            click.echo(f"  category {category}: " + ", ".join(f"{k} {v:,}" for k, v in numbers.items()))
         for split, numbers in stats.get("splits", {}).items():
             click.echo(f"  {split}: {numbers['documents']:,} documents, {numbers['tokens']:,} tokens, "
                        f"supervised {numbers['supervised_share']:.2%}, metadata dropped {numbers['metadata_dropout_share']:.2%}")
@@ -47,7 +49,8 @@ def _fail(error: Exception) -> typing.NoReturn:
 
 
 USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError)
-SUMMARY_KEYS = ("dedup", "tokenizer")
+SUMMARY_KEYS = ("dedup", "tokenizer", "outputs", "schemas")
+CHAT_PREFIX = "chat-"
 
 
 def _run_params() -> list[click.Option]:
@@ -92,36 +95,11 @@ def _option_for(field: dataclasses.Field, hint) -> click.Option:
     return click.Option([flag], type=kind, default=None, help=help_text)
 
 
-def _stage_command(name: str) -> click.Command:
-    """A subcommand for stage `name`, with its Config's fields as options."""
-    cls = stage_class(name)
+def _stage_options(cls) -> list[click.Option]:
+    """Input, run options, `--config` and the stage's own options (its Config's fields)."""
     hints = typing.get_type_hints(cls.Config)
-    fields = dataclasses.fields(cls.Config)
-
-    def callback(inputs, output, workers, restart, quiet, shard_size, output_format, on_error, no_rejects,
-                 config_file, explain=None, **values):
-        from fuelline.pipeline.config import build_dataclass, read_toml
-        from fuelline.pipeline.executor import RunOptions, run_stage
-
-        given = {k: (list(v) if isinstance(v, tuple) else v) for k, v in values.items()
-                 if v is not None and v != ()}
-        try:
-            from_file = read_toml(config_file) if config_file else {}
-            config = build_dataclass(cls.Config, {**from_file, **given}, config_file or f"fuelline {name}")
-            if explain:
-                click.echo(cls.explain_report(list(inputs), config, explain))
-                return
-            options = RunOptions(workers=workers, shard_size=shard_size, output_format=output_format,
-                                 on_error=on_error, keep_rejects=not no_rejects, restart=restart,
-                                 progress=not quiet)
-            stats = run_stage(cls(config), list(inputs), output, options)
-        except USER_ERRORS as e:
-            _fail(e)
-        _print_stats([stats])
-
     params = [
         click.Option(["--input", "-i", "inputs"], multiple=True, required=True, help="files, directories or globs"),
-        click.Option(["--output", "-o"], required=True, type=click.Path(file_okay=False), help="output directory"),
         *_run_params(),
         click.Option(["--shard-size"], type=int, default=50_000, show_default=True, help="lines per shard"),
         click.Option(["--format", "output_format"], type=click.Choice(["jsonl.zst", "parquet"]), default="jsonl.zst",
@@ -131,16 +109,98 @@ def _stage_command(name: str) -> click.Command:
         click.Option(["--no-rejects"], is_flag=True, help="count dropped records but do not keep them"),
         click.Option(["--config", "config_file"], type=click.Path(exists=True, dir_okay=False),
                      help="TOML file of this stage's options; options given here override it"),
-        *[_option_for(f, hints[f.name]) for f in fields],
+        *[_option_for(f, hints[f.name]) for f in dataclasses.fields(cls.Config)],
     ]
     if hasattr(cls, "explain_report"):  # stages that can show why they would remove what they remove
         params.append(click.Option(["--explain"], type=int, is_flag=False, flag_value=30, default=None,
                                    help="list the top N scored items with their features instead of running"))
-    return click.Command(name, callback=callback, params=params, help=cls.description, short_help=cls.description)
+    return params
+
+
+def _run_from_cli(name: str, cls, inputs, output, *, workers, restart, quiet, shard_size, output_format, on_error,
+                  no_rejects, config_file, explain=None, output_locations=None, **values) -> dict | None:
+    """Build the stage's config (TOML file, then options given) and run it; None after --explain."""
+    from fuelline.pipeline.config import build_dataclass, read_toml
+    from fuelline.pipeline.executor import RunOptions, run_stage
+
+    given = {k: (list(v) if isinstance(v, tuple) else v) for k, v in values.items() if v is not None and v != ()}
+    from_file = read_toml(config_file) if config_file else {}
+    config = build_dataclass(cls.Config, {**from_file, **given}, config_file or f"fuelline {name}")
+    if explain:
+        click.echo(cls.explain_report(list(inputs), config, explain))
+        return None
+    options = RunOptions(workers=workers, shard_size=shard_size, output_format=output_format, on_error=on_error,
+                         keep_rejects=not no_rejects, restart=restart, progress=not quiet)
+    return run_stage(cls(config), list(inputs), output, options, output_locations)
+
+
+def _stage_command(name: str, command_name: str | None = None) -> click.Command:
+    """A subcommand for stage `name`, with its Config's fields as options."""
+    cls = stage_class(name)
+
+    def callback(inputs, output, **values):
+        try:
+            stats = _run_from_cli(name, cls, inputs, output, **values)
+        except USER_ERRORS as e:
+            _fail(e)
+        if stats is not None:
+            _print_stats([stats])
+
+    output = click.Option(["--output", "-o"], required=True, type=click.Path(file_okay=False), help="output directory")
+    return click.Command(command_name or name, callback=callback, params=[output, *_stage_options(cls)],
+                         help=cls.description, short_help=cls.description)
 
 
 for _name in STAGES:
-    main.add_command(_stage_command(_name))
+    if not _name.startswith(CHAT_PREFIX):  # chat stages live under `fuelline chat`
+        main.add_command(_stage_command(_name))
+
+
+@main.group()
+def chat() -> None:
+    """Chat and distillation data: prepare chat data, make instruction data from poetry."""
+
+
+def _chat_prepare_command() -> click.Command:
+    """`chat prepare`: like any stage, but with a train and an eval output (each a directory or a .jsonl)."""
+    cls = stage_class("chat-prepare")
+
+    def callback(inputs, train_output, eval_output, work_dir, **values):
+        from pathlib import Path
+
+        from fuelline.io.writers import write_jsonl_file
+
+        train, evals = Path(train_output), Path(eval_output)
+        single = {name: path for name, path in (("train", train), ("eval", evals)) if path.suffix == ".jsonl"}
+        stage_dir = Path(work_dir) if work_dir else train.with_name(train.name + ".parts") if "train" in single else train
+        locations = {} if "eval" in single else {"eval": evals}
+        try:
+            stats = _run_from_cli("chat prepare", cls, inputs, stage_dir, output_locations=locations, **values)
+            if stats is None:
+                return
+            for name, path in single.items():
+                write_jsonl_file(stage_dir if name == "train" else stage_dir / name, path)
+        except USER_ERRORS as e:
+            _fail(e)
+        _print_stats([stats])
+        click.echo(f"train  {stats['outputs']['train']:,} conversations → {train}\n"
+                   f"eval   {stats['outputs']['eval']:,} prompts → {evals}")
+
+    outputs = [
+        click.Option(["--train-output"], required=True, type=click.Path(),
+                     help="train chat records: a stage directory, or one plain file when it ends in .jsonl"),
+        click.Option(["--eval-output"], required=True, type=click.Path(),
+                     help="eval records {id, turns}: a directory, or one plain file when it ends in .jsonl"),
+        click.Option(["--work-dir"], type=click.Path(file_okay=False), default=None,
+                     help="stage directory (resume state, stats.json, rejects) when --train-output is a .jsonl "
+                          "(default: TRAIN_OUTPUT.parts)"),
+    ]
+    return click.Command("prepare", callback=callback, params=[*outputs, *_stage_options(cls)],
+                         help=cls.description, short_help=cls.description)
+
+
+chat.add_command(_chat_prepare_command())
+# FROM_POETRY chat.add_command(_stage_command("chat-from-poetry", "from-poetry"))
 
 
 @main.command(params=_run_params())

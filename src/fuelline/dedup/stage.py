@@ -39,6 +39,7 @@ from fuelline.io.readers import RecordError, iter_file_records
 from fuelline.io.writers import JsonlZstWriter
 from fuelline.pipeline.shards import InputShard
 from fuelline.pipeline.stage import Location, PrepareContext, ShardContext, Stage, StageConfig
+from fuelline.records import user_turns
 
 KEEP, EXACT, NEAR = 0, 1, 2
 DROP_REASONS = {EXACT: "exact_duplicate", NEAR: "near_duplicate"}
@@ -57,6 +58,9 @@ class DedupConfig(StageConfig):
     keep: str = field(default="first", metadata={"help": "which document of a cluster stays", "choices": ["first", "longest"]})
     verify: bool = field(default=True, metadata={"help": "check every candidate pair's true Jaccard similarity"})
     seed: int = field(default=1, metadata={"help": "seed of the MinHash hash family"})
+    compare: str = field(default="text", metadata={
+        "help": "what is compared: the text of document records, or the user turns of chat records "
+                "(regenerated answers are only as varied as the prompts)", "choices": ["text", "user_turns"]})
     lowercase: bool = field(default=True, metadata={"help": "normalization: ignore case"})
     ignore_punctuation: bool = field(default=True, metadata={"help": "normalization: ignore punctuation and spaces"})
 
@@ -69,12 +73,26 @@ class DedupConfig(StageConfig):
             raise ValueError(f"bands × rows = {self.bands * self.rows} exceeds num_perm = {self.num_perm}")
         if self.shingle not in ("auto", "char", "word") or self.keep not in ("first", "longest"):
             raise ValueError("shingle must be auto, char or word; keep must be first or longest")
+        if self.compare not in ("text", "user_turns"):
+            raise ValueError(f"compare must be text or user_turns, not {self.compare!r}")
 
     def band_layout(self) -> tuple[int, int]:
         return (self.bands, self.rows) if self.bands else choose_bands(self.threshold, self.num_perm)
 
     def normalizer(self) -> Normalizer:
         return Normalizer(lowercase=self.lowercase, punctuation=self.ignore_punctuation)
+
+
+def compared_text(record: dict, compare: str) -> str | None:
+    """The text dedup compares: a document's text, or a chat record's user turns joined by newlines."""
+    if compare == "text":
+        text = record.get("text")
+        return text if isinstance(text, str) else None
+    turns = record.get("conversations")
+    try:
+        return "\n".join(user_turns(turns))
+    except (TypeError, KeyError):
+        return None
 
 
 def hash_shard(shard: InputShard, config: DedupConfig, workdir: Path) -> int:
@@ -84,9 +102,11 @@ def hash_shard(shard: InputShard, config: DedupConfig, workdir: Path) -> int:
         return orjson.loads((target / "done.json").read_bytes())["documents"]
     ids, texts, lengths = [], [], []
     for line, record in iter_file_records(shard.source, start=shard.start, stop=shard.stop, on_error="skip"):
-        text = record.get("text")
-        if not isinstance(text, str):
-            raise RecordError(shard.source, line, 'no string field "text": dedup reads document records')
+        text = compared_text(record, config.compare)
+        if text is None:
+            what = ('no string field "text": dedup reads document records' if config.compare == "text" else
+                    'no "conversations" list of {"role", "content"} turns: compare = user_turns reads chat records')
+            raise RecordError(shard.source, line, what)
         ids.append(str(record.get("id", f"{shard.source}:{line}")))
         texts.append(text)
         lengths.append(len(text))
@@ -271,6 +291,6 @@ class DedupStage(Stage):
             else:
                 yield record
 
-    def summary(self, workdir: Path) -> dict:
+    def summary(self, workdir: Path, stats: dict) -> dict:
         path = workdir / "summary.json"
         return {"dedup": orjson.loads(path.read_bytes())} if path.exists() else {}

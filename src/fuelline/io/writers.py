@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import zstandard
 
-from fuelline.io.atomic import AtomicFile
+from fuelline.io.atomic import AtomicFile, atomic_write
 
 ZSTD_LEVEL = 3
 
@@ -100,3 +100,18 @@ def open_writer(path_without_suffix: str | os.PathLike, output_format: str = "js
     except KeyError:
         raise ValueError(f"unknown output format {output_format!r}; choose one of {sorted(OUTPUT_FORMATS)}") from None
     return cls(f"{os.fspath(path_without_suffix)}{cls.suffix}")
+
+
+def write_jsonl_file(sources, path: str | os.PathLike) -> int:
+    """Concatenate the records of `sources` (files, directories) into one plain JSONL file, atomically.
+
+    For tools that expect a single `.jsonl`; returns the number of records written.
+    """
+    from fuelline.io.readers import read_records
+
+    count = 0
+    with atomic_write(path) as f:
+        for record in read_records(sources):
+            f.write(orjson.dumps(record) + b"\n")
+            count += 1
+    return count

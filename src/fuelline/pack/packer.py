@@ -29,9 +29,10 @@ from fuelline.formats.tokens import DTYPES, TokenDatasetWriter, check_dtype, dty
 from fuelline.io.atomic import atomic_write, write_bytes_atomic
 from fuelline.io.paths import expand_inputs
 from fuelline.io.readers import RecordError, iter_file_records
-from fuelline.pack.templates import TEMPLATES, unit_interval
+from fuelline.pack.templates import TEMPLATES
 from fuelline.pipeline.executor import RunOptions, WorkerPool
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
+from fuelline.records import unit_interval
 from fuelline.tokenizer.train import tokenizer_fingerprint
 
 SPLITS = ("train", "val")

@@ -17,15 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import xxhash
+
+from fuelline.records import unit_interval
 
 DYNASTY_NAMES = {"tang": "唐", "song": "宋", "yuan": "元", "wudai": "五代", "qing": "清", "han": "汉",
                  "zhanguo": "战国", "zhou": "周", "ming": "明"}
-
-
-def unit_interval(seed: int, salt: str, key: str) -> float:
-    """A deterministic number in [0, 1) for (seed, salt, key): the same whatever the workers."""
-    return xxhash.xxh3_64_intdigest(f"{seed}:{salt}:{key}".encode()) / 2.0**64
 
 
 @dataclass

@@ -8,6 +8,8 @@ Layout of a stage's output directory:
     _prepare/         what a corpus-level stage learned before the shards (Stage.prepare)
     _done/part-*.json completion marker of shard k: its counts, seconds and output sizes
     stats.json        the stage's totals, written last; the funnel report reads only these
+    NAME/part-*       a further named output of a stage that writes several (Stage.outputs),
+                      unless the run puts it elsewhere; the first output stays at the top
 
 A shard counts as finished only when its marker exists and the sizes it records match the files
 on disk: a crash before the marker, or a truncated temp file, means the shard is redone.
@@ -33,10 +35,10 @@ import orjson
 from tqdm import tqdm
 
 from fuelline.io.atomic import remove_temp_files, write_bytes_atomic
-from fuelline.io.paths import STAGE_PLAN_FILE, expand_inputs
+from fuelline.io.paths import STAGE_PART_PREFIX, STAGE_PLAN_FILE, expand_inputs
 from fuelline.io.readers import READ_ERROR_REASONS, iter_file_records
 from fuelline.io.rejects import Rejects
-from fuelline.io.writers import OUTPUT_FORMATS, open_writer
+from fuelline.io.writers import OUTPUT_FORMATS, RecordWriter, open_writer
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.pipeline.stage import Location, PrepareContext, ShardContext, Stage
 
@@ -78,9 +80,42 @@ def _part_path(output_dir: Path, shard: InputShard, output_format: str) -> Path:
     return output_dir / f"{shard.part_name}{OUTPUT_FORMATS[output_format].suffix}"
 
 
+def output_targets(stage: Stage, output_dir: Path, locations: dict[str, str | os.PathLike] | None = None
+                   ) -> dict[str, Path]:
+    """Directory of each output's parts: the first in `output_dir`, others in `output_dir/NAME`.
+
+    A stage with one unnamed output has the single key "". `locations` moves named outputs
+    other than the first elsewhere (e.g. `--eval-output DIR`).
+    """
+    if not stage.outputs:
+        if locations:
+            raise ValueError(f"stage {stage.name!r} has one output; it takes no output locations")
+        return {"": output_dir}
+    unknown = sorted(set(locations or {}) - set(stage.outputs[1:]))
+    if unknown:
+        raise ValueError(f"stage {stage.name!r} cannot place output(s) {', '.join(unknown)}; "
+                         f"its outputs are {', '.join(stage.outputs)} (the first is the stage directory)")
+    targets = {stage.outputs[0]: output_dir}
+    for name in stage.outputs[1:]:
+        targets[name] = Path((locations or {}).get(name, output_dir / name))
+    return targets
+
+
+def _write_shard_outputs(stage: Stage, records: Iterator[tuple[Location, dict]], ctx: ShardContext,
+                         writers: dict[str, RecordWriter]) -> None:
+    if not stage.outputs:
+        write = writers[""].write
+        for record in stage.process(records, ctx):
+            write(record)
+        return
+    for name, record in stage.process(records, ctx):
+        writers[name].write(record)
+
+
 def run_shard(stage: Stage, shard: InputShard, output_dir: Path, options: RunOptions,
-              progress: Callable[[int], None] = lambda n: None) -> dict:
-    """Process one shard: write its part file, its rejects and, last, its completion marker."""
+              progress: Callable[[int], None] = lambda n: None, targets: dict[str, Path] | None = None) -> dict:
+    """Process one shard: write its part files, its rejects and, last, its completion marker."""
+    targets = targets or output_targets(stage, output_dir)
     started = time.perf_counter()
     rejects_path = output_dir / REJECTS_DIR / f"{shard.part_name}.jsonl.zst" if options.keep_rejects else None
     rejects = Rejects(rejects_path)
@@ -96,27 +131,31 @@ def run_shard(stage: Stage, shard: InputShard, output_dir: Path, options: RunOpt
                 progress(PROGRESS_EVERY)
             yield Location(shard.source, line), record
 
-    writer = open_writer(output_dir / shard.part_name, options.output_format)
+    writers = {name: open_writer(directory / shard.part_name, options.output_format)
+               for name, directory in targets.items()}
     try:
-        for record in stage.process(located(), ctx):
-            writer.write(record)
+        _write_shard_outputs(stage, located(), ctx, writers)
     except BaseException:
-        writer.abort()
+        for writer in writers.values():
+            writer.abort()
         rejects.abort()
         raise
-    writer.close()
+    for writer in writers.values():
+        writer.close()
     rejects.close()
     progress(read % PROGRESS_EVERY)
     unreadable = sum(rejects.counts[r] for r in READ_ERROR_REASONS)
     marker = {
         "shard": shard.shard_id,
         "records_in": read + unreadable,
-        "records_out": writer.count,
+        "records_out": sum(w.count for w in writers.values()),
         "dropped": dict(sorted(rejects.counts.items())),
         "counters": dict(sorted(ctx.counters.items())),
         "seconds": round(time.perf_counter() - started, 4),
-        "files": {writer.path.name: writer.path.stat().st_size},
+        "files": {os.path.relpath(w.path, output_dir): w.path.stat().st_size for w in writers.values()},
     }
+    if stage.outputs:
+        marker["outputs"] = {name: w.count for name, w in writers.items()}
     if rejects.written:
         marker["files"][f"{REJECTS_DIR}/{rejects_path.name}"] = rejects_path.stat().st_size
     write_bytes_atomic(output_dir / DONE_DIR / f"{shard.part_name}.json", _dumps(marker))
@@ -136,7 +175,13 @@ def _finished_marker(output_dir: Path, shard: InputShard) -> dict | None:
     return marker
 
 
-def _prepare_output(stage: Stage, inputs: list[Path], output_dir: Path, options: RunOptions) -> list[InputShard]:
+def _outside_targets(targets: dict[str, Path], output_dir: Path) -> list[Path]:
+    """Output directories that are not inside the stage directory."""
+    return [d for d in targets.values() if not d.resolve().is_relative_to(output_dir.resolve())]
+
+
+def _prepare_output(stage: Stage, inputs: list[Path], output_dir: Path, options: RunOptions,
+                    targets: dict[str, Path]) -> list[InputShard]:
     """Create or check `_plan.json`; return the shards of this run."""
     identity = {
         "version": PLAN_VERSION,
@@ -146,14 +191,22 @@ def _prepare_output(stage: Stage, inputs: list[Path], output_dir: Path, options:
         "output_format": options.output_format,
         "on_error": options.on_error,
     }
+    if stage.outputs:
+        identity["outputs"] = {name: os.path.relpath(d, output_dir) for name, d in targets.items()}
+    outside = _outside_targets(targets, output_dir)
     plan_path = output_dir / STAGE_PLAN_FILE
     if options.restart and plan_path.exists():
         shutil.rmtree(output_dir)
+        for directory in outside:  # only the parts this stage wrote there
+            for part in directory.glob(f"{STAGE_PART_PREFIX}*"):
+                part.unlink()
     if plan_path.exists():
         existing = _read_json(plan_path)
         same = {k: v for k, v in existing.items() if k != "shards"} == identity
         if same:
-            remove_temp_files(output_dir)
+            for directory in [output_dir, *outside]:
+                directory.mkdir(parents=True, exist_ok=True)
+                remove_temp_files(directory)
             return [InputShard(**s) for s in existing["shards"]]
         differing = sorted(k for k in identity.keys() | existing.keys()
                            if k != "shards" and existing.get(k) != identity.get(k))
@@ -161,9 +214,10 @@ def _prepare_output(stage: Stage, inputs: list[Path], output_dir: Path, options:
             f"{output_dir} holds the output of a run with different {', '.join(differing)}; "
             "pass --restart to delete it and run again, or choose another output directory"
         )
-    if output_dir.exists() and any(output_dir.iterdir()):
-        raise StageOutputMismatch(f"{output_dir} exists, is not empty and is not a fuelline stage output")
-    output_dir.mkdir(parents=True, exist_ok=True)
+    for directory in [output_dir, *outside]:
+        if directory.exists() and any(directory.iterdir()):
+            raise StageOutputMismatch(f"{directory} exists, is not empty and is not a fuelline stage output")
+        directory.mkdir(parents=True, exist_ok=True)
     shards = plan_shards(inputs, options.shard_size)
     write_bytes_atomic(plan_path, _dumps({**identity, "shards": [s.to_json() for s in shards]}))
     return shards
@@ -230,13 +284,13 @@ class WorkerPool:
         return results
 
     def run_shards(self, stage: Stage, pending: list[InputShard], output_dir: Path, options: RunOptions,
-                   bar: tqdm) -> None:
+                   bar: tqdm, targets: dict[str, Path]) -> None:
         if self.workers == 1:
             for shard in pending:
-                run_shard(stage, shard, output_dir, options, bar.update)
+                run_shard(stage, shard, output_dir, options, bar.update, targets)
             return
         pool = self._executor()
-        futures = {pool.submit(_run_shard_in_worker, stage, s, output_dir, options): s for s in pending}
+        futures = {pool.submit(_run_shard_in_worker, stage, s, output_dir, options, targets): s for s in pending}
         self._gather(futures, lambda shard, marker: None, bar)
         _drain(self._updates, bar)
 
@@ -249,8 +303,9 @@ def _init_worker(updates) -> None:
     _worker_updates = updates
 
 
-def _run_shard_in_worker(stage: Stage, shard: InputShard, output_dir: Path, options: RunOptions) -> dict:
-    return run_shard(stage, shard, output_dir, options, _worker_updates.put)
+def _run_shard_in_worker(stage: Stage, shard: InputShard, output_dir: Path, options: RunOptions,
+                         targets: dict[str, Path]) -> dict:
+    return run_shard(stage, shard, output_dir, options, _worker_updates.put, targets)
 
 
 def _drain(updates, bar: tqdm) -> None:
@@ -264,10 +319,12 @@ def _drain(updates, bar: tqdm) -> None:
 def aggregate_stats(stage: Stage, markers: list[dict]) -> dict:
     dropped: Counter = Counter()
     counters: Counter = Counter()
+    outputs: Counter = Counter()
     for m in markers:
         dropped.update(m["dropped"])
         counters.update(m["counters"])
-    return {
+        outputs.update(m.get("outputs", {}))
+    stats = {
         "stage": stage.name,
         "records_in": sum(m["records_in"] for m in markers),
         "records_out": sum(m["records_out"] for m in markers),
@@ -276,12 +333,17 @@ def aggregate_stats(stage: Stage, markers: list[dict]) -> dict:
         "seconds": round(sum(m["seconds"] for m in markers), 3),
         "shards": len(markers),
     }
+    if stage.outputs:
+        stats["outputs"] = {name: outputs[name] for name in stage.outputs}
+    return stats
 
 
-def run_stage(stage: Stage, inputs, output_dir: str | os.PathLike, options: RunOptions | None = None) -> dict:
+def run_stage(stage: Stage, inputs, output_dir: str | os.PathLike, options: RunOptions | None = None,
+              output_locations: dict[str, str | os.PathLike] | None = None) -> dict:
     """Run `stage` over `inputs` (files, directories, globs) into `output_dir`; return its stats.
 
-    Finished shards of an earlier, interrupted run with the same options are kept.
+    Finished shards of an earlier, interrupted run with the same options are kept. For a stage
+    with several outputs, `output_locations` may put the outputs after the first elsewhere.
     """
     options = options or RunOptions()
     if options.output_format not in OUTPUT_FORMATS:
@@ -289,7 +351,8 @@ def run_stage(stage: Stage, inputs, output_dir: str | os.PathLike, options: RunO
     output_dir = Path(output_dir)
     started = time.perf_counter()
     files = expand_inputs(inputs)
-    shards = _prepare_output(stage, files, output_dir, options)
+    targets = output_targets(stage, output_dir, output_locations)
+    shards = _prepare_output(stage, files, output_dir, options, targets)
     pending = [s for s in shards if _finished_marker(output_dir, s) is None]
     total = None if any(s.units is None for s in pending) else sum(s.units for s in pending)
     if pending:
@@ -297,7 +360,7 @@ def run_stage(stage: Stage, inputs, output_dir: str | os.PathLike, options: RunO
             stage.prepare(PrepareContext(files, shards, output_dir / PREPARE_DIR,
                                          functools.partial(pool.map, progress=options.progress)))
             with tqdm(total=total, desc=stage.name, unit="rec", disable=not options.progress, leave=False) as bar:
-                pool.run_shards(stage, pending, output_dir, options, bar)
+                pool.run_shards(stage, pending, output_dir, options, bar, targets)
     markers = []
     for shard in shards:
         marker = _finished_marker(output_dir, shard)
@@ -305,7 +368,7 @@ def run_stage(stage: Stage, inputs, output_dir: str | os.PathLike, options: RunO
             raise RuntimeError(f"{output_dir}: shard {shard.part_name} did not finish")
         markers.append(marker)
     stats = aggregate_stats(stage, markers)
-    stats.update(stage.summary(output_dir / PREPARE_DIR))
+    stats.update(stage.summary(output_dir / PREPARE_DIR, stats))
     stats["resumed_shards"] = len(shards) - len(pending)
     stats["wall_seconds"] = round(time.perf_counter() - started, 3)
     write_bytes_atomic(output_dir / STATS_FILE, _dumps(stats))

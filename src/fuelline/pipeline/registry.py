@@ -11,6 +11,8 @@ STAGES: dict[str, str] = {
     "boilerplate": "fuelline.clean.boilerplate:BoilerplateStage",
     "clean": "fuelline.clean.stage:CleanStage",
     "dedup": "fuelline.dedup.stage:DedupStage",
+    "chat-prepare": "fuelline.chat.prepare:ChatPrepareStage",
+    "chat-from-poetry": "fuelline.chat.from_poetry:ChatFromPoetryStage",
 }
 
 

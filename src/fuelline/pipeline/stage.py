@@ -4,6 +4,10 @@ A stage knows nothing of processes, files or resume: the executor feeds it one s
 as `(location, record)` pairs and a `ShardContext`, writes what it yields, and counts what it
 drops. Most stages only implement `apply(record, location)`, returning the new record or a
 `Drop` with a named reason; stages that need the whole shard override `process`.
+
+A stage that writes more than one dataset (chat-prepare: train and eval) names them in
+`outputs` and yields `(output name, record)` pairs; the first output is its primary one, which
+is what a later stage reads from the stage directory.
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ class Stage:
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     Config: ClassVar[type[StageConfig]] = StageConfig
+    outputs: ClassVar[tuple[str, ...]] = ()  # named outputs; empty: one unnamed output
 
     def __init__(self, config: StageConfig | None = None):
         self.config = config if config is not None else self.Config()
@@ -86,8 +91,11 @@ class Stage:
         `ctx.workdir`, which survives an interrupted run. Most stages need nothing here.
         """
 
-    def summary(self, workdir: Path) -> dict[str, Any]:
-        """Corpus-level numbers for stats.json that no single shard knows (read from `workdir`)."""
+    def summary(self, workdir: Path, stats: dict[str, Any]) -> dict[str, Any]:
+        """Corpus-level numbers for stats.json that no single shard knows.
+
+        Read from `workdir`, or reshaped from `stats`, the shards' summed counts and counters.
+        """
         return {}
 
     def process(self, records: Iterable[tuple[Location, dict]], ctx: ShardContext) -> Iterator[dict]:

@@ -1,0 +1,1 @@
+"""Chat and distillation data: chat records, chat templates with exact loss masks, SFT data."""

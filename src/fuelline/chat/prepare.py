@@ -1,0 +1,115 @@
+"""The chat-prepare stage: chat data of any schema → validated chat records, split train / eval.
+
+Each input record is normalized (`fuelline.chat.schemas`), validated, and sent to one of two
+outputs by a hash of (seed, id), so the split does not depend on file order or workers:
+
+- `train`: chat records `{"id", "conversations"}` with the whole conversation;
+- `eval`: eval records `{"id", "turns"}` holding only the user contents, because evaluation
+  lets the target and the draft generate the answers.
+
+System turns are removed unless `keep_system` (regeneration uses the target's own default).
+stats.json gets the records per schema and, with `category_key` (a record field, or `@file`:
+the input file's name, for a blend kept as one file per source), per category and outcome;
+the category also goes into the train record's `meta.category`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from fuelline.chat.schemas import SCHEMAS, normalize_record
+from fuelline.pipeline.stage import Drop, Location, ShardContext, Stage, StageConfig
+from fuelline.records import chat, eval_prompts, fallback_id, unit_interval
+
+SCHEMA_COUNTER, CATEGORY_COUNTER = "schema.", "category."
+OUTCOMES = ("in", "train", "eval", "dropped")
+CATEGORY_FROM_FILE = "@file"  # category_key value: the input file's name, up to its first dot
+
+
+@dataclass
+class ChatPrepareConfig(StageConfig):
+    test_size: float = field(default=0.05, metadata={"help": "share of conversations held out as eval prompts"})
+    seed: int = field(default=42, metadata={"help": "decides the split, from a hash of (seed, id)"})
+    schema: str = field(default="auto", metadata={
+        "help": "input schema, or auto: detected per record", "choices": ["auto", *SCHEMAS]})
+    keep_system: bool = field(default=False, metadata={"help": "keep system turns (default: remove them)"})
+    category_key: str = field(default="", metadata={
+        "help": "record field naming its category (chat, math, code, …), or @file for the input file's name: "
+                "counted per category"})
+
+    def __post_init__(self):
+        if not 0.0 <= self.test_size < 1.0:
+            raise ValueError(f"test_size must be in [0, 1), not {self.test_size}")
+        if self.schema not in ("auto", *SCHEMAS):
+            raise ValueError(f"schema must be auto or one of {', '.join(SCHEMAS)}, not {self.schema!r}")
+
+
+def record_id(record: dict[str, Any], location: Location) -> str:
+    """The upstream `id` (string or integer), else a hash of the file name and line."""
+    upstream = record.get("id")
+    if isinstance(upstream, str) and upstream:
+        return upstream
+    if isinstance(upstream, int) and not isinstance(upstream, bool):
+        return str(upstream)
+    return fallback_id(location.source, location.line)
+
+
+class ChatPrepareStage(Stage):
+    name = "chat-prepare"
+    description = "Normalize chat data (ShareGPT, OpenAI, Alpaca, Q/A), validate it, split train / eval."
+    Config = ChatPrepareConfig
+    outputs = ("train", "eval")
+
+    def _category(self, record: dict[str, Any], location: Location) -> str | None:
+        key = self.config.category_key
+        if not key:
+            return None
+        if key == CATEGORY_FROM_FILE:
+            return Path(location.source).name.split(".")[0]
+        value = record.get(key)
+        return str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else "unknown"
+
+    def process(self, records: Iterable[tuple[Location, dict]], ctx: ShardContext) -> Iterator[tuple[str, dict]]:
+        for location, record in records:
+            category = self._category(record, location)
+            outcome = self._prepare(record, location, ctx, category)
+            if category is not None:
+                ctx.count(f"{CATEGORY_COUNTER}{category}.in")
+                ctx.count(f"{CATEGORY_COUNTER}{category}.{outcome[0] if outcome else 'dropped'}")
+            if outcome:
+                yield outcome
+
+    def _prepare(self, record: dict, location: Location, ctx: ShardContext,
+                 category: str | None) -> tuple[str, dict] | None:
+        cfg = self.config
+        result = normalize_record(record, cfg.schema)
+        if isinstance(result, Drop):
+            ctx.drop(record, result.reason, location, result.detail)
+            return None
+        schema, turns, trailing_user = result
+        ctx.count(f"{SCHEMA_COUNTER}{schema}")
+        if trailing_user:
+            ctx.count("trailing_user_turn_removed")
+        if turns[0]["role"] == "system" and not cfg.keep_system:
+            turns = turns[1:]
+            ctx.count("system_turn_removed")
+        rid = record_id(record, location)
+        if unit_interval(cfg.seed, "split", rid) < cfg.test_size:
+            return "eval", eval_prompts(rid, turns)
+        return "train", chat(rid, turns, {"category": category} if category is not None else None)
+
+    def summary(self, workdir: Path, stats: dict) -> dict:
+        """Counters `schema.X` and `category.C.OUTCOME` as `schemas` and `categories` tables."""
+        schemas = {k[len(SCHEMA_COUNTER):]: n for k, n in stats["counters"].items() if k.startswith(SCHEMA_COUNTER)}
+        categories: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(OUTCOMES, 0))
+        for key, n in stats["counters"].items():
+            if key.startswith(CATEGORY_COUNTER):
+                name, outcome = key[len(CATEGORY_COUNTER):].rsplit(".", 1)
+                categories[name][outcome] = n
+        summary: dict[str, Any] = {"schemas": schemas}
+        if categories:
+            summary["categories"] = dict(sorted(categories.items()))
+        return summary
