@@ -241,3 +241,25 @@ def test_dedup_of_user_turns_refuses_document_records(tmp_path):
     source = write_jsonl(tmp_path / "docs.jsonl", [{"id": "d", "text": "a document"}])
     with pytest.raises(ValueError, match="docs.jsonl:1: .*compare = user_turns reads chat records"):
         run_stage(DedupStage(DedupConfig(compare="user_turns")), [source], tmp_path / "out", QUIET)
+
+
+def test_report_shows_categories_and_step_outputs_are_addressable(tmp_path):
+    from fuelline.pipeline.task import resolve_step
+    from fuelline.report.funnel import format_funnel, load_funnel
+    from fuelline.report.task import build_report
+
+    math = write_jsonl(tmp_path / "math.jsonl", [{"id": f"m{i}", "question": "q", "answer": "a"} for i in range(50)])
+    code = write_jsonl(tmp_path / "code.jsonl", [{"id": f"c{i}", "instruction": "i", "output": ""} for i in range(5)])
+    pipeline = tmp_path / "chat.toml"
+    pipeline.write_text('[[stage]]\nuse = "chat-prepare"\ncategory_key = "@file"\ntest_size = 0.2\n')
+    run_pipeline(load_pipeline(pipeline), tmp_path / "run", input=[str(math), str(code)], workers=1, progress=False)
+    funnel = load_funnel(tmp_path / "run")
+    (step,) = funnel["steps"]
+    assert step["categories"]["code"] == {"in": 5, "train": 0, "eval": 0, "dropped": 5}
+    assert step["categories"]["math"]["train"] + step["categories"]["math"]["eval"] == 50
+    text = format_funnel(funnel)
+    assert "code" in text and "schema." not in text  # counters shown as tables, not twice
+    build_report(tmp_path / "run", tmp_path / "run" / "report")
+    assert (tmp_path / "run" / "report" / "categories.png").stat().st_size > 1000
+    eval_dir = resolve_step("@chat-prepare/eval", {"chat-prepare": tmp_path / "run" / "01-chat-prepare"})
+    assert len(list(read_records(eval_dir))) == step["outputs"]["eval"] > 0

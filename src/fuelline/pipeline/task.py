@@ -47,10 +47,13 @@ class Task:
 
 
 def resolve_step(reference: str, steps: dict[str, Path]) -> Path:
-    """A path, or `@NAME`: the output directory of the pipeline step called NAME."""
+    """A path, or `@NAME`: the output directory of the pipeline step called NAME, or `@NAME/OUTPUT`:
+    a further named output of that step (e.g. `@chat-prepare/eval`)."""
     if reference.startswith("@"):
+        name, _, output = reference[1:].partition("/")
         try:
-            return steps[reference[1:]]
+            directory = steps[name]
         except KeyError:
-            raise ValueError(f"no earlier step named {reference[1:]!r} (known: {', '.join(steps) or 'none'})") from None
+            raise ValueError(f"no earlier step named {name!r} (known: {', '.join(steps) or 'none'})") from None
+        return directory / output if output else directory
     return Path(os.path.expanduser(reference))

@@ -29,7 +29,7 @@ def load_funnel(run_dir: str | os.PathLike) -> dict:
             "seconds": stats.get("wall_seconds"),
         }
         step["adds_up"] = step["records_in"] == step["records_out"] + step["dropped_total"]
-        for extra in ("dedup", "tokenizer", "splits", "counters"):
+        for extra in ("dedup", "tokenizer", "splits", "counters", "outputs", "schemas", "categories"):
             if stats.get(extra):
                 step[extra] = stats[extra]
         steps.append(step)
@@ -42,6 +42,19 @@ def load_funnel(run_dir: str | os.PathLike) -> dict:
         funnel["tokens"] = {"total": tokens, "supervised": supervised, "masked": tokens - supervised,
                             "supervised_share": round(supervised / tokens, 4) if tokens else 0.0}
     return funnel
+
+
+COUNTERS_SHOWN_ELSEWHERE = ("schema.", "category.")  # chat-prepare's counters, shown as tables
+
+
+def format_categories(categories: dict[str, dict[str, int]]) -> list[str]:
+    """One line per category: in, train, eval, dropped (chat-prepare with a category key)."""
+    if not categories:
+        return []
+    lines = [f"    {'category':<22}{'in':>9}{'train':>9}{'eval':>9}{'dropped':>9}"]
+    for name, n in categories.items():
+        lines.append(f"    {name:<22}{n['in']:>9,}{n['train']:>9,}{n['eval']:>9,}{n['dropped']:>9,}")
+    return lines
 
 
 def format_funnel(funnel: dict) -> str:
@@ -57,8 +70,13 @@ def format_funnel(funnel: dict) -> str:
                      f"{kept:>9.2%}{overall:>10.2%}{seconds:>9}{flag}")
         for reason, n in s["dropped"].items():
             lines.append(f"    {reason:<30}{n:>10,}{n / s['records_in']:>9.2%}")
-        if s.get("counters"):
-            lines.append("    (" + ", ".join(f"{k} {v:,}" for k, v in s["counters"].items()) + ")")
+        for key in ("outputs", "schemas"):
+            if s.get(key):
+                lines.append(f"    {key}: " + ", ".join(f"{k} {v:,}" for k, v in s[key].items()))
+        lines.extend(format_categories(s.get("categories", {})))
+        counters = {k: v for k, v in s.get("counters", {}).items() if not k.startswith(COUNTERS_SHOWN_ELSEWHERE)}
+        if counters:
+            lines.append("    (" + ", ".join(f"{k} {v:,}" for k, v in counters.items()) + ")")
     if "tokens" in funnel:
         t = funnel["tokens"]
         lines.append(f"tokens {t['total']:,}: supervised {t['supervised']:,} ({t['supervised_share']:.2%}), "

@@ -8,6 +8,7 @@ import io
 from pathlib import Path
 
 from fuelline.io.atomic import write_bytes_atomic
+from fuelline.report.funnel import COUNTERS_SHOWN_ELSEWHERE
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:1em 0}
 td,th{padding:.3em .8em;border-bottom:1px solid #ddd;text-align:right}td:first-child,th:first-child{text-align:left}
@@ -49,6 +50,10 @@ def charts(funnel: dict) -> dict[str, bytes]:
     pictures["drop_reasons.png"] = _png(figure)
     plt.close(figure)
 
+    categorized = next((s for s in steps if s.get("categories")), None)
+    if categorized:
+        pictures["categories.png"] = _category_chart(plt, categorized["categories"])
+
     packed = next((s for s in steps if "splits" in s), None)
     if packed:
         histogram = packed["splits"]["train"]["tokens_per_document"]["histogram"]
@@ -63,6 +68,23 @@ def charts(funnel: dict) -> dict[str, bytes]:
     return pictures
 
 
+def _category_chart(plt, categories: dict[str, dict[str, int]]) -> bytes:
+    """Stacked bars per category: train, eval and dropped conversations."""
+    names = list(categories)
+    figure, axes = plt.subplots(figsize=(8, max(2.0, 0.4 * len(names) + 1)))
+    left = [0] * len(names)
+    for outcome, color in (("train", "#4a7bb7"), ("eval", "#9bbb59"), ("dropped", "#c0504d")):
+        values = [categories[n][outcome] for n in names]
+        axes.barh(names, values, left=left, color=color, label=outcome)
+        left = [a + b for a, b in zip(left, values)]
+    axes.set_xlabel("conversations")
+    axes.set_title("conversations per category")
+    axes.legend(loc="lower right")
+    data = _png(figure)
+    plt.close(figure)
+    return data
+
+
 def render_html(funnel: dict, pictures: dict[str, bytes]) -> str:
     rows = []
     for s in funnel["steps"]:
@@ -73,9 +95,14 @@ def render_html(funnel: dict, pictures: dict[str, bytes]) -> str:
         for reason, n in s["dropped"].items():
             rows.append(f"<tr class='reason'><td>{html.escape(reason)}</td><td></td><td></td><td>{n:,}</td>"
                         f"<td>{n / s['records_in']:.2%}</td><td></td></tr>")
-        if s.get("counters"):
-            counters = ", ".join(f"{html.escape(k)} {v:,}" for k, v in s["counters"].items())
-            rows.append(f"<tr class='reason'><td colspan='6'>{counters}</td></tr>")
+        for name, n in s.get("categories", {}).items():
+            rows.append(f"<tr class='reason'><td>category {html.escape(name)}</td><td>{n['in']:,}</td>"
+                        f"<td>{n['train'] + n['eval']:,}</td><td>{n['dropped']:,}</td>"
+                        f"<td>train {n['train']:,} · eval {n['eval']:,}</td><td></td></tr>")
+        counters = {k: v for k, v in s.get("counters", {}).items() if not k.startswith(COUNTERS_SHOWN_ELSEWHERE)}
+        if counters:
+            text = ", ".join(f"{html.escape(k)} {v:,}" for k, v in counters.items())
+            rows.append(f"<tr class='reason'><td colspan='6'>{text}</td></tr>")
     tokens = ""
     if "tokens" in funnel:
         t = funnel["tokens"]
