@@ -200,7 +200,7 @@ def _chat_prepare_command() -> click.Command:
 
 
 chat.add_command(_chat_prepare_command())
-# FROM_POETRY chat.add_command(_stage_command("chat-from-poetry", "from-poetry"))
+chat.add_command(_stage_command("chat-from-poetry", "from-poetry"))
 
 
 @main.command(params=_run_params())
