@@ -25,7 +25,10 @@ import orjson
 from fuelline.io import read_records
 from fuelline.io.atomic import write_bytes_atomic
 
-SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<|title|>", "<|author|>", "<|dynasty|>", "<|content|>"]
+# The poetry template's markers, then ChatML's, so the same tokenizer packs poetry instruction data
+# (`fuelline chat from-poetry`, `pack --template chat --chat-template chatml`) with single-id markers.
+SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<|title|>", "<|author|>", "<|dynasty|>", "<|content|>",
+                  "<|im_start|>", "<|im_end|>"]
 # GPT-2's pre-tokenization pattern with Han characters carved out of \p{L} and matched first,
 # as one regex: splitting Han first and then running ByteLevel's own regex on every piece gives
 # the same pieces but encodes ~40% slower.

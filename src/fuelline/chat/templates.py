@@ -1,0 +1,344 @@
+"""Chat templates: a conversation rendered to text once, with the character spans to train on.
+
+A template is the handful of strings a chat format is made of: role headers, the end-of-turn
+string and what follows it, an optional text at the very start, an optional prefix after the
+assistant header. `render` appends a conversation's pieces one after the other and records,
+while appending, where each assistant content and its end-of-turn string start and end. The
+loss mask is derived from these spans and the token offsets of one encoding of the text
+(`fuelline.chat.encode`), never from re-tokenized prefixes or a search in the rendered text.
+Worked example, `chatml`, one exchange ("Hi", "Hello!"):
+
+    <|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\nHello!<|im_end|>\\n
+    supervised span [52, 68) = "Hello!<|im_end|>"; turns end at 30 and 69
+
+Built-in templates, thinking models in their non-thinking mode:
+
+- `chatml` (alias `qwen`): `<|im_start|>ROLE\\n…<|im_end|>\\n`.
+- `qwen3`: ChatML, and the last message, when it is an assistant turn, opens with the empty
+  block `<think>\\n\\n</think>\\n\\n`, as Qwen3's Jinja template renders it (its
+  `enable_thinking=False` only changes the generation prompt, which gets the same block;
+  earlier assistant turns are plain ChatML there too). The block is never supervised.
+- `llama3`: `<|begin_of_text|>` once, `<|start_header_id|>ROLE<|end_header_id|>\\n\\n…<|eot_id|>`.
+- `gemma4`: `<bos>` once, `<|turn>ROLE\\n…<turn|>\\n` with the roles system, user and model;
+  the last assistant turn and the generation prompt open with the non-thinking prefix
+  `<|channel>thought\\n<channel|>`, as Gemma 4's template prefills it; never supervised.
+- `auto`: the tokenizer's own Jinja chat template (see `fuelline.chat.encode`).
+
+Contents are rendered verbatim. Qwen3's Jinja template also rewrites some contents (it strips
+leading newlines from the final answer and splits a content at `</think>`), so it matches
+`qwen3` for contents without either; the chat data in ../shared/data has neither.
+
+Jinja templates (`auto`, or a template with a `jinja` source) are rendered in jinja2's
+immutable sandbox, set up as transformers sets it up (trim_blocks, lstrip_blocks, loop
+controls, `tojson` without HTML escaping, `raise_exception`, `strftime_now`), so the text is
+`apply_chat_template`'s. The spans are the template's `{% generation %}` blocks when it has
+them: each block wraps its output in two Unicode noncharacters, U+FDD0 and U+FDD1, which are
+removed after rendering (a content holding one is refused). Otherwise each content is located
+in order, by `str.find` from the end of the previous turn, and extended over an end-of-turn
+token that immediately follows it (the template's `end_of_turn`, else the tokenizer's eos
+token or one of END_OF_TURN_TOKENS); an empty content sits right before the next end-of-turn
+token. An assistant content that is not in the text verbatim is an error, since its span
+would be a guess.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache
+from typing import Any, Mapping
+
+ROLES = ("system", "user", "assistant")
+PREFIX_TURNS = ("all", "last")
+# Tried, after the tokenizer's eos token, as the end-of-turn token of a Jinja template.
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<turn|>", "<end_of_turn>", "<|end|>")
+_OPEN, _CLOSE = "\ufdd0", "\ufdd1"  # Unicode noncharacters, reserved for a program's internal use
+_MARKS = re.compile(f"[{_OPEN}{_CLOSE}]")
+_GENERATION_TAG = re.compile(r"{%-?\s*generation\s*-?%}")
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """What a chat format is made of; `render` puts a conversation together from it.
+
+    A turn is `HEADER + content + end_of_turn + after_turn`; `content + end_of_turn` of an
+    assistant turn is supervised. `assistant_prefix` follows the assistant header on every
+    assistant turn (`assistant_prefix_on="all"`) or only when the turn is the conversation's
+    last message (`"last"`), and always in the generation prompt; it is never supervised.
+    `default_system` is rendered as a system turn when the conversation does not start with
+    one (None: no system turn). `jinja` replaces all of this with a Jinja chat template; the
+    empty string stands for the tokenizer's own one (`auto`).
+    """
+
+    name: str
+    system_header: str = ""
+    user_header: str = ""
+    assistant_header: str = ""
+    end_of_turn: str = ""
+    after_turn: str = ""
+    bos: str = ""
+    default_system: str | None = None
+    assistant_prefix: str = ""
+    assistant_prefix_on: str = "all"
+    jinja: str | None = None
+
+    def __post_init__(self):
+        if self.assistant_prefix_on not in PREFIX_TURNS:
+            raise ValueError(f"chat template {self.name!r}: assistant_prefix_on must be one of "
+                             f"{', '.join(PREFIX_TURNS)}, not {self.assistant_prefix_on!r}")
+
+    @property
+    def generation_prompt(self) -> str:
+        return self.assistant_header + self.assistant_prefix
+
+
+@dataclass(frozen=True)
+class Rendering:
+    """A rendered conversation: the text, the character spans to supervise, where turns end.
+
+    `turn_ends[i]` is where turn i's text ends, so `text[:turn_ends[i]]` is the rendering of
+    the first i+1 turns for a template that only appends; for a Jinja template it is where
+    the turn's content (and end-of-turn token) was found, an estimate used to pick a cut.
+    """
+
+    text: str
+    spans: tuple[tuple[int, int], ...]
+    turn_ends: tuple[int, ...]
+
+
+def _chatml(name: str, prefix: str = "", prefix_on: str = "all") -> ChatTemplate:
+    return ChatTemplate(name, system_header="<|im_start|>system\n", user_header="<|im_start|>user\n",
+                        assistant_header="<|im_start|>assistant\n", end_of_turn="<|im_end|>", after_turn="\n",
+                        assistant_prefix=prefix, assistant_prefix_on=prefix_on)
+
+
+def _llama3_header(role: str) -> str:
+    return f"<|start_header_id|>{role}<|end_header_id|>\n\n"
+
+
+BUILTIN = (
+    (_chatml("chatml"), ("qwen",)),
+    (_chatml("qwen3", "<think>\n\n</think>\n\n", "last"), ()),
+    (ChatTemplate("llama3", bos="<|begin_of_text|>", system_header=_llama3_header("system"),
+                  user_header=_llama3_header("user"), assistant_header=_llama3_header("assistant"),
+                  end_of_turn="<|eot_id|>"), ()),
+    (ChatTemplate("gemma4", bos="<bos>", system_header="<|turn>system\n", user_header="<|turn>user\n",
+                  assistant_header="<|turn>model\n", end_of_turn="<turn|>", after_turn="\n",
+                  assistant_prefix="<|channel>thought\n<channel|>", assistant_prefix_on="last"), ()),
+    (ChatTemplate("auto", jinja=""), ()),
+)
+_REGISTRY: dict[str, ChatTemplate] = {name: template for template, aliases in BUILTIN
+                                      for name in (template.name, *aliases)}
+
+
+def get_template(name: str) -> ChatTemplate:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown chat template {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+
+
+def register_template(template: ChatTemplate, *aliases: str) -> None:
+    """Make `template` known under its name and `aliases`; a name taken by another template is refused."""
+    names = (template.name, *aliases)
+    for name in names:
+        known = _REGISTRY.get(name)
+        if known is not None and known != template:
+            raise ValueError(f"a different chat template is already registered as {name!r}")
+    for name in names:
+        _REGISTRY[name] = template
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(ChatTemplate) if f.name != "name"}
+
+
+def load_templates(path: str | os.PathLike) -> list[ChatTemplate]:
+    """Read and register the templates of a TOML file: one table per template, named by it.
+
+    Keys are `ChatTemplate`'s fields, every value a string (leave `default_system` out for no
+    system turn), e.g. `[mine]` / `user_header = "### User:\\n"` / `assistant_header = ...`.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: not valid TOML ({e})") from None
+    templates = [_template_from_table(path, name, table) for name, table in data.items()]
+    for template in templates:
+        register_template(template)
+    return templates
+
+
+def _template_from_table(path, name: str, table: Any) -> ChatTemplate:
+    where = f"{path}: [{name}]"
+    if not isinstance(table, dict):
+        raise ValueError(f"{path}: {name!r} must be a table of template fields, found {type(table).__name__}")
+    for key, value in table.items():
+        if key not in _FIELDS:
+            raise ValueError(f"{where}: unknown key {key!r}; expected some of {', '.join(_FIELDS)}")
+        if not isinstance(value, str):
+            raise ValueError(f"{where}: {key} must be a string, found {type(value).__name__} {value!r}")
+    try:
+        return ChatTemplate(name, **table)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def conversation_turns(conversation: Any) -> list[dict]:
+    """The turns of a conversation (or of a chat record's `conversations`), checked."""
+    if isinstance(conversation, dict):
+        if not isinstance(conversation.get("conversations"), list):
+            raise ValueError("a chat record needs a 'conversations' list of {'role', 'content'} turns")
+        conversation = conversation["conversations"]
+    if not isinstance(conversation, (list, tuple)) or not conversation:
+        raise ValueError("a conversation is a non-empty list of {'role', 'content'} turns")
+    for i, turn in enumerate(conversation):
+        if not isinstance(turn, dict):
+            raise ValueError(f"turn {i}: expected a dict with 'role' and 'content', found {type(turn).__name__}")
+        if turn.get("role") not in ROLES:
+            raise ValueError(f"turn {i}: role {turn.get('role')!r} is not one of {', '.join(ROLES)}")
+        if not isinstance(turn.get("content"), str):
+            raise ValueError(f"turn {i}: content must be a string, found {type(turn.get('content')).__name__}")
+    return list(conversation)
+
+
+def render(conversation: Any, template: str | ChatTemplate, add_generation_prompt: bool = False, *,
+           variables: Mapping[str, Any] | None = None) -> Rendering:
+    """Render a conversation; `variables` (bos_token, eos_token, …) are given to a Jinja template."""
+    turns = conversation_turns(conversation)
+    if isinstance(template, str):
+        template = get_template(template)
+    if template.jinja is None:
+        return _render_fields(turns, template, add_generation_prompt)
+    if not template.jinja:
+        raise ValueError(f"chat template {template.name!r} renders with a tokenizer's own Jinja template; "
+                         f"encode_chat finds it, or pass the Jinja source as ChatTemplate(jinja=...)")
+    return _render_jinja(turns, template, add_generation_prompt, variables or {})
+
+
+def _render_fields(turns: list[dict], t: ChatTemplate, add_generation_prompt: bool) -> Rendering:
+    headers = {"system": t.system_header, "user": t.user_header, "assistant": t.assistant_header}
+    parts = [t.bos]
+    if t.default_system is not None and turns[0]["role"] != "system":
+        parts.append(t.system_header + t.default_system + t.end_of_turn + t.after_turn)
+    pos = sum(map(len, parts))
+    spans, ends, last = [], [], len(turns) - 1
+    for i, turn in enumerate(turns):
+        head = headers[turn["role"]]
+        if turn["role"] == "assistant" and (t.assistant_prefix_on == "all" or i == last):
+            head += t.assistant_prefix
+        body = turn["content"] + t.end_of_turn
+        parts += (head, body, t.after_turn)
+        if turn["role"] == "assistant":
+            spans.append((pos + len(head), pos + len(head) + len(body)))
+        pos += len(head) + len(body) + len(t.after_turn)
+        ends.append(pos)
+    if add_generation_prompt:
+        parts.append(t.generation_prompt)
+    return Rendering("".join(parts), tuple(spans), tuple(ends))
+
+
+def _render_jinja(turns: list[dict], t: ChatTemplate, add_generation_prompt: bool,
+                  variables: Mapping[str, Any]) -> Rendering:
+    for i, turn in enumerate(turns):
+        if _MARKS.search(turn["content"]):
+            raise ValueError(f"turn {i}: content holds U+FDD0 or U+FDD1, the noncharacters that mark "
+                             f"{{% generation %}} blocks while rendering a Jinja template")
+    compiled = _compile_jinja(t.jinja)
+    import jinja2  # installed: _compile_jinja has imported it
+
+    try:
+        raw = compiled.render(messages=turns, tools=None, documents=None,
+                              add_generation_prompt=add_generation_prompt, **variables)
+    except jinja2.TemplateError as e:
+        raise ValueError(f"the Jinja chat template of {t.name!r} failed: {e}") from None
+    text, marked = _remove_generation_marks(raw)
+    has_blocks = _has_generation_blocks(t.jinja)
+    eot = (t.end_of_turn,) if t.end_of_turn else (variables.get("eos_token") or "", *END_OF_TURN_TOKENS)
+    spans, ends, pos = [], [], 0
+    for i, turn in enumerate(turns):
+        assistant = turn["role"] == "assistant"
+        start = _find_content(text, turn["content"], pos, eot)
+        if start < 0 and assistant and not has_blocks:
+            raise ValueError(f"turn {i}: the Jinja chat template of {t.name!r} does not render this assistant "
+                             f"content verbatim, so its loss span is unknown; use a named template "
+                             f"({', '.join(n for n in sorted(_REGISTRY) if n != 'auto')}) or put "
+                             f"{{% generation %}}…{{% endgeneration %}} around the assistant content in the template")
+        if start >= 0:
+            pos = start + len(turn["content"])
+            pos += len(next((e for e in eot if e and text.startswith(e, pos)), ""))
+            if assistant:
+                spans.append((start, pos))
+        ends.append(pos)
+    return Rendering(text, tuple(marked if has_blocks else spans), tuple(ends))
+
+
+def _find_content(text: str, content: str, pos: int, eot: tuple[str, ...]) -> int:
+    """Where `content` is in `text` from `pos` on, -1 if not there; an empty one is before the next end of turn."""
+    if content:
+        return text.find(content, pos)
+    return min((at for at in (text.find(e, pos) for e in eot if e) if at >= 0), default=-1)
+
+
+def _remove_generation_marks(raw: str) -> tuple[str, list[tuple[int, int]]]:
+    """The text without the marks of `{% generation %}` blocks, and the blocks' spans in it."""
+    spans, start = [], None
+    for k, mark in enumerate(_MARKS.finditer(raw)):
+        at = mark.start() - k  # k marks before this one are removed
+        if (mark.group() == _OPEN) != (start is None):
+            raise ValueError("{% generation %} blocks in a chat template must not be nested")
+        if start is None:
+            start = at
+        else:
+            spans.append((start, at))
+            start = None
+    return _MARKS.sub("", raw), spans
+
+
+@lru_cache(maxsize=16)
+def _has_generation_blocks(source: str) -> bool:
+    return _GENERATION_TAG.search(source) is not None
+
+
+@lru_cache(maxsize=16)
+def _compile_jinja(source: str):
+    try:
+        import jinja2
+        from jinja2.ext import Extension
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError:
+        raise ImportError("Jinja chat templates need jinja2 (pip install 'jinja2>=3.1.6')") from None
+
+    class Generation(Extension):
+        """`{% generation %}…{% endgeneration %}`: the block's output, between the two marks."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            line = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_mark"), [], [], body).set_lineno(line)
+
+        def _mark(self, caller) -> str:
+            return _OPEN + caller() + _CLOSE
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[Generation, "jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"chat template is not valid Jinja: line {e.lineno}: {e.message}") from None
