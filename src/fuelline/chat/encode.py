@@ -1,18 +1,20 @@
 """Conversations to token ids and an assistant-only loss mask, from one rendering each.
 
 Each conversation is rendered once (`templates.render` records the character spans to train
-on while it renders), a batch's texts are encoded together by `encode_batch` with
-`add_special_tokens=False` (the ids `apply_chat_template(tokenize=True)` gives), and a token is
-supervised iff its character offsets overlap a supervised span: one `searchsorted` of the
-token starts in the span ends per conversation, no loop over tokens. This is transformers'
-rule for `return_assistant_tokens_mask` too, so the two masks agree token for token.
+on while it renders), a batch's texts are encoded together with `add_special_tokens=False` (the
+ids `apply_chat_template(tokenize=True)` gives) by `FastEncoder`: tiktoken's BPE core on all
+cores when it reproduces the tokenizer's ids (checked on the first batch), else `tokenizers`
+itself. A token is supervised iff its character offsets overlap a supervised span: one
+`searchsorted` of the token starts in the span ends per conversation, no loop over tokens.
+This is transformers' rule for `return_assistant_tokens_mask` too, so the two masks agree
+token for token.
 
-The offsets `tokenizers` reports are positions in the Python string (code points), for
-byte-level BPE as well: a token holding part of a multi-byte character carries the whole
-character's span (the two tokens of each U+200D in 👨‍👩‍👧 both say (k, k+1)), an added
-special token its own characters. A CJK character or an emoji split over two tokens is thus
-seen whole by both, and a token that straddles a span's edge (a header's "\\n" merged with a
-content that starts with "\\n") is supervised, as in transformers.
+The offsets are positions in the Python string (code points), whichever engine encodes: a
+token holding part of a multi-byte character carries the whole character's span (the two
+tokens of each U+200D in 👨‍👩‍👧 both say (k, k+1)), an added special token its own characters.
+A CJK character or an emoji split over two tokens is thus seen whole, and a token that
+straddles a span's edge (a header's "\n" merged with a content that starts with "\n") is
+supervised, as in transformers.
 
 `max_length`: with overflow="truncate" a conversation is cut before a turn that follows an
 assistant turn, keeping the longest prefix of whole exchanges (with the system turn that
@@ -22,17 +24,14 @@ more while they do not fit (Qwen3's empty think block moves to the new last turn
 more). The ids are therefore exactly the encoding of the shortened conversation. If the first
 exchange does not fit, the conversation is dropped as too long, as it is with overflow="drop".
 
-Cost, 3,000 GSM8K exchanges (~190 tokens each, Qwen vocabulary) on 2 cores shared with other
-jobs: rendering 12 ms, `encode_batch` 0.73 s, all of it 0.8-0.95 s, where a loop of
-transformers' `apply_chat_template(..., return_assistant_tokens_mask=True)` takes 1.2-1.5 s.
-The BPE is ~85% of the time, and it is the part `encode_batch` spreads over cores; fetching
-the offsets from `tokenizers` (built as Python tuples, ~0.16 µs a token with the conversion)
-is most of the rest.
+Cost (benchmarks/bench_chat.py has the measured table): 3,000 GSM8K exchanges (~190 tokens
+each, Qwen vocabulary) on 2 cores take ~0.2 s, tiktoken's encoding more than half of it, where
+a loop of transformers' `apply_chat_template(..., return_assistant_tokens_mask=True)` takes
+~1.1 s for the same ids and masks.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 from dataclasses import dataclass, field, replace
@@ -44,6 +43,7 @@ import tokenizers
 
 from fuelline.chat.templates import ChatTemplate, conversation_turns, get_template, render
 from fuelline.pipeline.stage import Drop
+from fuelline.tokenizer.fast import FastEncoder
 
 TOO_LONG, TOO_FEW_LOSS_TOKENS = "too_long", "too_few_loss_tokens"
 DROP_REASONS = (TOO_LONG, TOO_FEW_LOSS_TOKENS)
@@ -96,10 +96,22 @@ def _whole(tokenizer: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
     return tokenizer
 
 
+_loaded: dict[tuple, ChatTokenizer] = {}
+
+
 def _from_path(path: Path) -> ChatTokenizer:
+    """The tokenizer of a directory or tokenizer.json, loaded once while the file stays the same."""
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
         raise FileNotFoundError(f"{path}: no tokenizer.json there")
+    stat = file.stat()
+    key = (os.fspath(file.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _loaded:
+        _loaded[key] = _read_tokenizer_dir(file)
+    return _loaded[key]
+
+
+def _read_tokenizer_dir(file: Path) -> ChatTokenizer:
     config = _read_json(file.parent / "tokenizer_config.json")
     special_map = _read_json(file.parent / "special_tokens_map.json")
     jinja_file = file.parent / "chat_template.jinja"
@@ -153,6 +165,17 @@ def resolve_template(template: str | ChatTemplate, tokenizer: ChatTokenizer) -> 
     return template
 
 
+_encoders: dict[int, tuple[tokenizers.Tokenizer, FastEncoder]] = {}
+
+
+def fast_encoder(tokenizer: tokenizers.Tokenizer) -> FastEncoder:
+    """The tokenizer's `FastEncoder`, built (and checked against the tokenizer) once per tokenizer object."""
+    cached = _encoders.get(id(tokenizer))
+    if cached is None or cached[0] is not tokenizer:  # the reference held keeps ids from being reused
+        cached = _encoders[id(tokenizer)] = (tokenizer, FastEncoder(tokenizer))
+    return cached[1]
+
+
 def supervised_tokens(offsets: np.ndarray, spans: np.ndarray) -> np.ndarray:
     """True for each token (row of `offsets`: start, end) that overlaps a span (start, end) of `spans`.
 
@@ -203,11 +226,9 @@ class _Encoder:
     def __call__(self, items: list[tuple[int, list[dict]]]):
         """(rendering, ids, offsets) for each (conversation index, turns)."""
         renderings = [self._render(k, turns) for k, turns in items]
-        encodings = self.tokenizer.tokenizer.encode_batch([r.text for r in renderings], add_special_tokens=False)
-        for rendering, encoding in zip(renderings, encodings):
-            ids = np.array(encoding.ids, dtype=np.int32)
-            flat = itertools.chain.from_iterable(encoding.offsets)  # 2x faster than np.array on the tuples
-            yield rendering, ids, np.fromiter(flat, dtype=np.int64, count=2 * len(ids)).reshape(-1, 2)
+        encoded = fast_encoder(self.tokenizer.tokenizer).encode([r.text for r in renderings], offsets=True)
+        for rendering, (ids, offsets) in zip(renderings, encoded):
+            yield rendering, ids, offsets
 
     def turns(self, k: int, conversation: Any) -> list[dict]:
         try:

