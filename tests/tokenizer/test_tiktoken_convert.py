@@ -49,13 +49,6 @@ def qwen_ranks():
 
 
 @pytest.fixture(scope="module")
-def qwen_dir(qwen_ranks, tmp_path_factory):
-    out = tmp_path_factory.mktemp("qwen")
-    assert convert_tiktoken(qwen_ranks, out) == out / "tokenizer.json"
-    return out
-
-
-@pytest.fixture(scope="module")
 def qwen_pair(qwen_ranks, qwen_dir):
     reference = tiktoken.Encoding(
         name="qwen-reference",

@@ -26,6 +26,8 @@ from fuelline.records import chat, eval_prompts, fallback_id, unit_interval
 
 SCHEMA_COUNTER, CATEGORY_COUNTER = "schema.", "category."
 OUTCOMES = ("in", "train", "eval", "dropped")
+# Not pack's "split": with the same seed, pack's val split of the train records would be empty.
+SPLIT_SALT = "chat-eval"
 CATEGORY_FROM_FILE = "@file"  # category_key value: the input file's name, up to its first dot
 
 
@@ -97,7 +99,7 @@ class ChatPrepareStage(Stage):
             turns = turns[1:]
             ctx.count("system_turn_removed")
         rid = record_id(record, location)
-        if unit_interval(cfg.seed, "split", rid) < cfg.test_size:
+        if unit_interval(cfg.seed, SPLIT_SALT, rid) < cfg.test_size:
             return "eval", eval_prompts(rid, turns)
         return "train", chat(rid, turns, {"category": category} if category is not None else None)
 

@@ -19,6 +19,7 @@ import functools
 import os
 import shutil
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -47,8 +48,18 @@ class PackConfig:
     val_fraction: float = 0.05
     seed: int = 42
     dtype: str = "auto"
+    chat_template: str = "chatml"  # template "chat": the chat template, and the limits below
+    max_length: int = 0  # 0: no limit
+    min_loss_tokens: int = 1
     shard_size: int = 50_000
     batch_size: int = 4096
+
+    def template_options(self, tokenizer_dir: str | os.PathLike) -> dict:
+        options = {"metadata_dropout": self.metadata_dropout, "seed": self.seed}
+        if self.template == "chat":
+            options.update(chat_template=self.chat_template, max_length=self.max_length,
+                           min_loss_tokens=self.min_loss_tokens, tokenizer_dir=os.fspath(tokenizer_dir))
+        return options
 
     def __post_init__(self):
         if self.template not in TEMPLATES:
@@ -58,6 +69,8 @@ class PackConfig:
                 raise ValueError(f"{name} must be in [0, 1), not {getattr(self, name)}")
         if self.dtype not in ("auto", *DTYPES):
             raise ValueError(f"dtype must be auto, uint16 or uint32, not {self.dtype!r}")
+        if self.max_length < 0 or self.min_loss_tokens < 0:
+            raise ValueError("max_length and min_loss_tokens must not be negative")
 
 
 _tokenizers: dict[str, object] = {}
@@ -81,19 +94,22 @@ def encode_shard(shard: InputShard, *, tokenizer_path: str, config: PackConfig, 
     if marker_path.exists():
         return orjson.loads(marker_path.read_bytes())
     tokenizer = _load_tokenizer(tokenizer_path, threads)
-    template = TEMPLATES[config.template](tokenizer, metadata_dropout=config.metadata_dropout, seed=config.seed)
+    template = TEMPLATES[config.template](tokenizer, **config.template_options(Path(tokenizer_path).parent))
     parts, records, doc_ids = [], [], []
 
     def flush() -> None:
         if records:
-            parts.append(template.render(records))
+            rendered = template.render(records)
+            parts.append(rendered)
+            kept = rendered.kept if rendered.kept is not None else [True] * len(records)
+            doc_ids.extend(r["id"] for r, keep in zip(records, kept) if keep)
             records.clear()
 
     for line, record in iter_file_records(shard.source, start=shard.start, stop=shard.stop):
-        if not isinstance(record.get("text"), str) or not isinstance(record.get("id"), str):
-            raise RecordError(shard.source, line, 'expected a document record with string "id" and "text"')
+        problem = template.record_problem(record)
+        if problem:
+            raise RecordError(shard.source, line, problem)
         records.append(record)
-        doc_ids.append(record["id"])
         if len(records) == config.batch_size:
             flush()
     flush()
@@ -108,8 +124,9 @@ def encode_shard(shard: InputShard, *, tokenizer_path: str, config: PackConfig, 
     for name, array in arrays.items():
         with atomic_write(workdir / f"{shard.part_name}.{name}.npy") as f:
             np.save(f, array)
-    marker = {"documents": len(arrays["lengths"]), "tokens": int(len(ids)),
-              "max_id": int(ids.max()) if len(ids) else -1}
+    dropped = sum((p.drops for p in parts), Counter())
+    marker = {"documents": len(arrays["lengths"]), "tokens": int(len(ids)), "max_id": int(ids.max()) if len(ids) else -1,
+              "dropped": dict(sorted(dropped.items())), "truncated": sum(p.truncated for p in parts)}
     write_bytes_atomic(marker_path, orjson.dumps(marker))
     return marker
 
@@ -194,7 +211,8 @@ def pack(inputs, tokenizer_dir: str | os.PathLike, output: str | os.PathLike, co
     tokenizer = Tokenizer.from_file(str(tokenizer_path))
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     dtype = resolve_dtype(config, vocab_size, os.fspath(output))  # before anything is written
-    TEMPLATES[config.template](tokenizer)  # refuses a tokenizer without the template's special tokens
+    TEMPLATES[config.template](tokenizer, **config.template_options(tokenizer_dir))  # refuses a tokenizer
+    # without the template's special tokens, before anything is written
     files = expand_inputs(inputs)
     identity = _identity(files, tokenizer_dir, config)
     workdir = output / "_work"
@@ -232,8 +250,11 @@ def pack(inputs, tokenizer_dir: str | os.PathLike, output: str | os.PathLike, co
     splits = {split: merge_split(split, shards, workdir, output, config.template != "plain", writer_args)
               for split in SPLITS}
     documents = sum(m["documents"] for m in markers)
+    dropped = sum((Counter(m["dropped"]) for m in markers), Counter())
     stats = {
-        "stage": "pack", "identity": identity, "records_in": documents, "records_out": documents, "dropped": {},
+        "stage": "pack", "identity": identity, "records_in": documents + sum(dropped.values()),
+        "records_out": documents, "dropped": dict(sorted(dropped.items())),
+        "counters": {"truncated": sum(m["truncated"] for m in markers)} if config.template == "chat" else {},
         "splits": splits, "dtype": dtype, "vocab_size": vocab_size,
         "seconds": {"tokenize": round(encoded - started, 2), "merge": round(time.perf_counter() - encoded, 2)},
         "wall_seconds": round(time.perf_counter() - started, 3),

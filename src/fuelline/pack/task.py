@@ -13,7 +13,11 @@ from fuelline.pipeline.task import Task, resolve_step
 @dataclass
 class PackStepConfig(StageConfig):
     tokenizer: str = field(default="@tokenizer", metadata={"help": "tokenizer directory, or @STEP for a step's output"})
-    template: str = field(default="poetry", metadata={"help": "document template", "choices": ["poetry", "plain"]})
+    template: str = field(default="poetry", metadata={
+        "help": "document template, or chat for chat records", "choices": ["poetry", "plain", "chat"]})
+    chat_template: str = field(default="chatml", metadata={"help": "template chat: the chat template"})
+    max_length: int = field(default=0, metadata={"help": "template chat: cut longer conversations (0: no limit)"})
+    min_loss_tokens: int = field(default=1, metadata={"help": "template chat: fewest supervised tokens kept"})
     metadata_dropout: float = field(default=0.25, metadata={"help": "share of documents packed without metadata"})
     val_fraction: float = field(default=0.05, metadata={"help": "share of documents in val/"})
     seed: int = field(default=42, metadata={"help": "decides split and dropout per document"})
@@ -29,6 +33,8 @@ class PackTask(Task):
     def run(self, inputs, output: Path, *, workers, steps, restart, progress) -> dict:
         cfg = self.config
         config = PackConfig(template=cfg.template, metadata_dropout=cfg.metadata_dropout,
-                            val_fraction=cfg.val_fraction, seed=cfg.seed, dtype=cfg.dtype)
+                            val_fraction=cfg.val_fraction, seed=cfg.seed, dtype=cfg.dtype,
+                            chat_template=cfg.chat_template, max_length=cfg.max_length,
+                            min_loss_tokens=cfg.min_loss_tokens)
         return pack(inputs, resolve_step(cfg.tokenizer, steps), output, config, workers=workers,
                     threads=cfg.threads or None, restart=restart, progress=progress)

@@ -10,11 +10,17 @@ string.)
   With metadata dropout a document is `<s><|content|>POEM</s>`, so the model also learns to
   write without being told title, author and dynasty.
 - plain: `<s>TEXT</s>`, every token trained on.
+- chat: a chat record `{"id", "conversations"}` rendered by a chat template
+  (`fuelline.chat.templates`); the mask is `encode_chats`' assistant-only mask (assistant
+  contents and their end-of-turn token). Conversations over `max_length` are cut at a turn
+  boundary, and those left with fewer than `min_loss_tokens` supervised tokens are dropped,
+  each counted under its reason.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -26,18 +32,25 @@ DYNASTY_NAMES = {"tang": "唐", "song": "宋", "yuan": "元", "wudai": "五代",
 
 @dataclass
 class Rendered:
-    """A batch of documents back to back: ids, per-document lengths, loss mask, dropout flags."""
+    """A batch of documents back to back: ids, per-document lengths, loss mask, dropout flags.
+
+    `kept` flags the input records that became documents (None: all of them); `drops` counts
+    the others by reason; `truncated` counts documents cut to fit.
+    """
 
     ids: np.ndarray
     lengths: np.ndarray
     mask: np.ndarray
     dropped_metadata: np.ndarray
+    kept: np.ndarray | None = None
+    drops: Counter = field(default_factory=Counter)
+    truncated: int = 0
 
 
 class Template:
     name = ""
 
-    def __init__(self, tokenizer, *, metadata_dropout: float = 0.0, seed: int = 42):
+    def __init__(self, tokenizer, *, metadata_dropout: float = 0.0, seed: int = 42, **_chat_options):
         self.tokenizer, self.metadata_dropout, self.seed = tokenizer, metadata_dropout, seed
         self.special = {t: tokenizer.token_to_id(t) for t in ("<s>", "</s>", "<|title|>", "<|author|>",
                                                                "<|dynasty|>", "<|content|>")}
@@ -46,6 +59,12 @@ class Template:
             raise ValueError(f"the tokenizer has no single-id token for {', '.join(missing)}")
 
     needs: tuple[str, ...] = ("<s>", "</s>")
+
+    def record_problem(self, record: dict) -> str | None:
+        """What makes `record` unfit for this template, or None."""
+        if not isinstance(record.get("text"), str) or not isinstance(record.get("id"), str):
+            return 'expected a document record with string "id" and "text"'
+        return None
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
@@ -107,4 +126,47 @@ class PoetryTemplate(Template):
         return _assemble(documents, dropped)
 
 
-TEMPLATES = {"poetry": PoetryTemplate, "plain": PlainTemplate}
+
+
+class ChatPackTemplate(Template):
+    """Chat records through a chat template, for supervised fine-tuning (`pack --template chat`)."""
+
+    name = "chat"
+    needs = ()
+
+    def __init__(self, tokenizer, *, chat_template: str = "chatml", max_length: int = 0, min_loss_tokens: int = 1,
+                 tokenizer_dir: str | None = None, **options):
+        super().__init__(tokenizer, **options)
+        from fuelline.chat.encode import load_tokenizer, resolve_template
+
+        self.chat_tokenizer = load_tokenizer(tokenizer_dir if tokenizer_dir else tokenizer)
+        self.chat_template = resolve_template(chat_template, self.chat_tokenizer)
+        end = self.chat_template.end_of_turn
+        if end and tokenizer.token_to_id(end) is None:
+            raise ValueError(f"the tokenizer has no single-id token for {end!r}, the end of turn of chat template "
+                             f"{self.chat_template.name!r}; use the target model's tokenizer, or one trained by "
+                             f"`fuelline tokenizer train` (it reserves ChatML's markers)")
+        self.max_length, self.min_loss_tokens = max_length or None, min_loss_tokens
+
+    def record_problem(self, record: dict) -> str | None:
+        if not isinstance(record.get("conversations"), list) or not isinstance(record.get("id"), str):
+            return 'expected a chat record with string "id" and a "conversations" list (see `fuelline chat prepare`)'
+        return None
+
+    def render(self, records: list[dict]) -> Rendered:
+        from fuelline.chat.encode import encode_chats
+        from fuelline.pipeline.stage import Drop
+
+        results = encode_chats([r["conversations"] for r in records], self.chat_tokenizer, self.chat_template,
+                               self.max_length, min_loss_tokens=self.min_loss_tokens)
+        kept = np.array([not isinstance(r, Drop) for r in results], dtype=bool)
+        encoded = [r for r in results if not isinstance(r, Drop)]
+        drops = Counter(r.reason for r in results if isinstance(r, Drop))
+        return Rendered(
+            np.concatenate([r.input_ids for r in encoded]).astype(np.int64) if encoded else np.zeros(0, np.int64),
+            np.array([len(r.input_ids) for r in encoded], dtype=np.int64),
+            np.concatenate([r.loss_mask for r in encoded]).astype(bool) if encoded else np.zeros(0, bool),
+            np.zeros(len(encoded), dtype=bool), kept, drops, sum(r.truncated for r in encoded))
+
+
+TEMPLATES = {"poetry": PoetryTemplate, "plain": PlainTemplate, "chat": ChatPackTemplate}

@@ -80,11 +80,12 @@ class FastEncoder:
     """Encodes texts (ids, and character offsets on request) with tiktoken or, failing that, `tokenizers`.
 
     Added tokens are recognized in the text, as `encode(..., add_special_tokens=False)` does.
+    Threads: `threads`, else RAYON_NUM_THREADS (what `tokenizers` obeys), else every core.
     """
 
     def __init__(self, tokenizer, threads: int | None = None):
         self.tokenizer = tokenizer
-        self.threads = threads or len(os.sched_getaffinity(0))
+        self.threads = threads or int(os.environ.get("RAYON_NUM_THREADS") or 0) or len(os.sched_getaffinity(0))
         self._tiktoken = None
         self._checked = False
         converted = tiktoken_ranks(tokenizer)

@@ -1,0 +1,113 @@
+"""SFT packing: chat records into the token dataset format, with exactly encode_chat's ids and mask."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from fuelline.chat.encode import encode_chats
+from fuelline.chat.prepare import ChatPrepareStage
+from fuelline.formats.tokens import TokenFiles, verify_token_dataset
+from fuelline.io import read_records
+from fuelline.loader.dataset import IGNORE_INDEX, TokenDataset
+from fuelline.pack.packer import PackConfig, pack
+from fuelline.pipeline.executor import RunOptions, run_stage
+from fuelline.records import unit_interval
+
+from ..conftest import shared_file
+
+
+@pytest.fixture(scope="module")
+def chats(tmp_path_factory):
+    """The ShareGPT and GSM8K files through chat-prepare (train split)."""
+    out = tmp_path_factory.mktemp("chats") / "prepared"
+    run_stage(ChatPrepareStage(), [shared_file("chat/sharegpt_zh_1K.jsonl.zst"),
+                                   shared_file("chat/gsm8k-train.jsonl.zst")], out,
+              RunOptions(workers=2, shard_size=3_000, progress=False))
+    return out
+
+
+def documents(split_dir):
+    files = TokenFiles(split_dir)
+    return [files.document(k) for k in range(files.num_documents)]
+
+
+def test_packed_chats_are_encode_chat_exactly(chats, qwen_dir, tmp_path):
+    out = tmp_path / "sft"
+    stats = pack([chats], qwen_dir, out, PackConfig(template="chat", chat_template="qwen3", shard_size=2_000),
+                 workers=2, progress=False)
+    for split in ("train", "val"):
+        verify_token_dataset(out / split)
+    records = {r["id"]: r for r in read_records(chats)}
+    assert stats["records_in"] == len(records) == stats["records_out"] and stats["dropped"] == {}
+    val_fraction = stats["splits"]["val"]["documents"] / len(records)
+    assert 0.03 < val_fraction < 0.07
+    expected = encode_chats(list(records.values()), qwen_dir, "qwen3")
+    is_val = [unit_interval(42, "split", rid) < 0.05 for rid in records]
+    for split, wanted in (("train", False), ("val", True)):
+        packed = documents(out / split)
+        reference = [e for e, v in zip(expected, is_val) if v == wanted]  # input order is kept
+        assert len(packed) == len(reference) == stats["splits"][split]["documents"]
+        for (ids, mask), encoded in zip(packed, reference):
+            assert np.array_equal(ids, encoded.input_ids) and np.array_equal(mask, encoded.loss_mask)
+        assert sum(int(m.sum()) for _, m in packed) == stats["splits"][split]["supervised_tokens"]
+
+
+def test_document_aware_batches_supervise_only_assistant_tokens(chats, qwen_dir, tmp_path):
+    out = tmp_path / "sft"
+    pack([chats], qwen_dir, out, PackConfig(template="chat"), workers=1, progress=False)
+    dataset = TokenDataset(out / "train", seq_len=512, document_aware=True)
+    batch = dataset.__getitems__(list(range(8)))
+    labels, ids = batch["labels"], batch["input_ids"]
+    supervised = labels != IGNORE_INDEX
+    assert torch.equal(labels[supervised], ids[supervised])  # aligned, never shifted
+    im_start, im_end = 151644, 151645  # Qwen's <|im_start|> and <|im_end|>
+    assert not supervised[ids == im_start].any()
+    assert supervised[ids == im_end].float().mean() == pytest.approx(0.5, abs=0.1)  # ends of assistant turns only
+    assert (batch["position_ids"] == 0).sum() > 8  # documents restart positions inside windows
+
+
+def test_long_conversations_are_truncated_or_dropped_and_counted(chats, qwen_dir, tmp_path):
+    stats = pack([chats], qwen_dir, tmp_path / "short", PackConfig(template="chat", max_length=256),
+                 workers=1, progress=False)
+    assert stats["dropped"]["too_long"] > 0 and stats["counters"]["truncated"] > 0
+    assert stats["records_in"] == stats["records_out"] + sum(stats["dropped"].values())
+    files = TokenFiles(tmp_path / "short" / "train")
+    lengths = np.diff(files.offsets.astype(np.int64))
+    assert lengths.max() <= 256
+
+
+def test_from_poetry_records_pack_with_a_trained_tokenizer(poems, tokenizer_dir, tmp_path):
+    from fuelline.chat.from_poetry import ChatFromPoetryStage
+
+    run_stage(ChatFromPoetryStage(), [poems[0]], tmp_path / "sft-records", RunOptions(workers=1, progress=False))
+    stats = pack([tmp_path / "sft-records"], tokenizer_dir, tmp_path / "sft", PackConfig(template="chat"),
+                 workers=1, progress=False)
+    assert stats["records_out"] == 2 * len(poems[1]) and stats["splits"]["train"]["supervised_share"] > 0.3
+    ids, mask = TokenFiles(tmp_path / "sft" / "train").document(0)
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    answer = tokenizer.decode(ids[mask].tolist(), skip_special_tokens=False)
+    assert answer.endswith("<|im_end|>") and "<|im_start|>" not in answer
+
+
+def test_chat_template_needs_its_end_of_turn_token(poems, tmp_path):
+    from tokenizers import Tokenizer, models
+
+    plain = Tokenizer(models.BPE(vocab={"a": 0}, merges=[]))
+    (tmp_path / "tok").mkdir()
+    plain.save(str(tmp_path / "tok" / "tokenizer.json"))
+    with pytest.raises(ValueError, match="no single-id token for '<\\|im_end\\|>'"):
+        pack([poems[0]], tmp_path / "tok", tmp_path / "out", PackConfig(template="chat"), workers=1, progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_document_records_are_refused_by_the_chat_template_with_file_and_line(poems, qwen_dir, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "fuelline.cli", "pack", "-i", str(poems[0]), "--tokenizer",
+                             str(qwen_dir), "-o", str(tmp_path / "out"), "--template", "chat", "-q", "-w", "1"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and f"{poems[0]}:1: expected a chat record" in result.stderr
+    assert "Traceback" not in result.stderr
