@@ -2,11 +2,9 @@
 
 The references are hand-written expectations (the exact supervised text of each assistant turn)
 and transformers' `apply_chat_template`, given Jinja templates written here from each format's
-rules. The comparison with transformers runs on real chat data from ../shared/data/chat, in one
-batch each way: every ShareGPT conversation (999 with a complete exchange), every third Alpaca
-and GSM8K record (1,512 and 2,491, of 4,535 and 7,473), plus a few edge cases. All 13,007
-conversations (2.8 M tokens) give 0 differences as well (SAMPLE_EVERY = 1), but take ~45 s
-on 2 cores instead of ~15 s.
+rules. The comparison with transformers runs on every conversation of ../shared/data/chat with
+a complete exchange (13,007: 999 ShareGPT, 4,535 Alpaca, 7,473 GSM8K; 2.8 M tokens), in one
+batch each way, plus a few edge cases.
 """
 
 import json
@@ -56,7 +54,6 @@ EDGES = [
     [{"role": "user", "content": " spaced "}, {"role": "assistant", "content": "  trailing  \n\n"}],
     [SYSTEM, *POEM],
 ]
-SAMPLE_EVERY = 3  # of the Alpaca and GSM8K records
 # llama3 and gemma4 control tokens, single ids in a copy of Qwen's tokenizer
 EXTRA_SPECIAL = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
                  "<bos>", "<|turn>", "<turn|>", "<|channel>", "<channel|>"]
@@ -115,8 +112,8 @@ def real_chats():
     chats = [c for r in read_records(shared_file("chat/sharegpt_zh_1K.jsonl.zst")) if (c := sharegpt(r))]
     codegen = list(read_records(shared_file("chat/codegen-instruct.json.zst")))
     gsm8k = list(read_records(shared_file("chat/gsm8k-train.jsonl.zst")))
-    chats += [alpaca(r) for r in codegen[::SAMPLE_EVERY]] + [qa(r) for r in gsm8k[::SAMPLE_EVERY]]
-    assert len(chats) == 999 + len(codegen[::SAMPLE_EVERY]) + len(gsm8k[::SAMPLE_EVERY]) >= 3_000
+    chats += [alpaca(r) for r in codegen] + [qa(r) for r in gsm8k]
+    assert len(chats) == 999 + 4_535 + 7_473
     return chats + EDGES
 
 

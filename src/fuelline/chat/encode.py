@@ -224,11 +224,19 @@ class _Encoder:
         self.tokenizer, self.template, self.number = tokenizer, template, number
 
     def __call__(self, items: list[tuple[int, list[dict]]]):
-        """(rendering, ids, offsets) for each (conversation index, turns)."""
+        """(rendering, ids, mask, offsets) for each (conversation index, turns).
+
+        The whole batch is encoded and masked at once: the supervised spans are moved to where
+        their text starts in the joined texts, so one `supervised_tokens` call covers them all.
+        """
         renderings = [self._render(k, turns) for k, turns in items]
-        encoded = fast_encoder(self.tokenizer.tokenizer).encode([r.text for r in renderings], offsets=True)
-        for rendering, (ids, offsets) in zip(renderings, encoded):
-            yield rendering, ids, offsets
+        batch = fast_encoder(self.tokenizer.tokenizer).encode_batch([r.text for r in renderings], offsets=True)
+        spans = [np.array(r.spans, dtype=np.int64).reshape(-1, 2) + start
+                 for r, start in zip(renderings, batch.text_starts)]
+        mask = supervised_tokens(batch.offsets, np.concatenate(spans) if spans else np.zeros((0, 2), np.int64))
+        ends = np.cumsum(batch.counts)
+        for rendering, start, end, text_start in zip(renderings, ends - batch.counts, ends, batch.text_starts):
+            yield rendering, batch.ids[start:end], mask[start:end], batch.offsets[start:end] - text_start
 
     def turns(self, k: int, conversation: Any) -> list[dict]:
         try:
@@ -249,9 +257,9 @@ def _encode(conversations, tokenizer, template, limits: _Limits, number: bool) -
     turn_lists = [encoder.turns(k, c) for k, c in enumerate(conversations)]
     results: list[EncodedChat | Drop | None] = []
     cuts: dict[int, list[int]] = {}
-    for k, (rendering, ids, offsets) in enumerate(encoder(list(enumerate(turn_lists)))):
+    for k, (rendering, ids, mask, offsets) in enumerate(encoder(list(enumerate(turn_lists)))):
         if limits.max_length is None or len(ids) <= limits.max_length:
-            results.append(_keep(ids, offsets, rendering, False, limits))
+            results.append(_keep(ids, mask, False, limits))
         elif limits.overflow == "drop":
             results.append(Drop(TOO_LONG, f"{len(ids):,} tokens, max_length {limits.max_length:,}"))
         else:
@@ -264,8 +272,7 @@ def _encode(conversations, tokenizer, template, limits: _Limits, number: bool) -
     return results
 
 
-def _keep(ids, offsets, rendering, truncated: bool, limits: _Limits) -> EncodedChat | Drop:
-    mask = supervised_tokens(offsets, np.array(rendering.spans, dtype=np.int64).reshape(-1, 2))
+def _keep(ids: np.ndarray, mask: np.ndarray, truncated: bool, limits: _Limits) -> EncodedChat | Drop:
     supervised = int(np.count_nonzero(mask))
     if supervised < limits.min_loss_tokens:
         return Drop(TOO_FEW_LOSS_TOKENS, f"{supervised} of {len(ids)} tokens supervised, "
@@ -287,9 +294,9 @@ def _truncate(encoder: _Encoder, turn_lists, cuts: dict[int, list[int]], results
     """Fill in `results` for the conversations in `cuts`: each encoded at its longest cut that fits."""
     while cuts:
         todo = list(cuts)
-        for k, (rendering, ids, offsets) in zip(todo, encoder([(k, turn_lists[k][:cuts[k][0]]) for k in todo])):
+        for k, (_, ids, mask, _) in zip(todo, encoder([(k, turn_lists[k][:cuts[k][0]]) for k in todo])):
             if len(ids) <= limits.max_length:
-                results[k] = _keep(ids, offsets, rendering, True, limits)
+                results[k] = _keep(ids, mask, True, limits)
                 del cuts[k]
             else:
                 cuts[k].pop(0)

@@ -20,9 +20,11 @@ kind of offsets whichever engine ran.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -76,6 +78,29 @@ def _byte_level_pattern(pre: dict | None) -> str | None:
     return split["pattern"]["Regex"]
 
 
+@dataclass(frozen=True)
+class EncodedBatch:
+    """Texts encoded back to back: `ids` (int32), tokens per text (`counts`), where each text starts
+    in the texts joined end to end (`text_starts`, characters) and, when asked for, each token's
+    character (start, end) in that joined text (`offsets`, int64 [n, 2])."""
+
+    ids: np.ndarray
+    counts: np.ndarray
+    text_starts: np.ndarray
+    offsets: np.ndarray | None = None
+
+    def split(self) -> list:
+        """Per text: ids, or (ids, offsets relative to the text's start)."""
+        if not len(self.counts):
+            return []
+        bounds = np.cumsum(self.counts)[:-1]
+        ids = np.split(self.ids, bounds)
+        if self.offsets is None:
+            return ids
+        offsets = np.split(self.offsets - np.repeat(self.text_starts, self.counts)[:, None], bounds)
+        return list(zip(ids, offsets))
+
+
 class FastEncoder:
     """Encodes texts (ids, and character offsets on request) with tiktoken or, failing that, `tokenizers`.
 
@@ -111,38 +136,46 @@ class FastEncoder:
 
     def encode(self, texts: Sequence[str], offsets: bool = False) -> list:
         """Per text: ids (int32), or (ids, offsets: int64 [n, 2] character start and end) with `offsets`."""
+        return self.encode_batch(texts, offsets).split()
+
+    def encode_batch(self, texts: Sequence[str], offsets: bool = False) -> EncodedBatch:
+        """The texts' tokens back to back: one array each, so callers work per batch, not per text."""
         if self._tiktoken is not None and not self._checked:
             self._check(texts[:CHECK_TEXTS])
+        lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+        text_starts = np.cumsum(lengths) - lengths
         if self._tiktoken is None:
-            return self._encode_tokenizers(texts, offsets)
+            return self._encode_tokenizers(texts, offsets, text_starts)
         step = max(1, -(-len(texts) // self.threads))
         chunks = [texts[i:i + step] for i in range(0, len(texts), step)]
         with ThreadPoolExecutor(self.threads) as pool:  # tiktoken releases the GIL while it encodes
-            parts = list(pool.map(self._encode_tiktoken, chunks))
-        ids = [a for part in parts for a in part]
-        return [(a, self._offsets(text, a)) for text, a in zip(texts, ids)] if offsets else ids
+            lists = [ids for part in pool.map(self._encode_tiktoken, chunks) for ids in part]
+        counts = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+        ids = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.int32, count=int(counts.sum()))
+        return EncodedBatch(ids, counts, text_starts, self._offsets("".join(texts), ids) if offsets else None)
 
-    def _encode_tiktoken(self, texts: Sequence[str]) -> list[np.ndarray]:
+    def _encode_tiktoken(self, texts: Sequence[str]) -> list[list[int]]:
         encode, allowed = self._tiktoken.encode, self._allowed
-        return [np.array(encode(text, allowed_special=allowed), dtype=np.int32) for text in texts]
+        return [encode(text, allowed_special=allowed) for text in texts]
 
-    def _encode_tokenizers(self, texts: Sequence[str], offsets: bool) -> list:
+    def _encode_tokenizers(self, texts: Sequence[str], offsets: bool, text_starts: np.ndarray) -> EncodedBatch:
         encodings = self.tokenizer.encode_batch(list(texts), add_special_tokens=False)
-        if not offsets:
-            return [np.array(e.ids, dtype=np.int32) for e in encodings]
-        out = []
-        for e in encodings:
-            n = len(e.ids)
-            flat = np.fromiter((x for pair in e.offsets for x in pair), dtype=np.int64, count=2 * n)
-            out.append((np.array(e.ids, dtype=np.int32), flat.reshape(-1, 2)))
-        return out
+        counts = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
+        total = int(counts.sum())
+        ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype=np.int32, count=total)
+        spans = None
+        if offsets:
+            flat = itertools.chain.from_iterable(x for e in encodings for x in e.offsets)
+            spans = np.fromiter(flat, dtype=np.int64, count=2 * total).reshape(-1, 2)
+            spans += np.repeat(text_starts, counts)[:, None]
+        return EncodedBatch(ids, counts, text_starts, spans)
 
-    def _offsets(self, text: str, ids: np.ndarray) -> np.ndarray:
-        """Character (start, end) of each token, from the tokens' byte lengths."""
+    def _offsets(self, joined: str, ids: np.ndarray) -> np.ndarray:
+        """Character (start, end) of each token in `joined`, from the tokens' byte lengths."""
         ends = np.cumsum(self._byte_lengths[ids])
         starts = ends - self._byte_lengths[ids]
-        if not text.isascii():  # map bytes to the characters they belong to
-            data = np.frombuffer(text.encode(), dtype=np.uint8)
+        if not joined.isascii():  # map bytes to the characters they belong to
+            data = np.frombuffer(joined.encode(), dtype=np.uint8)
             char_of_byte = np.cumsum((data & 0xC0) != 0x80) - 1
             starts = char_of_byte[np.minimum(starts, len(data) - 1)]
             ends = char_of_byte[ends - 1] + 1
@@ -153,7 +186,7 @@ class FastEncoder:
         self._checked = True
         reference = self.tokenizer.encode_batch(list(texts), add_special_tokens=False)
         for k, (text, expected) in enumerate(zip(texts, reference)):
-            if self._encode_tiktoken([text])[0].tolist() != expected.ids:
+            if self._encode_tiktoken([text])[0] != expected.ids:
                 self._tiktoken = None
                 self.reason = (f"tokenizers: tiktoken's ids differed from the tokenizer's on text {k} of the first "
                                f"batch, so the tokenizer's own encoder is used")

