@@ -171,6 +171,15 @@ def test_toml_templates_load_and_render(tmp_path):
     r = render(CHAT[:2], "test-toml")
     assert r.text == "### System:\nYou help.</s>\n\n### User:\nHi</s>\n\n### Assistant:\nHello!</s>\n\n"
     assert supervised_text(r) == ["Hello!</s>"]
+    assert get_template(str(path)) == get_template(f"{path}:test-toml") == template  # as the CLI names it
+
+
+def test_a_toml_file_of_several_templates_needs_a_name(tmp_path):
+    path = tmp_path / "two.toml"
+    path.write_text('[first]\nuser_header = "U:"\n\n[second]\nuser_header = "V:"\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="holds 2 templates .*name one as .*two.toml:NAME"):
+        get_template(str(path))
+    assert get_template(f"{path}:second").user_header == "V:"
 
 
 @pytest.mark.parametrize("text, message", [

@@ -137,6 +137,17 @@ _REGISTRY: dict[str, ChatTemplate] = {name: template for template, aliases in BU
 
 
 def get_template(name: str) -> ChatTemplate:
+    """A registered template, or one of a TOML file: `FILE.toml` (its only template) or `FILE.toml:NAME`."""
+    path, _, table = name.partition(".toml")
+    if _ == ".toml" and (not table or table.startswith(":")):
+        loaded = {t.name: t for t in load_templates(path + ".toml")}
+        if table:
+            name = table[1:]
+        elif len(loaded) == 1:
+            name = next(iter(loaded))
+        else:
+            raise ValueError(f"{path}.toml holds {len(loaded)} templates ({', '.join(loaded)}); "
+                             f"name one as {path}.toml:NAME")
     try:
         return _REGISTRY[name]
     except KeyError:
