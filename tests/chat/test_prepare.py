@@ -263,3 +263,24 @@ def test_report_shows_categories_and_step_outputs_are_addressable(tmp_path):
     assert (tmp_path / "run" / "report" / "categories.png").stat().st_size > 1000
     eval_dir = resolve_step("@chat-prepare/eval", {"chat-prepare": tmp_path / "run" / "01-chat-prepare"})
     assert len(list(read_records(eval_dir))) == step["outputs"]["eval"] > 0
+
+
+def test_repeated_ids_are_renamed_so_every_output_id_is_unique(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    # No upstream ids, same file name: the fallback ids (file name and line) repeat.
+    first = write_jsonl(tmp_path / "a" / "train.jsonl", [{"question": f"a{i}", "answer": "x"} for i in range(30)])
+    second = write_jsonl(tmp_path / "b" / "train.jsonl", [{"question": f"b{i}", "answer": "x"} for i in range(30)])
+    upstream = write_jsonl(tmp_path / "up.jsonl", [{"id": "same", "question": "q1", "answer": "a"},
+                                                   {"id": "same", "question": "q2", "answer": "a"},
+                                                   {"id": "same#2", "question": "q3", "answer": "a"}])
+    stats = prepare([first, second, upstream], tmp_path / "out", RunOptions(workers=2, shard_size=7, progress=False),
+                    test_size=0.3)
+    records = list(read_records(tmp_path / "out")) + list(read_records(tmp_path / "out" / "eval"))
+    ids = [r["id"] for r in records]
+    assert len(ids) == len(set(ids)) == 63 and stats["counters"]["duplicate_id_renamed"] == 32
+    # In input order, first come first served: the second "same" takes "same#2", so the record
+    # whose upstream id was "same#2" comes after it and is renamed in turn.
+    assert {"same", "same#2", "same#2#2"} <= set(ids)
+    questions = {r["conversations"][0]["content"] if "conversations" in r else r["turns"][0] for r in records}
+    assert len(questions) == 63  # nothing lost

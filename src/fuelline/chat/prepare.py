@@ -7,6 +7,11 @@ outputs by a hash of (seed, id), so the split does not depend on file order or w
 - `eval`: eval records `{"id", "turns"}` holding only the user contents, because evaluation
   lets the target and the draft generate the answers.
 
+Ids must be unique, because regeneration and the target cache key their work by id: an
+upstream id seen before (in input order) becomes `ID#2`, `ID#3`, … (`prepare` finds them over
+the whole input; counted as `duplicate_id_renamed`). Records without an id get a hash of their
+file name and line, which repeats when two inputs share a file name; those are renamed too.
+
 System turns are removed unless `keep_system` (regeneration uses the target's own default).
 stats.json gets the records per schema and, with `category_key` (a record field, or `@file`:
 the input file's name, for a blend kept as one file per source), per category and outcome;
@@ -20,15 +25,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+import orjson
+
 from fuelline.chat.schemas import SCHEMAS, normalize_record
-from fuelline.pipeline.stage import Drop, Location, ShardContext, Stage, StageConfig
+from fuelline.io.atomic import write_bytes_atomic
+from fuelline.io.readers import iter_file_records
+from fuelline.pipeline.shards import InputShard
+from fuelline.pipeline.stage import Drop, Location, PrepareContext, ShardContext, Stage, StageConfig
 from fuelline.records import chat, eval_prompts, fallback_id, unit_interval
 
 SCHEMA_COUNTER, CATEGORY_COUNTER = "schema.", "category."
 OUTCOMES = ("in", "train", "eval", "dropped")
 # Not pack's "split": with the same seed, pack's val split of the train records would be empty.
 SPLIT_SALT = "chat-eval"
-CATEGORY_FROM_FILE = "@file"  # category_key value: the input file's name, up to its first dot
+CATEGORY_FROM_FILE = "@file"
+RENAMED_FILE = "renamed_ids.json"  # category_key value: the input file's name, up to its first dot
 
 
 @dataclass
@@ -59,11 +70,48 @@ def record_id(record: dict[str, Any], location: Location) -> str:
     return fallback_id(location.source, location.line)
 
 
+def shard_ids(shard: InputShard) -> list[tuple[int, str]]:
+    """(line, id) of every readable record of a shard, in order."""
+    return [(line, record_id(record, Location(shard.source, line)))
+            for line, record in iter_file_records(shard.source, start=shard.start, stop=shard.stop, on_error="skip")]
+
+
+def renamed_duplicates(per_shard: list[list[tuple[int, str]]]) -> list[dict[int, str]]:
+    """Per shard, {line: new id} for every occurrence of an id after its first."""
+    seen: dict[str, int] = {}
+    renamed: list[dict[int, str]] = []
+    for ids in per_shard:
+        renamed.append({})
+        for line, rid in ids:
+            seen[rid] = seen.get(rid, 0) + 1
+            if seen[rid] > 1:
+                new = f"{rid}#{seen[rid]}"
+                while new in seen:  # an upstream id may look like a renamed one already
+                    seen[rid] += 1
+                    new = f"{rid}#{seen[rid]}"
+                seen[new] = 1
+                renamed[-1][line] = new
+    return renamed
+
+
 class ChatPrepareStage(Stage):
     name = "chat-prepare"
     description = "Normalize chat data (ShareGPT, OpenAI, Alpaca, Q/A), validate it, split train / eval."
     Config = ChatPrepareConfig
     outputs = ("train", "eval")
+
+    def __init__(self, config: ChatPrepareConfig | None = None):
+        super().__init__(config)
+        self._renamed: list[dict[int, str]] | None = None
+
+    def prepare(self, ctx: PrepareContext) -> None:
+        """Find the ids that repeat over the whole input (one pass over the ids, per shard on the workers)."""
+        path = ctx.workdir / RENAMED_FILE
+        if path.exists():
+            self._renamed = [{int(k): v for k, v in shard.items()} for shard in orjson.loads(path.read_bytes())]
+            return
+        self._renamed = renamed_duplicates(ctx.map(shard_ids, ctx.shards, f"{self.name}: ids"))
+        write_bytes_atomic(path, orjson.dumps([{str(k): v for k, v in shard.items()} for shard in self._renamed]))
 
     def _category(self, record: dict[str, Any], location: Location) -> str | None:
         key = self.config.category_key
@@ -98,7 +146,11 @@ class ChatPrepareStage(Stage):
         if turns[0]["role"] == "system" and not cfg.keep_system:
             turns = turns[1:]
             ctx.count("system_turn_removed")
-        rid = record_id(record, location)
+        rid = self._renamed[ctx.shard_id].get(location.line) if self._renamed else None
+        if rid is not None:
+            ctx.count("duplicate_id_renamed")
+        else:
+            rid = record_id(record, location)
         if unit_interval(cfg.seed, SPLIT_SALT, rid) < cfg.test_size:
             return "eval", eval_prompts(rid, turns)
         return "train", chat(rid, turns, {"category": category} if category is not None else None)
