@@ -80,17 +80,6 @@ def _role(value: Any, where: str) -> str:
         raise Invalid("unknown_role", f"{where} is {name!r}; known: {', '.join(ROLES)}") from None
 
 
-def _sharegpt(record: dict) -> list[dict[str, str]]:
-    turns = []
-    for i, turn in enumerate(_turn_list(record, "conversations")):
-        where = f"conversations[{i}]"
-        if not isinstance(turn, dict):
-            raise Invalid("wrong_type", f"{where} is {type(turn).__name__}, expected an object")
-        role = _role(_require(turn, "from", where), f"{where}.from")
-        turns.append({"role": role, "content": _text(_require(turn, "value", where), f"{where}.value")})
-    return turns
-
-
 def _openai_content(content: Any, where: str) -> str:
     if isinstance(content, list):
         texts = []
@@ -103,15 +92,24 @@ def _openai_content(content: Any, where: str) -> str:
     return _text(content, where)
 
 
-def _openai(record: dict) -> list[dict[str, str]]:
+def _turns(record: dict, list_key: str, role_key: str, content_key: str, content=_text) -> list[dict[str, str]]:
+    """A list of turn objects (ShareGPT's `from`/`value`, OpenAI's `role`/`content`) as turns."""
     turns = []
-    for i, turn in enumerate(_turn_list(record, "messages")):
-        where = f"messages[{i}]"
+    for i, turn in enumerate(_turn_list(record, list_key)):
+        where = f"{list_key}[{i}]"
         if not isinstance(turn, dict):
             raise Invalid("wrong_type", f"{where} is {type(turn).__name__}, expected an object")
-        role = _role(_require(turn, "role", where), f"{where}.role")
-        turns.append({"role": role, "content": _openai_content(_require(turn, "content", where), f"{where}.content")})
+        role = _role(_require(turn, role_key, where), f"{where}.{role_key}")
+        turns.append({"role": role, "content": content(_require(turn, content_key, where), f"{where}.{content_key}")})
     return turns
+
+
+def _sharegpt(record: dict) -> list[dict[str, str]]:
+    return _turns(record, "conversations", "from", "value")
+
+
+def _openai(record: dict) -> list[dict[str, str]]:
+    return _turns(record, "messages", "role", "content", _openai_content)
 
 
 def _alpaca(record: dict) -> list[dict[str, str]]:
