@@ -172,7 +172,10 @@ def _chat_prepare_command() -> click.Command:
 
         train, evals = Path(train_output), Path(eval_output)
         single = {name: path for name, path in (("train", train), ("eval", evals)) if path.suffix == ".jsonl"}
-        stage_dir = Path(work_dir) if work_dir else train.with_name(train.name + ".parts") if "train" in single else train
+        if work_dir:
+            stage_dir = Path(work_dir)
+        else:  # the train output is the stage directory, unless it is one file
+            stage_dir = train.with_name(train.name + ".parts") if "train" in single else train
         locations = {} if "eval" in single else {"eval": evals}
         try:
             stats = _run_from_cli("chat prepare", cls, inputs, stage_dir, output_locations=locations, **values)
