@@ -172,10 +172,12 @@ def _chat_prepare_command() -> click.Command:
 
         train, evals = Path(train_output), Path(eval_output)
         single = {name: path for name, path in (("train", train), ("eval", evals)) if path.suffix == ".jsonl"}
-        if work_dir:
-            stage_dir = Path(work_dir)
-        else:  # the train output is the stage directory, unless it is one file
-            stage_dir = train.with_name(train.name + ".parts") if "train" in single else train
+        if "train" not in single:  # the train directory is the stage directory
+            if work_dir:
+                _fail(ValueError(f"--work-dir is for a .jsonl --train-output; {train} is the stage directory itself"))
+            stage_dir = train
+        else:
+            stage_dir = Path(work_dir) if work_dir else train.with_name(train.name + ".parts")
         locations = {} if "eval" in single else {"eval": evals}
         try:
             stats = _run_from_cli("chat prepare", cls, inputs, stage_dir, output_locations=locations, **values)
