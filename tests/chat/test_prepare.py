@@ -284,3 +284,12 @@ def test_repeated_ids_are_renamed_so_every_output_id_is_unique(tmp_path):
     assert {"same", "same#2", "same#2#2"} <= set(ids)
     questions = {r["conversations"][0]["content"] if "conversations" in r else r["turns"][0] for r in records}
     assert len(questions) == 63  # nothing lost
+
+
+def test_cli_refuses_a_work_dir_beside_a_train_directory(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "fuelline.cli", "chat", "prepare", "-i",
+                             str(shared_file("chat/gsm8k-train.jsonl.zst")), "--train-output", str(tmp_path / "train"),
+                             "--eval-output", str(tmp_path / "eval"), "--work-dir", str(tmp_path / "w"), "-q"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "--work-dir is for a .jsonl --train-output" in result.stderr
+    assert not (tmp_path / "w").exists() and not (tmp_path / "train").exists()
