@@ -205,6 +205,65 @@ def _chat_prepare_command() -> click.Command:
 
 
 chat.add_command(_chat_prepare_command())
+
+
+@chat.command("regenerate")
+@click.option("--input", "-i", "inputs", multiple=True, required=True, help="chat records (files, dirs, globs)")
+@click.option("--output", "-o", required=True, type=click.Path(),
+              help="OUT.jsonl (errors in OUT.jsonl.errors, stats in OUT.stats.json), or a directory for all three")
+@click.option("--server", "servers", multiple=True, help="HOST:PORT or URL of an OpenAI-compatible server (repeatable)")
+@click.option("--servers-file", type=click.Path(exists=True, dir_okay=False), help="written by `fuelline serve`")
+@click.option("--model", default=None, help="model name sent with each request (default: the servers file's)")
+@click.option("--concurrency", type=int, default=64, show_default=True, help="requests in flight per server")
+@click.option("--preset", type=click.Choice(["qwen3", "gemma4", "none"]), default="none", show_default=True,
+              help="the target family's recommended sampling; explicit values override it")
+@click.option("--temperature", type=float, default=None)
+@click.option("--top-p", type=float, default=None)
+@click.option("--top-k", type=int, default=None)
+@click.option("--min-p", type=float, default=None)
+@click.option("--max-tokens", type=int, default=4096, show_default=True)
+@click.option("--disable-thinking", is_flag=True, help="send chat_template_kwargs {enable_thinking: false}")
+@click.option("--drop-truncated", is_flag=True, help="drop conversations with an answer cut by --max-tokens")
+@click.option("--resume", is_flag=True, help="continue OUT: skip the ids it holds (a torn last line is cut off)")
+@click.option("--request-timeout", type=float, default=600.0, show_default=True, help="seconds per request")
+@click.option("--attempts", type=int, default=5, show_default=True, help="tries per request before it fails for good")
+@click.option("--quiet", "-q", is_flag=True, help="no progress bar")
+def regenerate_command(inputs, output, servers, servers_file, model, concurrency, preset, temperature, top_p, top_k,
+                       min_p, max_tokens, disable_thinking, drop_truncated, resume, request_timeout, attempts, quiet):
+    """Regenerate every assistant answer with the target model, through OpenAI-compatible servers."""
+    from fuelline.chat.regenerate import RegenerateConfig, regenerate
+    from fuelline.serve.client import ClientConfig
+
+    try:
+        urls = list(servers)
+        if servers_file:
+            from fuelline.serve.launcher import read_servers_file
+
+            file_model, file_urls = read_servers_file(servers_file)
+            urls += file_urls
+            model = model or file_model
+        if not model:
+            raise ValueError("give --model (the name the servers serve), or --servers-file written by `fuelline serve`")
+        config = RegenerateConfig(model=model, preset=preset, temperature=temperature, top_p=top_p, top_k=top_k,
+                                  min_p=min_p, max_tokens=max_tokens, disable_thinking=disable_thinking,
+                                  drop_truncated=drop_truncated,
+                                  client=ClientConfig(concurrency=concurrency, request_timeout=request_timeout,
+                                                      attempts=attempts))
+        stats = regenerate(list(inputs), output, urls, config, resume=resume, progress=not quiet,
+                           warn=lambda message: click.echo(message, err=True))
+    except USER_ERRORS as e:
+        _fail(e)
+    except KeyboardInterrupt:
+        _fail(RuntimeError(f"interrupted; what was written to {output} is kept: rerun with --resume to continue"))
+    c = stats["counters"]
+    dropped = ", ".join(f"{k} {v:,}" for k, v in stats["dropped"].items()) or "none"
+    click.echo(f"regenerate in {stats['records_in']:,}  out {stats['records_out']:,} ({c['resumed']:,} resumed)  "
+               f"dropped: {dropped}  requests {c['requests']:,} (retried {c['retried']:,}), "
+               f"{c['tokens_generated']:,} tokens in {stats['wall_seconds']:.1f}s")
+    for url, numbers in stats["servers"].items():
+        left_out = f", left out {', '.join(numbers['left_out'])}" if numbers["left_out"] else ""
+        click.echo(f"  {url}: {numbers['requests']:,} requests, {numbers['failed']:,} failed, "
+                   f"{numbers['tokens']:,} tokens{left_out}")
 chat.add_command(_stage_command("chat-from-poetry", "from-poetry"))
 
 

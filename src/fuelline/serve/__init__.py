@@ -1,0 +1,1 @@
+"""OpenAI-compatible inference servers: launching them, and a client that spreads requests over them."""

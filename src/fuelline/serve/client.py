@@ -1,0 +1,276 @@
+"""An asyncio client for many OpenAI-compatible servers: least-loaded routing, retries, failover.
+
+Each server has a limit of requests in flight (`concurrency`); a request goes to the healthy
+server with the fewest requests in flight. A request that fails (connection refused or
+dropped, HTTP 429 or 5xx, no answer within `request_timeout`) is retried with exponential
+backoff, on another server when there is one, up to `attempts` times; other 4xx answers are
+final. After `failures_to_rest` failures in a row a server rests: it leaves the rotation, is
+probed (`GET /v1/models`) with growing pauses, and comes back when it answers. If no server
+has been healthy for `all_down_timeout` seconds, the run stops with an error.
+
+Servers do not all take the same sampling fields: `transformers serve` answers 422 "Unexpected
+fields in the request: {'top_k', 'min_p'}" where SGLang and vLLM take them. Such a 422 is read,
+the fields are left out for that server from then on (said once, and recorded in the
+summary), and the request is sent again at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
+UNEXPECTED_FIELDS = re.compile(r"[Uu]nexpected fields?[^{\[]*[{\[]([^}\]]*)[}\]]")
+
+
+class NoServerError(RuntimeError):
+    """No server can take requests."""
+
+
+class RequestFailed(Exception):
+    """A request that failed for good; `reason` is short and stable (for counting), `detail` says more."""
+
+    def __init__(self, reason: str, detail: str, attempts: int):
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail, self.attempts = reason, detail, attempts
+
+
+class _Retryable(Exception):
+    def __init__(self, reason: str, detail: str, server_down: bool = False):
+        super().__init__(detail)
+        self.reason, self.detail, self.server_down = reason, detail, server_down
+
+
+@dataclass
+class Completion:
+    content: str
+    finish_reason: str
+    completion_tokens: int
+    server: str
+
+
+@dataclass
+class Server:
+    url: str
+    limit: int
+    in_flight: int = 0
+    healthy: bool = True
+    failures_in_a_row: int = 0
+    rests: int = 0
+    left_out: set[str] = field(default_factory=set)  # sampling fields this server refuses
+    counts: dict[str, int] = field(default_factory=lambda: {"requests": 0, "failed": 0, "tokens": 0})
+
+    @property
+    def load(self) -> float:
+        return self.in_flight / self.limit
+
+
+@dataclass
+class ClientConfig:
+    concurrency: int = 64  # requests in flight per server
+    request_timeout: float = 600.0
+    attempts: int = 5
+    backoff: float = 0.5  # seconds before the first retry, doubled each time, at most backoff_max
+    backoff_max: float = 30.0
+    failures_to_rest: int = 3
+    probe_interval: float = 2.0
+    all_down_timeout: float = 300.0
+
+
+def parse_server(address: str) -> str:
+    """`HOST:PORT` or a URL → the base URL (`http://HOST:PORT`)."""
+    address = address.strip().rstrip("/")
+    if not address:
+        raise ValueError("empty server address")
+    if "://" not in address:
+        address = f"http://{address}"
+    return address[:-3] if address.endswith("/v1") else address
+
+
+class ServerPool:
+    """The servers of one run, their load and health; used from one asyncio event loop."""
+
+    def __init__(self, urls: list[str], config: ClientConfig, warn=print):
+        if not urls:
+            raise NoServerError("no server given: pass --server HOST:PORT (repeatable) or --servers-file")
+        self.config, self.warn = config, warn
+        self.servers = [Server(parse_server(u), config.concurrency) for u in urls]
+        self._changed: asyncio.Condition | None = None
+        self._session = None
+        self._probes: set[asyncio.Task] = set()
+        self._down_since: float | None = None
+        self.retries = 0  # attempts after a request's first
+
+    async def __aenter__(self):
+        import aiohttp
+
+        self._changed = asyncio.Condition()
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+        self._session = aiohttp.ClientSession(connector=connector, json_serialize=lambda o: orjson.dumps(o).decode())
+        return self
+
+    async def __aexit__(self, *exc):
+        for task in self._probes:
+            task.cancel()
+        await self._session.close()
+
+    async def models(self, server: Server, timeout: float = 10.0) -> list[str] | None:
+        """The model ids a server lists, or None when it does not answer."""
+        import aiohttp
+
+        try:
+            async with self._session.get(f"{server.url}/v1/models", timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+                if r.status != 200:
+                    return None
+                data = orjson.loads(await r.read())
+                return [m.get("id") for m in data.get("data", []) if isinstance(m, dict)]
+        except (aiohttp.ClientError, asyncio.TimeoutError, orjson.JSONDecodeError, AttributeError):
+            return None
+
+    async def check(self, model: str) -> None:
+        """Ask every server for its models, in parallel; leave out those that do not answer."""
+        answers = await asyncio.gather(*(self.models(s) for s in self.servers))
+        for server, models in zip(self.servers, answers):
+            if models is None:
+                self.warn(f"warning: {server.url} does not answer GET /v1/models; it is left out")
+                server.healthy = False
+            elif model not in models:
+                self.warn(f"note: {server.url} lists {', '.join(map(str, models)) or 'no model'}, not {model!r}; "
+                          "trying it anyway (some servers load models on demand)")
+        if not any(s.healthy for s in self.servers):
+            raise NoServerError(f"none of the {len(self.servers)} server(s) answers: "
+                                f"{', '.join(s.url for s in self.servers)}")
+        self.servers = [s for s in self.servers if s.healthy]
+
+    async def _acquire(self, avoid: set[str]) -> Server:
+        """The least-loaded healthy server with room, preferring those not in `avoid`."""
+        async with self._changed:
+            while True:
+                free = [s for s in self.servers if s.healthy and s.in_flight < s.limit]
+                if free:
+                    self._down_since = None
+                    preferred = [s for s in free if s.url not in avoid] or free
+                    server = min(preferred, key=lambda s: s.load)
+                    server.in_flight += 1
+                    return server
+                if not any(s.healthy for s in self.servers):
+                    self._down_since = self._down_since or time.monotonic()
+                    waited = time.monotonic() - self._down_since
+                    if waited > self.config.all_down_timeout:
+                        raise NoServerError(f"no server has answered for {waited:.0f} s: "
+                                            f"{', '.join(s.url for s in self.servers)}")
+                try:
+                    await asyncio.wait_for(self._changed.wait(), timeout=self.config.probe_interval)
+                except asyncio.TimeoutError:
+                    pass
+
+    async def _release(self, server: Server) -> None:
+        async with self._changed:
+            server.in_flight -= 1
+            self._changed.notify_all()
+
+    async def _rest(self, server: Server) -> None:
+        """Take a failing server out of rotation; probe it until it answers again."""
+        if not server.healthy:
+            return
+        server.healthy = False
+        server.rests += 1
+        self.warn(f"warning: {server.url} failed {server.failures_in_a_row} times in a row; resting it")
+        task = asyncio.create_task(self._probe(server))
+        self._probes.add(task)
+        task.add_done_callback(self._probes.discard)
+
+    async def _probe(self, server: Server) -> None:
+        pause = self.config.probe_interval
+        while await self.models(server) is None:
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, self.config.backoff_max)
+        async with self._changed:
+            server.healthy, server.failures_in_a_row = True, 0
+            self._changed.notify_all()
+        self.warn(f"note: {server.url} answers again; back in rotation")
+
+    async def complete(self, model: str, messages: list[dict], sampling: dict[str, Any]) -> Completion:
+        """One chat completion, retried and failed over as the module doc says."""
+        tried: set[str] = set()
+        last: _Retryable | None = None
+        for attempt in range(1, self.config.attempts + 1):
+            server = await self._acquire(tried)
+            try:
+                completion = await self._send(server, model, messages, sampling)
+            except _Retryable as e:
+                last = e
+                server.counts["failed"] += 1
+                server.failures_in_a_row += 1
+                tried.add(server.url)
+                if e.server_down or server.failures_in_a_row >= self.config.failures_to_rest:
+                    await self._rest(server)
+            else:
+                server.failures_in_a_row = 0
+                return completion
+            finally:
+                await self._release(server)
+            if attempt < self.config.attempts:
+                self.retries += 1
+                await asyncio.sleep(min(self.config.backoff * 2 ** (attempt - 1), self.config.backoff_max))
+        raise RequestFailed(last.reason, f"{last.detail} (after {self.config.attempts} attempts)", self.config.attempts)
+
+    async def _send(self, server: Server, model: str, messages: list[dict], sampling: dict[str, Any]) -> Completion:
+        import aiohttp
+
+        while True:  # at most once more per field the server refuses
+            body = {"model": model, "messages": messages, "stream": False,
+                    **{k: v for k, v in sampling.items() if k not in server.left_out}}
+            server.counts["requests"] += 1
+            try:
+                async with self._session.post(f"{server.url}/v1/chat/completions", json=body,
+                                              timeout=aiohttp.ClientTimeout(total=self.config.request_timeout)) as r:
+                    raw = await r.read()
+                    status = r.status
+            except asyncio.TimeoutError:
+                raise _Retryable("timeout", f"{server.url} gave no answer within {self.config.request_timeout:g} s")
+            except aiohttp.ClientConnectorError as e:
+                raise _Retryable("connection_refused", f"{server.url}: {e}", server_down=True)
+            except aiohttp.ClientError as e:  # dropped connection, bad framing, …
+                raise _Retryable("connection_error", f"{server.url}: {type(e).__name__}: {e}")
+            if status == 200:
+                return _parse_completion(raw, server)
+            text = raw[:500].decode("utf-8", errors="replace")
+            refused = _refused_fields(status, text) & set(sampling) & set(body)  # those this request carried
+            if refused:
+                if not refused <= server.left_out:  # other requests in flight may have learned it already
+                    server.left_out |= refused
+                    self.warn(f"note: {server.url} does not take {', '.join(sorted(refused))}; sending without them")
+                continue
+            if status in RETRYABLE_STATUS:
+                raise _Retryable(f"http_{status}", f"{server.url} answered {status}: {text}")
+            raise RequestFailed(f"http_{status}", f"{server.url} answered {status}: {text}", 1)
+
+
+def _refused_fields(status: int, text: str) -> set[str]:
+    if status not in (400, 422):
+        return set()
+    match = UNEXPECTED_FIELDS.search(text)
+    return {f.strip(" '\"") for f in match.group(1).split(",") if f.strip(" '\"")} if match else set()
+
+
+def _parse_completion(raw: bytes, server: Server) -> Completion:
+    """The answer's content only: reasoning a server returns separately (`reasoning_content`) is left out."""
+    try:
+        answer = orjson.loads(raw)
+        choice = answer["choices"][0]
+        content = choice["message"].get("content")
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError) as e:
+        raise _Retryable("bad_answer", f"{server.url} answered 200 without a chat completion ({e}): {raw[:200]!r}")
+    if not isinstance(content, str):
+        raise _Retryable("empty_answer", f"{server.url} answered without content (finish reason "
+                                         f"{choice.get('finish_reason')!r})")
+    usage = answer.get("usage")
+    tokens = int(usage.get("completion_tokens") or 0) if isinstance(usage, dict) else 0
+    server.counts["tokens"] += tokens
+    return Completion(content, str(choice.get("finish_reason") or "unknown"), tokens, server.url)

@@ -1,0 +1,274 @@
+"""Regeneration against real HTTP servers on 127.0.0.1 (fuelline.serve.echo, whose answers are a known
+function of the conversation): every id exactly once, answers conditioned on the regenerated
+history, exact resume after SIGKILL, failover when a server dies, fails or stalls."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+import orjson
+import pytest
+
+from fuelline.chat.regenerate import RegenerateConfig, regenerate
+from fuelline.io import read_records
+from fuelline.serve.client import ClientConfig
+from fuelline.serve.echo import echo_answer
+
+from ..conftest import shared_file
+
+FAST_CLIENT = ClientConfig(concurrency=8, request_timeout=2.0, attempts=4, backoff=0.05, probe_interval=0.2,
+                           all_down_timeout=20.0)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_echo(*args: str, port: int | None = None) -> tuple[subprocess.Popen, str]:
+    port = port or free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "fuelline.serve.echo", "--port", str(port), *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            urllib.request.urlopen(f"{url}/v1/models", timeout=0.5)
+            return proc, url
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"echo server on port {port} did not start")
+
+
+@contextmanager
+def echo_servers(*configs: tuple[str, ...]):
+    started = [start_echo(*args) for args in configs]
+    try:
+        yield [url for _, url in started], [proc for proc, _ in started]
+    finally:
+        for proc, _ in started:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def conversations(tmp_path_factory):
+    """Multi-turn ShareGPT conversations and GSM8K exchanges, as chat-prepare writes them."""
+    from fuelline.chat.prepare import ChatPrepareConfig, ChatPrepareStage
+    from fuelline.pipeline.executor import RunOptions, run_stage
+
+    out = tmp_path_factory.mktemp("chats") / "train"
+    run_stage(ChatPrepareStage(ChatPrepareConfig(test_size=0.0)), [shared_file("chat/sharegpt_zh_1K.jsonl.zst")],
+              out, RunOptions(workers=1, progress=False))
+    records = list(read_records(out))[:250]
+    records += [{"id": f"gsm-{i}", "conversations": [{"role": "system", "content": "Be exact."},
+                                                     {"role": "user", "content": f"What is {i} + {i}?"},
+                                                     {"role": "assistant", "content": str(2 * i)}]}
+                for i in range(150)]
+    path = out.parent / "chats.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    return path, records
+
+
+def assert_regenerated(output: Path, records: list[dict], model: str = "echo") -> list[dict]:
+    """Every input id exactly once; non-assistant turns kept; each answer is the echo of the regenerated history."""
+    out = [orjson.loads(line) for line in output.read_bytes().splitlines()]
+    ids = [r["id"] for r in out]
+    assert sorted(ids) == sorted(r["id"] for r in records) and len(set(ids)) == len(ids)
+    by_id = {r["id"]: r for r in records}
+    for record in out:
+        original = by_id[record["id"]]["conversations"]
+        turns = record["conversations"]
+        assert [t["role"] for t in turns] == [t["role"] for t in original]
+        for k, (turn, before) in enumerate(zip(turns, original)):
+            if turn["role"] == "assistant":
+                assert turn["content"] == echo_answer(turns[:k]), record["id"]  # the regenerated history
+            else:
+                assert turn["content"] == before["content"]
+        regenerated = record["meta"]["regenerated"]
+        assert regenerated["model"] == model
+        assert len(regenerated["finish_reasons"]) == sum(t["role"] == "assistant" for t in turns)
+    return out
+
+
+def test_two_servers_every_id_once_conditioned_on_the_regenerated_history(conversations, tmp_path):
+    path, records = conversations
+    with echo_servers((), ()) as (urls, _):
+        stats = regenerate([path], tmp_path / "out.jsonl", urls, RegenerateConfig("echo", preset="qwen3",
+                           disable_thinking=True, client=FAST_CLIENT), progress=False)
+    assert_regenerated(tmp_path / "out.jsonl", records)
+    assert stats["records_in"] == stats["records_out"] == len(records) and stats["dropped"] == {}
+    assistant_turns = sum(t["role"] == "assistant" for r in records for t in r["conversations"])
+    assert stats["counters"]["requests"] == assistant_turns
+    assert all(s["requests"] > assistant_turns / 4 for s in stats["servers"].values())  # both used
+    assert orjson.loads((tmp_path / "out.stats.json").read_bytes()) == stats
+    assert stats["sampling"] == {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.0, "max_tokens": 4096,
+                                 "chat_template_kwargs": {"enable_thinking": False}}
+
+
+def test_fields_a_server_refuses_are_left_out_for_it_and_recorded(conversations, tmp_path):
+    path, records = conversations
+    with echo_servers((), ("--reject-fields", "top_k,min_p")) as (urls, _):
+        stats = regenerate([path], tmp_path / "out.jsonl", urls, RegenerateConfig("echo", preset="qwen3",
+                           client=FAST_CLIENT), progress=False, warn=lambda m: None)
+    out = assert_regenerated(tmp_path / "out.jsonl", records)
+    assert stats["servers"][urls[1]]["left_out"] == ["min_p", "top_k"] and stats["servers"][urls[0]]["left_out"] == []
+    assert stats["dropped"] == {}
+    assert any(r["meta"]["regenerated"].get("left_out") == ["min_p", "top_k"] for r in out)
+
+
+def run_cli(path: Path, output: Path, urls: list[str], *extra: str, **kwargs) -> subprocess.Popen:
+    args = [sys.executable, "-m", "fuelline.cli", "chat", "regenerate", "-i", str(path), "-o", str(output),
+            "--model", "echo", "-q", "--concurrency", "4", "--request-timeout", "5", *extra]
+    for url in urls:
+        args += ["--server", url]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+def test_sigkill_mid_run_then_resume_gives_every_id_exactly_once(conversations, tmp_path):
+    path, records = conversations
+    output = tmp_path / "out.jsonl"
+    with echo_servers(("--delay", "0.01"), ("--delay", "0.01")) as (urls, _):
+        proc = run_cli(path, output, urls)
+        deadline = time.monotonic() + 60
+        while lines(output) < len(records) // 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        partial = lines(output)
+        assert 0 < partial < len(records)
+        with open(output, "ab") as f:  # as if killed in the middle of a write
+            f.write(b'{"id": "torn", "conversations": [')
+        again = run_cli(path, output, urls, "--resume")
+        stdout, stderr = again.communicate(timeout=120)
+    assert again.returncode == 0, stderr
+    assert f"({partial:,} resumed)" in stdout
+    assert_regenerated(output, records)
+
+
+def test_existing_output_needs_resume(conversations, tmp_path):
+    path, records = conversations
+    output = tmp_path / "out.jsonl"
+    output.write_text('{"id": "x"}\n')
+    result = run_cli(path, output, ["127.0.0.1:9"])
+    _, stderr = result.communicate(timeout=60)
+    assert result.returncode == 2 and "pass --resume" in stderr and "Traceback" not in stderr
+
+
+def test_damaged_output_is_refused_on_resume(conversations, tmp_path):
+    path, _ = conversations
+    output = tmp_path / "out.jsonl"
+    output.write_text('{"id": "a"}\nnot json\n{"id": "b"}\n')
+    with pytest.raises(ValueError, match=r"out.jsonl:2: not a JSON line"):
+        regenerate([path], output, ["127.0.0.1:9"], RegenerateConfig("echo", client=FAST_CLIENT), resume=True,
+                   progress=False)
+
+
+def test_a_server_killed_mid_run_loses_nothing(conversations, tmp_path):
+    path, records = conversations
+    output = tmp_path / "out.jsonl"
+    with echo_servers(("--delay", "0.01"), ("--delay", "0.01")) as (urls, procs):
+        proc = run_cli(path, output, urls)
+        while lines(output) < len(records) // 4:
+            time.sleep(0.02)
+        procs[1].kill()
+        stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    assert_regenerated(output, records)
+    stats = orjson.loads((tmp_path / "out.stats.json").read_bytes())
+    assert stats["dropped"] == {} and stats["servers"][urls[1]]["failed"] > 0 and stats["counters"]["retried"] > 0
+
+
+def test_a_server_that_comes_back_is_used_again(conversations, tmp_path):
+    path, records = conversations
+    output = tmp_path / "out.jsonl"
+    with echo_servers(("--delay", "0.02"),) as (urls, _):
+        port = free_port()
+        victim, second = start_echo("--delay", "0.02", port=port)
+        proc = run_cli(path, output, [*urls, second], "--concurrency", "2")
+        try:
+            while lines(output) < len(records) // 5:
+                time.sleep(0.02)
+            victim.kill()
+            victim.wait()
+            time.sleep(1.0)
+            victim, _ = start_echo("--delay", "0.02", port=port)
+            stdout, stderr = proc.communicate(timeout=180)
+        finally:
+            victim.kill()
+    assert proc.returncode == 0, stderr
+    assert "back in rotation" in stderr
+    assert_regenerated(output, records)
+
+
+@pytest.mark.parametrize("fault", [("--fault", "http500"), ("--fault", "drop"), ("--fault", "stall", "--fault-every", "7")])
+def test_a_faulty_server_beside_a_good_one_loses_nothing(conversations, tmp_path, fault):
+    path, records = conversations
+    config = RegenerateConfig("echo", client=ClientConfig(concurrency=8, request_timeout=1.0, attempts=4,
+                                                          backoff=0.05, probe_interval=0.2))
+    with echo_servers((), fault) as (urls, _):
+        stats = regenerate([path], tmp_path / "out.jsonl", urls, config, progress=False, warn=lambda m: None)
+    assert_regenerated(tmp_path / "out.jsonl", records)
+    assert stats["dropped"] == {} and stats["servers"][urls[1]]["failed"] > 0
+    assert not (tmp_path / "out.jsonl.errors").read_bytes()
+
+
+def test_requests_that_fail_for_good_go_to_the_errors_file_and_are_retried_on_resume(conversations, tmp_path):
+    path, records = conversations
+    output = tmp_path / "out.jsonl"
+    config = RegenerateConfig("echo", client=ClientConfig(concurrency=8, request_timeout=1.0, attempts=2,
+                                                          backoff=0.01, probe_interval=0.1, failures_to_rest=10**6))
+    with echo_servers(("--fault", "http500", "--fault-every", "3"),) as (urls, _):
+        stats = regenerate([path], output, urls, config, progress=False, warn=lambda m: None)
+    errors = [orjson.loads(line) for line in (tmp_path / "out.jsonl.errors").read_bytes().splitlines()]
+    assert stats["dropped"]["failed"] == len(errors) > 0
+    assert stats["records_in"] == len(records) == stats["records_out"] + len(errors)
+    assert {e["reason"] for e in errors} == {"http_500"} and all("answered 500" in e["detail"] for e in errors)
+    assert not {e["id"] for e in errors} & {r["id"] for r in read_records(output)}
+    with echo_servers((),) as (urls, _):
+        again = regenerate([path], output, urls, config, resume=True, progress=False)
+    assert again["counters"]["regenerated"] == len(errors) and again["dropped"] == {}
+    assert_regenerated(output, records)
+
+
+def test_truncated_answers_keep_their_finish_reason_or_are_dropped(conversations, tmp_path):
+    path, records = conversations
+    with echo_servers((),) as (urls, _):
+        kept = regenerate([path], tmp_path / "kept.jsonl", urls,
+                          RegenerateConfig("echo", max_tokens=3, client=FAST_CLIENT), progress=False)
+        dropped = regenerate([path], tmp_path / "dropped.jsonl", urls,
+                             RegenerateConfig("echo", max_tokens=3, drop_truncated=True, client=FAST_CLIENT),
+                             progress=False)
+    out = list(read_records(tmp_path / "kept.jsonl"))
+    assert len(out) == len(records) and kept["counters"]["truncated_answers_kept"] == len(records)
+    assert all(set(r["meta"]["regenerated"]["finish_reasons"]) == {"length"} for r in out)
+    assert dropped["records_out"] == 0 and dropped["dropped"] == {"truncated": len(records)}
+    assert not (tmp_path / "dropped.jsonl").read_bytes()
+
+
+def test_no_server_answers_is_a_clear_error(conversations, tmp_path):
+    path, _ = conversations
+    result = run_cli(path, tmp_path / "out.jsonl", [f"127.0.0.1:{free_port()}"])
+    _, stderr = result.communicate(timeout=60)
+    assert result.returncode == 2 and "none of the 1 server(s) answers" in stderr and "Traceback" not in stderr
+
+
+def test_malformed_input_names_file_and_line(tmp_path):
+    source = tmp_path / "bad.jsonl"
+    source.write_text('{"id": "a", "conversations": [{"role": "user", "content": "q"}]}\n{"id": 3}\n')
+    with echo_servers((),) as (urls, _):
+        with pytest.raises(ValueError, match=r"bad.jsonl:2: expected a chat record"):
+            regenerate([source], tmp_path / "out.jsonl", urls, RegenerateConfig("echo", client=FAST_CLIENT),
+                       progress=False)
+    assert os.path.exists(tmp_path / "out.jsonl")  # what was answered before stays
