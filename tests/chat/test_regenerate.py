@@ -272,3 +272,26 @@ def test_malformed_input_names_file_and_line(tmp_path):
             regenerate([source], tmp_path / "out.jsonl", urls, RegenerateConfig("echo", client=FAST_CLIENT),
                        progress=False)
     assert os.path.exists(tmp_path / "out.jsonl")  # what was answered before stays
+
+
+def test_pipeline_step_prepares_regenerates_reports_and_skips_when_done(tmp_path):
+    from fuelline.pipeline.config import load_pipeline, run_pipeline
+    from fuelline.report.funnel import format_funnel, load_funnel
+
+    source = shared_file("chat/gsm8k-train.jsonl.zst")
+    with echo_servers((), ("--fault", "http500", "--fault-every", "5")) as (urls, _):
+        pipeline = tmp_path / "chat.toml"
+        pipeline.write_text('[[stage]]\nuse = "chat-prepare"\ntest_size = 0.9\n\n'
+                            f'[[stage]]\nuse = "regenerate"\nmodel = "echo"\nservers = {orjson.dumps(urls).decode()}\n'
+                            'preset = "qwen3"\nconcurrency = 8\n')
+        first = run_pipeline(load_pipeline(pipeline), tmp_path / "run", input=[str(source)], progress=False)
+        again = run_pipeline(load_pipeline(pipeline), tmp_path / "run", input=[str(source)], progress=False)
+    prepared, regenerated = first
+    assert regenerated["records_in"] == prepared["outputs"]["train"] == regenerated["records_out"]
+    assert again[1] == regenerated  # finished: skipped, not redone
+    records = list(read_records(tmp_path / "run" / "02-regenerate"))
+    assert len(records) == regenerated["records_out"]
+    assert_regenerated(tmp_path / "run" / "02-regenerate" / "regenerated.jsonl", records)
+    funnel = load_funnel(tmp_path / "run")
+    assert [s["name"] for s in funnel["steps"]] == ["chat-prepare", "regenerate"]
+    assert funnel["steps"][1]["adds_up"] and "regenerate" in format_funnel(funnel)

@@ -144,3 +144,10 @@ def test_shared_data_files_are_read_completely(relative, expected):
         assert isinstance(record, dict)
         count += 1
     assert count == expected
+
+
+def test_directory_reads_skip_the_stats_files_steps_write_beside_their_data(tmp_path):
+    (tmp_path / "part.jsonl").write_text('{"a": 1}\n')
+    (tmp_path / "stats.json").write_text('{"records_in": 1}')
+    assert list(read_records(tmp_path)) == [{"a": 1}]
+    assert list(read_records(tmp_path / "stats.json")) == [{"records_in": 1}]  # named explicitly, it is read

@@ -174,10 +174,11 @@ class Regenerator:
     """Regenerates the conversations of `inputs` into `output` through `servers` (see the module doc)."""
 
     def __init__(self, inputs, output, servers: list[str], config: RegenerateConfig, *, resume: bool = False,
-                 progress: bool = True, warn=print):
+                 progress: bool = True, warn=print, identity: dict | None = None):
         self.files = expand_inputs(inputs)
         self.paths, self.servers, self.config = OutputPaths.of(output), servers, config
         self.resume, self.progress, self.warn = resume, progress, warn
+        self.identity = identity  # what a pipeline step records to know a finished run again
         self.sampling = config.sampling()
         self.run_counts = _Run()
 
@@ -274,6 +275,7 @@ class Regenerator:
             self.run_counts.truncated_kept += 1
         left_out = sorted({f for s in pool.servers if s.url in servers for f in s.left_out})
         meta = {**record.get("meta", {}), "regenerated": {
+            **({"identity": self.identity} if self.identity is not None else {}),
             "model": self.config.model, "sampling": self.sampling, "finish_reasons": finish,
             **({"left_out": left_out} if left_out else {})}}
         return {**record, "conversations": history, "meta": meta}
@@ -291,6 +293,7 @@ class Regenerator:
                          "tokens_generated": c.tokens, "truncated_answers_kept": c.truncated_kept},
             "failures": c.failures,
             "servers": {s.url: {**s.counts, "rests": s.rests, "left_out": sorted(s.left_out)} for s in pool.servers},
+            **({"identity": self.identity} if self.identity is not None else {}),
             "model": self.config.model, "sampling": self.sampling,
             "client": asdict(self.config.client),
             "wall_seconds": round(time.perf_counter() - c.started, 3),

@@ -17,6 +17,8 @@ DATA_SUFFIXES = LINE_FORMATS + (".json", ".parquet")
 # (stats.json, _plan.json, _done/, _rejects/); reading the directory means reading the parts.
 STAGE_PLAN_FILE = "_plan.json"
 STAGE_PART_PREFIX = "part-"
+# What every step writes beside its data; never records, so a directory read skips them.
+BOOKKEEPING_FILES = {"stats.json", "pipeline.json", "funnel.json"}
 
 
 def split_suffixes(path: str | os.PathLike) -> tuple[str, str | None]:
@@ -43,7 +45,7 @@ def _files_in_directory(directory: Path) -> list[Path]:
     found = []
     for root, dirs, files in os.walk(directory):
         dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
-        found.extend(Path(root) / f for f in files if is_data_file(f))
+        found.extend(Path(root) / f for f in files if is_data_file(f) and f not in BOOKKEEPING_FILES)
     return sorted(found)
 
 

@@ -21,6 +21,7 @@ TASKS: dict[str, str] = {
     "tokenizer": "fuelline.tokenizer.task:TokenizerTask",
     "pack": "fuelline.pack.task:PackTask",
     "report": "fuelline.report.task:ReportTask",
+    "regenerate": "fuelline.chat.task:RegenerateTask",
 }
 
 

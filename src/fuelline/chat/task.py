@@ -1,0 +1,70 @@
+"""Regeneration as a pipeline step: the chat records of the step before, through the configured servers.
+
+The step's directory holds `regenerated.jsonl`, its `.errors` file and `stats.json`; an
+interrupted step resumes where it stopped (by id), a finished one is skipped, and other options
+than those it was run with are refused unless the pipeline runs with --restart.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fuelline.chat.regenerate import PRESETS, OutputPaths, RegenerateConfig, regenerate
+from fuelline.pipeline.stage import StageConfig
+from fuelline.pipeline.task import Task
+from fuelline.serve.client import ClientConfig
+
+
+@dataclass
+class RegenerateStepConfig(StageConfig):
+    model: str = field(default="", metadata={"help": "model name sent with each request (default: the servers file's)"})
+    servers: list[str] = field(default_factory=list, metadata={"help": "HOST:PORT or URL of each server"})
+    servers_file: str = field(default="", metadata={"help": "servers file written by `fuelline serve`"})
+    preset: str = field(default="none", metadata={"help": "recommended sampling of the target family",
+                                                  "choices": list(PRESETS)})
+    temperature: float | None = field(default=None, metadata={"help": "overrides the preset"})
+    top_p: float | None = field(default=None, metadata={"help": "overrides the preset"})
+    top_k: int | None = field(default=None, metadata={"help": "overrides the preset"})
+    min_p: float | None = field(default=None, metadata={"help": "overrides the preset"})
+    max_tokens: int = field(default=4096, metadata={"help": "longest answer"})
+    disable_thinking: bool = field(default=False, metadata={"help": "chat_template_kwargs enable_thinking false"})
+    drop_truncated: bool = field(default=False, metadata={"help": "drop conversations with a truncated answer"})
+    concurrency: int = field(default=64, metadata={"help": "requests in flight per server"})
+    request_timeout: float = field(default=600.0, metadata={"help": "seconds per request"})
+    attempts: int = field(default=5, metadata={"help": "tries per request"})
+
+
+class RegenerateTask(Task):
+    name = "regenerate"
+    description = "Regenerate every assistant answer with the target model through OpenAI-compatible servers."
+    Config = RegenerateStepConfig
+    produces_records = True
+
+    def run(self, inputs, output: Path, *, workers, steps, restart, progress) -> dict:
+        if not restart and (done := self.finished(output, inputs)):
+            return done
+        if restart and output.exists():
+            shutil.rmtree(output)
+        cfg = self.config
+        model, urls = cfg.model, list(cfg.servers)
+        if cfg.servers_file:
+            from fuelline.serve.launcher import read_servers_file
+
+            file_model, file_urls = read_servers_file(cfg.servers_file)
+            model, urls = model or file_model, urls + file_urls
+        if not model:
+            raise ValueError("regenerate: set 'model', or 'servers_file' written by `fuelline serve`")
+        config = RegenerateConfig(
+            model=model, preset=cfg.preset, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+            min_p=cfg.min_p, max_tokens=cfg.max_tokens, disable_thinking=cfg.disable_thinking,
+            drop_truncated=cfg.drop_truncated,
+            client=ClientConfig(concurrency=cfg.concurrency, request_timeout=cfg.request_timeout, attempts=cfg.attempts))
+        paths = OutputPaths.of(output)
+        started_before = any(p.exists() and p.stat().st_size for p in (paths.records, paths.errors))
+        if started_before and paths.stats.exists():
+            raise ValueError(f"{output} holds a regeneration made with other options or inputs; "
+                             "run the pipeline with --restart to redo it")
+        return regenerate(inputs, output, urls, config, resume=started_before, progress=progress,
+                          identity=self.identity(inputs))
