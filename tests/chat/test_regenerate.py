@@ -295,3 +295,11 @@ def test_pipeline_step_prepares_regenerates_reports_and_skips_when_done(tmp_path
     funnel = load_funnel(tmp_path / "run")
     assert [s["name"] for s in funnel["steps"]] == ["chat-prepare", "regenerate"]
     assert funnel["steps"][1]["adds_up"] and "regenerate" in format_funnel(funnel)
+
+
+def test_reasoning_returned_separately_never_enters_the_answer(conversations, tmp_path):
+    path, records = conversations
+    with echo_servers(("--reasoning",),) as (urls, _):
+        regenerate([path], tmp_path / "out.jsonl", urls, RegenerateConfig("echo", client=FAST_CLIENT), progress=False)
+    assert b"REASONING" not in (tmp_path / "out.jsonl").read_bytes()
+    assert_regenerated(tmp_path / "out.jsonl", records)

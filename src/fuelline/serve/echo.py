@@ -11,6 +11,8 @@ make it fail on purpose, and a benchmark can find the client's ceiling without a
   cut to `max_tokens` words (finish reason "length") when longer, with usage counts.
 - `--reject-fields` answers 422 "Unexpected fields in the request: {...}" when a request carries
   them, as `transformers serve` does for `top_k` and `min_p`.
+- `--reasoning` adds a separate `reasoning_content` to each answer, as reasoning parsers of
+  SGLang and vLLM do, so a client can be checked to leave it out of the answer.
 - `--fault` applies to every `--fault-every`-th chat request (1: all of them): `http500` answers
   500, `drop` closes the connection without an answer, `stall` never answers.
 """
@@ -33,9 +35,10 @@ def echo_answer(messages: list[dict]) -> str:
 
 
 class EchoServer:
-    def __init__(self, model: str, fault: str | None, fault_every: int, reject_fields: set[str], delay: float):
+    def __init__(self, model: str, fault: str | None, fault_every: int, reject_fields: set[str], delay: float,
+                 reasoning: bool = False):
         self.model, self.fault, self.fault_every = model, fault, fault_every
-        self.reject_fields, self.delay = reject_fields, delay
+        self.reject_fields, self.delay, self.reasoning = reject_fields, delay, reasoning
         self.requests = 0
 
     async def models(self, request):
@@ -64,9 +67,12 @@ class EchoServer:
         limit = body.get("max_tokens") or len(words)
         content, finish = (" ".join(words[:limit]), "length") if limit < len(words) else (" ".join(words), "stop")
         prompt_tokens = sum(len(m["content"].split()) for m in body["messages"])
+        message = {"role": "assistant", "content": content}
+        if self.reasoning:
+            message["reasoning_content"] = "REASONING: let me think about it"
         return web.Response(body=orjson.dumps({
             "id": f"chatcmpl-{self.requests}", "object": "chat.completion", "model": self.model,
-            "choices": [{"index": 0, "finish_reason": finish, "message": {"role": "assistant", "content": content}}],
+            "choices": [{"index": 0, "finish_reason": finish, "message": message}],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": min(limit, len(words)),
                       "total_tokens": prompt_tokens + min(limit, len(words))},
         }), content_type="application/json")
@@ -83,9 +89,10 @@ def main() -> None:
     parser.add_argument("--fault-every", type=int, default=1)
     parser.add_argument("--reject-fields", default="")
     parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument("--reasoning", action="store_true")
     args = parser.parse_args()
     server = EchoServer(args.model, args.fault, args.fault_every, {f for f in args.reject_fields.split(",") if f},
-                        args.delay)
+                        args.delay, args.reasoning)
     app = web.Application()
     app.router.add_get("/v1/models", server.models)
     app.router.add_post("/v1/chat/completions", server.chat)
