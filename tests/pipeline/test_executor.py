@@ -38,8 +38,9 @@ SLOW_STAGE_SCRIPT = textwrap.dedent("""
 
 def data_files(directory: Path) -> dict[str, bytes]:
     """Every output file of a stage directory except the timing-bearing bookkeeping."""
+    timed = {"stats.json", "_plan.json", "summary.json"}  # summary.json: dedup's decision, with its seconds
     return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*"))
-            if p.is_file() and p.name != "stats.json" and "_done" not in p.parts and p.name != "_plan.json"}
+            if p.is_file() and p.name not in timed and "_done" not in p.parts}
 
 
 def run_script(script: Path, source: Path, out: Path, workers: int) -> subprocess.Popen:

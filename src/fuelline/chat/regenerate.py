@@ -32,6 +32,7 @@ from typing import Any, Iterator
 import orjson
 
 from fuelline.io.atomic import write_bytes_atomic
+from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import expand_inputs
 from fuelline.io.readers import RecordError, count_units, iter_file_records
 from fuelline.serve.client import ClientConfig, Completion, NoServerError, RequestFailed, ServerPool
@@ -183,6 +184,10 @@ class Regenerator:
         self.run_counts = _Run()
 
     def run(self) -> dict:
+        with exclusive_output(self.paths.records):
+            return self._run_locked()
+
+    def _run_locked(self) -> dict:
         if not self.resume:
             for path in (self.paths.records, self.paths.errors):
                 if path.exists() and path.stat().st_size:

@@ -28,6 +28,7 @@ import orjson
 
 from fuelline.formats.tokens import DTYPES, TokenDatasetWriter, check_dtype, dtype_for
 from fuelline.io.atomic import atomic_write, write_bytes_atomic
+from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import expand_inputs
 from fuelline.io.readers import RecordError, iter_file_records
 from fuelline.pack.templates import TEMPLATES
@@ -214,6 +215,16 @@ def pack(inputs, tokenizer_dir: str | os.PathLike, output: str | os.PathLike, co
     TEMPLATES[config.template](tokenizer, **config.template_options(tokenizer_dir))  # refuses a tokenizer
     # without the template's special tokens, before anything is written
     files = expand_inputs(inputs)
+    with exclusive_output(output):
+        return _pack(files, tokenizer, tokenizer_dir, output, config, dtype, workers, threads, restart, progress,
+                     started)
+
+
+def _pack(files, tokenizer, tokenizer_dir: Path, output: Path, config: PackConfig, dtype: str, workers, threads,
+          restart: bool, progress: bool, started: float) -> dict:
+    """`pack`, once the output's lock is held."""
+    tokenizer_path = tokenizer_dir / "tokenizer.json"
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     identity = _identity(files, tokenizer_dir, config)
     workdir = output / "_work"
     if restart and output.exists():

@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 
 from fuelline.io.atomic import write_bytes_atomic
+from fuelline.io.lock import exclusive_output
 from fuelline.pipeline.executor import RunOptions, run_stage
 from fuelline.pipeline.registry import stage_class
 from fuelline.pipeline.stage import Stage
@@ -123,7 +124,13 @@ def run_pipeline(steps: list[PipelineStep], run_dir: str | os.PathLike, *, input
     first step reads `--input` when given.
     """
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    with exclusive_output(run_dir):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return _run_steps(steps, run_dir, input, workers, restart, progress)
+
+
+def _run_steps(steps: list[PipelineStep], run_dir: Path, input: list[str] | None, workers: int | None,
+               restart: bool, progress: bool) -> list[dict]:
     outputs: dict[str, Path] = {}
     last_records: list[str] = []
     all_stats, layout = [], []

@@ -14,7 +14,8 @@ Layout of a stage's output directory:
 A shard counts as finished only when its marker exists and the sizes it records match the files
 on disk: a crash before the marker, or a truncated temp file, means the shard is redone.
 Re-running over a directory made from other options or inputs is refused; `restart` discards
-whatever the directory holds and starts over.
+whatever the directory holds and starts over. A run holds the directory's lock
+(`fuelline.io.lock`) for its whole life, so a second run into it is refused at once.
 """
 
 from __future__ import annotations
@@ -35,10 +36,12 @@ import orjson
 from tqdm import tqdm
 
 from fuelline.io.atomic import remove_temp_files, write_bytes_atomic
+from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import STAGE_PART_PREFIX, STAGE_PLAN_FILE, expand_inputs
 from fuelline.io.readers import READ_ERROR_REASONS, iter_file_records
 from fuelline.io.rejects import Rejects
 from fuelline.io.writers import OUTPUT_FORMATS, RecordWriter, open_writer
+from fuelline.pipeline.lifetime import die_with_parent
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.pipeline.stage import Location, PrepareContext, ShardContext, Stage
 
@@ -228,7 +231,8 @@ class WorkerPool:
 
     Spawned, not forked (the parent may hold threads: pyarrow, tqdm); starting them and
     importing numba in each costs about a second, paid once per stage. With one worker
-    everything runs in this process.
+    everything runs in this process. Workers end when this process ends, however it ends
+    (`fuelline.pipeline.lifetime`).
     """
 
     def __init__(self, workers: int):
@@ -248,7 +252,7 @@ class WorkerPool:
             ctx = get_context("spawn")
             self._updates = ctx.Queue()
             self._pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init_worker,
-                                             initargs=(self._updates,))
+                                             initargs=(self._updates, os.getpid()))
         return self._pool
 
     def _gather(self, futures: dict, on_result: Callable[[int, object], None], bar: tqdm | None) -> None:
@@ -298,8 +302,9 @@ class WorkerPool:
 _worker_updates = None
 
 
-def _init_worker(updates) -> None:
+def _init_worker(updates, parent_pid: int) -> None:
     global _worker_updates
+    die_with_parent(parent_pid)
     _worker_updates = updates
 
 
@@ -352,6 +357,12 @@ def run_stage(stage: Stage, inputs, output_dir: str | os.PathLike, options: RunO
     started = time.perf_counter()
     files = expand_inputs(inputs)
     targets = output_targets(stage, output_dir, output_locations)
+    with exclusive_output(output_dir):
+        return _run_locked(stage, files, output_dir, options, targets, started)
+
+
+def _run_locked(stage: Stage, files: list[Path], output_dir: Path, options: RunOptions, targets: dict[str, Path],
+                started: float) -> dict:
     shards = _prepare_output(stage, files, output_dir, options, targets)
     pending = [s for s in shards if _finished_marker(output_dir, s) is None]
     total = None if any(s.units is None for s in pending) else sum(s.units for s in pending)
