@@ -59,7 +59,7 @@ def test_the_html_report_renders_its_charts_in_headless_chromium(run_dir, tmp_pa
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
         pytest.skip("needs Debian's chromium (.ci/run installs it)")
-    page = next(run_dir.glob("*-report")) / "report.html"
+    page = run_dir / "report" / "report.html"  # where the report step and `fuelline report RUN` write
     assert page.read_text().count("data:image/png;base64,") == 3
     shot = ROOT / "tests" / "report" / "screenshots"
     shot.mkdir(exist_ok=True)

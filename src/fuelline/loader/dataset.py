@@ -80,7 +80,9 @@ class TokenDataset:
         files = self.files
         self.num_windows = files.num_tokens // seq_len
         if self.num_windows == 0:
-            raise ValueError(f"{path}: {files.num_tokens} tokens make no window of {seq_len}")
+            raise ValueError(f"{path} (split {Path(path).name}): {files.num_tokens:,} tokens in "
+                             f"{files.num_documents:,} documents make no window of seq_len {seq_len}; pack more "
+                             "documents into this split, or use a shorter seq_len")
 
     @property
     def files(self) -> TokenFiles:

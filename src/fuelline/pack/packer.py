@@ -29,11 +29,12 @@ import orjson
 from fuelline.formats.tokens import DTYPES, TokenDatasetWriter, check_dtype, dtype_for
 from fuelline.io.atomic import atomic_write, write_bytes_atomic
 from fuelline.io.lock import exclusive_output
-from fuelline.io.paths import expand_inputs
+from fuelline.io.paths import STAGE_PART_PREFIX, expand_inputs
 from fuelline.io.readers import RecordError, iter_file_records
 from fuelline.pack.templates import TEMPLATES
 from fuelline.pipeline.executor import RunOptions, WorkerPool
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
+from fuelline.pipeline.task import resumed
 from fuelline.records import unit_interval
 from fuelline.tokenizer.train import tokenizer_fingerprint
 
@@ -233,7 +234,9 @@ def _pack(files, tokenizer, tokenizer_dir: Path, output: Path, config: PackConfi
     if stats_path.exists():
         finished = orjson.loads(stats_path.read_bytes())
         _refuse_other_run(finished["identity"], identity, output)
-        return finished  # packed already
+        return resumed(finished, started)  # packed already
+    if plan_path.exists() and not any(workdir.glob(f"{STAGE_PART_PREFIX}*.json")):
+        shutil.rmtree(output)  # nothing encoded yet (e.g. it stopped on bad input): other options are fine
     if plan_path.exists():
         plan = orjson.loads(plan_path.read_bytes())
         _refuse_other_run(plan["identity"], identity, output)
@@ -260,13 +263,16 @@ def _pack(files, tokenizer, tokenizer_dir: Path, output: Path, config: PackConfi
     }
     splits = {split: merge_split(split, shards, workdir, output, config.template != "plain", writer_args)
               for split in SPLITS}
+    warnings = [f"split {split} got no documents ({sum(m['documents'] for m in markers):,} in all, val_fraction "
+                f"{config.val_fraction}): it cannot be loaded for training" for split, n in splits.items()
+                if n["documents"] == 0]
     documents = sum(m["documents"] for m in markers)
     dropped = sum((Counter(m["dropped"]) for m in markers), Counter())
     stats = {
         "stage": "pack", "identity": identity, "records_in": documents + sum(dropped.values()),
         "records_out": documents, "dropped": dict(sorted(dropped.items())),
         "counters": {"truncated": sum(m["truncated"] for m in markers)} if config.template == "chat" else {},
-        "splits": splits, "dtype": dtype, "vocab_size": vocab_size,
+        "splits": splits, "dtype": dtype, "vocab_size": vocab_size, "warnings": warnings,
         "seconds": {"tokenize": round(encoded - started, 2), "merge": round(time.perf_counter() - encoded, 2)},
         "wall_seconds": round(time.perf_counter() - started, 3),
     }

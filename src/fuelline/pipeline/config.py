@@ -27,6 +27,7 @@ import orjson
 
 from fuelline.io.atomic import write_bytes_atomic
 from fuelline.io.lock import exclusive_output
+from fuelline.io.paths import expand_inputs
 from fuelline.pipeline.executor import RunOptions, run_stage
 from fuelline.pipeline.registry import stage_class
 from fuelline.pipeline.stage import Stage
@@ -53,6 +54,24 @@ def _check_type(value: Any, hint: Any) -> bool:
     return isinstance(value, hint)
 
 
+TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+PLURAL_WORDS = {int: "integers", float: "numbers", bool: "true or false values", str: "strings"}
+
+
+def describe_type(hint: Any) -> str:
+    """`hint` in a user's words: `float` is "a number", `list[str] | None` is "a list of strings"."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        members = [h for h in typing.get_args(hint) if h is not type(None)]
+        return " or ".join(describe_type(h) for h in members) if members else "nothing"
+    if origin is list:
+        (item,) = typing.get_args(hint) or (Any,)
+        return f"a list of {PLURAL_WORDS.get(item, describe_type(item))}" if item is not Any else "a list"
+    if hint in TYPE_WORDS:
+        return TYPE_WORDS[hint]
+    return getattr(hint, "__name__", str(hint))
+
+
 def build_dataclass(cls: type, values: dict[str, Any], where: str):
     """An instance of dataclass `cls` from `values`, refusing unknown keys and wrong types."""
     hints = typing.get_type_hints(cls)
@@ -62,7 +81,7 @@ def build_dataclass(cls: type, values: dict[str, Any], where: str):
         raise ValueError(f"{where}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
     for key, value in values.items():
         if not _check_type(value, hints[key]):
-            raise ValueError(f"{where}: option {key!r} must be {hints[key]}, found {value!r}")
+            raise ValueError(f"{where}: option {key!r} must be {describe_type(hints[key])}, found {value!r}")
     return cls(**values)
 
 
@@ -124,6 +143,9 @@ def run_pipeline(steps: list[PipelineStep], run_dir: str | os.PathLike, *, input
     first step reads `--input` when given.
     """
     run_dir = Path(run_dir)
+    first_inputs = list(input or []) or [i for i in (steps[0].input if steps else []) if not i.startswith("@")]
+    if first_inputs:
+        expand_inputs(first_inputs)  # a missing input stops the run before it creates anything
     with exclusive_output(run_dir):
         run_dir.mkdir(parents=True, exist_ok=True)
         return _run_steps(steps, run_dir, input, workers, restart, progress)

@@ -13,13 +13,15 @@ Layout of a stage's output directory:
 
 A shard counts as finished only when its marker exists and the sizes it records match the files
 on disk: a crash before the marker, or a truncated temp file, means the shard is redone.
-Re-running over a directory made from other options or inputs is refused; `restart` discards
-whatever the directory holds and starts over. A run holds the directory's lock
+Re-running over a directory made from other options or inputs is refused once a shard has
+finished (before that, e.g. after a stop on bad input, the new options simply replace the old);
+`restart` discards whatever the directory holds and starts over. A run holds the directory's lock
 (`fuelline.io.lock`) for its whole life, so a second run into it is refused at once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import queue
@@ -198,6 +200,9 @@ def _prepare_output(stage: Stage, inputs: list[Path], output_dir: Path, options:
         identity["outputs"] = {name: os.path.relpath(d, output_dir) for name, d in targets.items()}
     outside = _outside_targets(targets, output_dir)
     plan_path = output_dir / STAGE_PLAN_FILE
+    if plan_path.exists() and not options.restart and not any((output_dir / DONE_DIR).glob("*.json")):
+        existing = _read_json(plan_path)  # nothing finished yet (e.g. it stopped on bad input): other options are fine
+        options = dataclasses.replace(options, restart={k: v for k, v in existing.items() if k != "shards"} != identity)
     if options.restart and plan_path.exists():
         shutil.rmtree(output_dir)
         for directory in outside:  # only the parts this stage wrote there

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -38,12 +39,19 @@ class Task:
         path = output / "stats.json"
         if not path.exists():
             return None
+        started = time.perf_counter()
         stats = orjson.loads(path.read_bytes())
-        return stats if stats.get("identity") == self.identity(inputs) else None
+        return resumed(stats, started) if stats.get("identity") == self.identity(inputs) else None
 
     def run(self, inputs: list[str], output: Path, *, workers: int | None, steps: dict[str, Path],
             restart: bool, progress: bool) -> dict:
         raise NotImplementedError
+
+
+def resumed(stats: dict, started: float) -> dict:
+    """The stats of a finished step found again: marked resumed, with this run's time, not the original's."""
+    return {**stats, "resumed": True, "original_wall_seconds": stats.get("wall_seconds"),
+            "wall_seconds": round(time.perf_counter() - started, 3)}
 
 
 def resolve_step(reference: str, steps: dict[str, Path]) -> Path:

@@ -11,6 +11,8 @@ from fuelline.pipeline.task import Task
 from fuelline.report.funnel import format_funnel, load_funnel
 from fuelline.report.html import write_report
 
+REPORT_DIR = "report"  # RUN/report/: funnel.json, funnel.txt, report.html, charts
+
 
 def build_report(run_dir: Path, directory: Path) -> dict:
     """funnel.txt, funnel.json, report.html and charts for the run, in `directory`."""
@@ -27,5 +29,7 @@ class ReportTask(Task):
     needs_input = False
 
     def run(self, inputs, output: Path, *, workers, steps, restart, progress) -> dict:
-        funnel = build_report(output.parent, output)
-        return {"stage": self.name, "report": str(output / "report.html"), "steps": len(funnel["steps"])}
+        """Into RUN/report/, where `fuelline report RUN` writes too (not into the step's own directory)."""
+        directory = output.parent / REPORT_DIR
+        funnel = build_report(output.parent, directory)
+        return {"stage": self.name, "report": str(directory / "report.html"), "steps": len(funnel["steps"])}

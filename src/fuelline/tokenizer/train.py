@@ -127,6 +127,9 @@ def train_tokenizer(inputs, output_dir: str | os.PathLike, *, vocab_size: int = 
         "tokens_per_char": round(sum(len(e.ids) for e in encoded) / max(1, sum(map(len, sample))), 4),
         **punctuation_report(tokenizer, sample),
         "fingerprint": tokenizer_fingerprint(output),
+        "warnings": [f"the vocabulary has {tokenizer.get_vocab_size():,} tokens, fewer than the {vocab_size:,} asked: "
+                     f"{documents:,} documents hold no more merges of frequency ≥ {min_frequency}"]
+                    if tokenizer.get_vocab_size() < vocab_size else [],
     }
     write_bytes_atomic(output / "training_report.json", orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
     return report
