@@ -134,7 +134,7 @@ def run_demo(directory: str | None, *, workers: int | None = None,
     report(all_stats)
     print("\n" + format_funnel(load_funnel(run_dir)))
     packed = next(p for p in sorted(run_dir.iterdir()) if p.name.endswith("-pack"))
-    print(f"\nload it for training:\n"
+    print(f"\nload it for training (the loader needs torch: pip install -e \".[torch]\"):\n"
           f"  from fuelline.loader import TokenDataset, make_loader\n"
           f"  loader = make_loader(TokenDataset('{packed / 'train'}', seq_len=128), batch_size=8)\n"
           f"  batch = next(iter(loader))   # input_ids and labels (-100 on the metadata prefix)")

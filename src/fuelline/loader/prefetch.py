@@ -6,7 +6,12 @@ Each batch is staged into reused pinned host buffers and copied on a side CUDA s
 their memory is not handed out again while kernels may still read it. Token ids travel in
 their narrow dtype (uint16/int32: half or a quarter of the bytes) and are widened to int64 on
 the GPU. An exception in the loader is re-raised at the batch where it happened; no stale
-batch is ever served. Without CUDA the prefetcher passes batches through unchanged.
+batch is ever served.
+
+Without CUDA the prefetcher passes batches through unchanged: for a CPU device, and for a CUDA
+device on a machine where CUDA is not available (a torch CPU build, no GPU), so one training
+script runs on a laptop and on a GPU node. Its `state_dict()` is the one to save either way: on
+a GPU the loader has already counted the batch fetched ahead, which the prefetcher subtracts.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ class CUDAPrefetcher:
         self.loader = loader
         self.device = torch.device(device) if device is not None else (
             torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
-        self.enabled = self.device.type == "cuda"
+        self.enabled = self.device.type == "cuda" and torch.cuda.is_available()
         # Two sets of pinned buffers, used in turn: one is read by the copy in flight while the
         # next batch is staged into the other.
         self._slots = [{"buffers": {}, "copied": None}, {"buffers": {}, "copied": None}]
