@@ -1,8 +1,9 @@
 """CUDAPrefetcher on a real GPU: same batches as the CPU path, errors at the right batch, position
 for resuming, host-to-device bandwidth and how much of the copy the prefetcher hides.
 
-For any machine with CUDA and a CUDA build of torch (the project's torch pin installs the CPU
-build where there is no GPU); about a minute. Without CUDA it says so and exits with 0.
+For any machine with CUDA and a CUDA build of torch (the torch 2.13.0 wheel a stock Linux index
+gives; see "Installing torch" in the README); about a minute. Without CUDA it says so and exits
+with 0.
 
     python benchmarks/gpu_prefetch.py [--packed DIR] [--batches 200] [--step-ms 2]
 
