@@ -1,6 +1,7 @@
 import subprocess
 import sys
 
+import click
 import orjson
 import zstandard
 
@@ -43,3 +44,121 @@ def test_demo_runs_the_whole_pipeline_and_reports_every_drop(tmp_path):
     assert (tmp_path / "run" / "05-pack" / "train" / "manifest.json").exists()
     again = fuelline("demo", "--dir", str(tmp_path))  # a second demo in the same place works too
     assert again.returncode == 0, again.stderr
+
+
+def assert_one_line_error(result, *fragments):
+    """Exit 2, one `error: …` line on stderr naming each fragment, and no traceback."""
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+
+
+def write_pipeline(path, stage_table):
+    path.write_text(f'[[stage]]\nuse = "dedup"\n{stage_table}\n', encoding="utf-8")
+    return path
+
+
+def test_ordinary_mistakes_give_one_line_and_exit_2(tmp_path):
+    missing = tmp_path / "nowhere.jsonl"
+    assert_one_line_error(fuelline("ingest", "-i", str(missing), "-o", str(tmp_path / "a"), "-q"), str(missing))
+
+    bad_type = write_pipeline(tmp_path / "type.toml", 'threshold = "high"')
+    result = fuelline("run", str(bad_type), "-o", str(tmp_path / "run1"), "-i", str(missing))
+    assert_one_line_error(result, f"{bad_type} [[stage]] #1 (dedup): option 'threshold' must be a number, found 'high'")
+
+    unknown = write_pipeline(tmp_path / "unknown.toml", "treshold = 0.9")
+    result = fuelline("run", str(unknown), "-o", str(tmp_path / "run2"))
+    assert_one_line_error(result, "unknown option(s) treshold", "threshold")
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text('{"text": "hello"}\n')
+    result = fuelline("pack", "-i", str(docs), "--tokenizer", str(tmp_path / "no-tokenizer"), "-o", str(tmp_path / "p"))
+    assert result.returncode == 2 and "no-tokenizer" in result.stderr and "does not exist" in result.stderr
+    empty = tmp_path / "empty-tokenizer"
+    empty.mkdir()
+    result = fuelline("pack", "-i", str(docs), "--tokenizer", str(empty), "-o", str(tmp_path / "p"), "-q")
+    assert_one_line_error(result, f"{empty}: no tokenizer.json")
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    unknown = write_pipeline(tmp_path / "unknown.toml", "treshold = 0.9")
+    result = fuelline("--debug", "run", str(unknown), "-o", str(tmp_path / "run"))
+    assert result.returncode != 0
+    assert "Traceback" in result.stderr and "ValueError: " in result.stderr and "build_dataclass" in result.stderr
+
+
+def test_ctrl_c_says_how_to_resume_and_exits_130():
+    script = ("import click\nfrom fuelline.cli import main\n"
+              "@main.command('sleepy')\ndef sleepy():\n    raise KeyboardInterrupt\n"
+              "main(['sleepy'])\n")
+    result = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True)
+    assert result.returncode == 130
+    assert result.stderr.strip() == "interrupted: run the same command again to resume"
+
+
+def test_a_mislabelled_compressed_file_is_an_error_not_a_traceback(tmp_path):
+    source = tmp_path / "x.jsonl.zst"
+    source.write_text('{"text": "plain, not zstd"}\n')
+    assert_one_line_error(fuelline("ingest", "-i", str(source), "-o", str(tmp_path / "out"), "-q"), str(source))
+
+
+def test_summary_line_points_at_the_rejects(tmp_path):
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "ok"}\n{"text": oops}\n')
+    result = fuelline("ingest", "-i", str(source), "-o", str(tmp_path / "out"), "-q", "--on-error", "skip")
+    assert result.returncode == 0, result.stderr
+    assert f"(rejected records in {tmp_path / 'out' / '_rejects'}/)" in result.stdout
+    kept = fuelline("ingest", "-i", str(source), "-o", str(tmp_path / "bare"), "-q", "--on-error", "skip",
+                    "--no-rejects")
+    assert kept.returncode == 0 and "malformed_json 1" in kept.stdout and "rejected records" not in kept.stdout
+
+    pipeline = tmp_path / "p.toml"
+    pipeline.write_text('[defaults]\non_error = "skip"\n[[stage]]\nuse = "ingest"\n', encoding="utf-8")
+    result = fuelline("run", str(pipeline), "-o", str(tmp_path / "run"), "-i", str(source), "-q")
+    assert result.returncode == 0, result.stderr
+    assert f"(rejected records in {tmp_path / 'run' / '01-ingest' / '_rejects'}/)" in result.stdout
+
+
+def test_optional_bool_options_are_flags():
+    result = fuelline("clean", "--help")
+    assert "--boilerplate / --no-boilerplate" in result.stdout
+
+
+def test_every_option_of_every_command_has_help():
+    from fuelline.cli import main
+
+    def commands(command, path):
+        yield path, command
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from commands(sub, f"{path} {name}")
+
+    missing = [f"{path} {param.opts[0]}" for path, command in commands(main, "fuelline") for param in command.params
+               if isinstance(param, click.Option) and "--help" not in param.opts and not (param.help or "").strip()]
+    assert missing == []
+
+
+def test_export_megatron_takes_a_pack_output(packed_poems, tmp_path):
+    from fuelline.formats.tokens import read_manifest
+
+    result = fuelline("export", "megatron", str(packed_poems), "-o", str(tmp_path / "gpt"))
+    assert result.returncode == 0, result.stderr
+    for split in ("train", "val"):
+        manifest = read_manifest(packed_poems / split)
+        bin_path = tmp_path / f"gpt_{split}.bin"
+        assert bin_path.read_bytes() == (packed_poems / split / "tokens.bin").read_bytes()
+        assert (tmp_path / f"gpt_{split}.idx").stat().st_size == 42 + 20 * manifest["num_documents"]
+        assert f"{manifest['num_documents']:,} documents" in result.stdout
+
+
+def test_export_megatron_skips_an_empty_split(poems, tokenizer_dir, tmp_path):
+    packed = tmp_path / "packed"
+    result = fuelline("pack", "-i", str(poems[0]), "--tokenizer", str(tokenizer_dir), "-o", str(packed),
+                      "--val-fraction", "0", "-q", "-w", "1")
+    assert result.returncode == 0, result.stderr
+    result = fuelline("export", "megatron", str(packed), "-o", str(tmp_path / "gpt"))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "gpt_train.bin").exists() and not (tmp_path / "gpt_val.bin").exists()
+    assert "val holds no documents" in result.stdout

@@ -7,8 +7,9 @@ one help text, for the CLI and for pipeline files alike. Heavy imports happen in
 from __future__ import annotations
 
 import dataclasses
-import sys
+import types
 import typing
+from pathlib import Path
 
 import click
 
@@ -16,23 +17,67 @@ from fuelline import __version__
 from fuelline.pipeline.registry import STAGES, stage_class
 from fuelline.serve.cli import serve_command
 
+# Exceptions that mean a mistake in what the user gave (a path, an option, a file's content) and
+# whose message says so: the one place that decides what is a message and what is a traceback.
+# RecordError and TokenFormatError are ValueErrors, OutputBusy and a failed server start RuntimeErrors.
+USER_ERRORS = (ValueError, RuntimeError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
+RESUME_HINT = "run the same command again to resume"
+SUMMARY_KEYS = ("dedup", "tokenizer", "outputs", "schemas")
+CHAT_PREFIX = "chat-"
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, carrying what a command wants to say instead of the general hint to rerun."""
+
+
+class FuellineGroup(click.Group):
+    """`fuelline`: turns an expected mistake into one line, and keeps tracebacks for bugs.
+
+    A USER_ERRORS exception from any subcommand prints `error: MESSAGE` on stderr and exits 2;
+    any other exception is a bug and shows its traceback, as does every error under `--debug`.
+    Ctrl-C prints `interrupted: …` (how to resume) and exits 130, the shell's code for SIGINT.
+    """
+
+    def invoke(self, ctx: click.Context):
+        debug = ctx.params.get("debug", False)
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort):  # RuntimeErrors, but click's own control flow
+            raise
+        except USER_ERRORS as e:
+            if debug:
+                raise
+            click.echo(f"error: {e}", err=True)
+            ctx.exit(2)
+        except KeyboardInterrupt as e:
+            if debug:
+                import traceback
+
+                traceback.print_exc()
+            click.echo(f"interrupted: {e if isinstance(e, Interrupted) else RESUME_HINT}", err=True)
+            ctx.exit(130)
+
+
+@click.group(cls=FuellineGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="fuelline")
-def main() -> None:
+@click.option("--debug", is_flag=True, help="show the traceback of an error instead of a one-line message")
+def main(debug: bool) -> None:
     """Turn raw text corpora into training-ready data."""
 
 
-def _print_stats(all_stats: list[dict]) -> None:
-    for stats in all_stats:
+def _print_stats(all_stats: list[dict], outputs: list[Path | None] | None = None) -> None:
+    """One summary line per stage; `outputs` (the stage directories, in order) lets it point at rejects."""
+    for stats, output in zip(all_stats, outputs or [None] * len(all_stats)):
         if "report" in stats:
             click.echo(f"report     {stats['report']}")
             continue
         dropped = ", ".join(f"{reason} {n:,}" for reason, n in stats["dropped"].items()) or "none"
         resumed = f", {stats['resumed_shards']} shard(s) resumed" if stats.get("resumed_shards") else ""
+        if stats.get("resumed"):  # a finished step found again
+            resumed = f", resumed: done in an earlier run in {stats['original_wall_seconds']:.1f}s"
         click.echo(
             f"{stats['stage']:<10} in {stats['records_in']:>10,}  out {stats['records_out']:>10,}  "
-            f"dropped: {dropped}  ({stats['wall_seconds']:.1f}s{resumed})"
+            f"dropped: {dropped}  ({stats['wall_seconds']:.1f}s{resumed})" + _rejects_note(stats, output)
         )
         for key in SUMMARY_KEYS:  # corpus-level numbers a stage or task adds
             if key in stats:
@@ -42,16 +87,28 @@ def _print_stats(all_stats: list[dict]) -> None:
         for split, numbers in stats.get("splits", {}).items():
             click.echo(f"  {split}: {numbers['documents']:,} documents, {numbers['tokens']:,} tokens, "
                        f"supervised {numbers['supervised_share']:.2%}, metadata dropped {numbers['metadata_dropout_share']:.2%}")
+        for warning in stats.get("warnings", []) + stats.get("tokenizer", {}).get("warnings", []):
+            click.echo(f"  warning: {warning}", err=True)
 
 
-def _fail(error: Exception) -> typing.NoReturn:
-    click.echo(f"error: {error}", err=True)
-    sys.exit(2)
+def _rejects_note(stats: dict, output: Path | None) -> str:
+    from fuelline.pipeline.executor import REJECTS_DIR
+
+    if output is None or not stats.get("dropped") or not (Path(output) / REJECTS_DIR).is_dir():
+        return ""
+    return f"  (rejected records in {Path(output) / REJECTS_DIR}/)"
 
 
-USER_ERRORS = (ValueError, FileNotFoundError, RuntimeError)
-SUMMARY_KEYS = ("dedup", "tokenizer", "outputs", "schemas")
-CHAT_PREFIX = "chat-"
+def _step_dirs(run_dir: str, count: int) -> list[Path | None]:
+    """The stage directories of a run, in order, from RUN/pipeline.json (None where it is unknown)."""
+    import orjson
+
+    try:
+        layout = orjson.loads((Path(run_dir) / "pipeline.json").read_bytes())["stages"]
+    except (OSError, ValueError, KeyError):
+        layout = []
+    dirs = [Path(run_dir) / entry["dir"] for entry in layout]
+    return (dirs + [None] * count)[:count]
 
 
 def _run_params() -> list[click.Option]:
@@ -71,19 +128,15 @@ def run(pipeline_file, run_dir, inputs, workers, restart, quiet):
     """Run a pipeline file (TOML); running it again resumes."""
     from fuelline.pipeline.config import load_pipeline, run_pipeline
 
-    try:
-        steps = load_pipeline(pipeline_file)
-        all_stats = run_pipeline(steps, run_dir, input=list(inputs), workers=workers, restart=restart,
-                                 progress=not quiet)
-    except USER_ERRORS as e:
-        _fail(e)
-    _print_stats(all_stats)
+    steps = load_pipeline(pipeline_file)
+    all_stats = run_pipeline(steps, run_dir, input=list(inputs), workers=workers, restart=restart, progress=not quiet)
+    _print_stats(all_stats, _step_dirs(run_dir, len(all_stats)))
 
 
 def _option_for(field: dataclasses.Field, hint) -> click.Option:
     flag = "--" + field.name.replace("_", "-")
     help_text = field.metadata.get("help", "")
-    if hint is bool:
+    if hint is bool or _optional_of(hint) is bool:  # default None: the config's own default
         return click.Option([f"{flag}/--no-{field.name.replace('_', '-')}"], default=None, help=help_text)
     if typing.get_origin(hint) is list:
         (item,) = typing.get_args(hint)
@@ -94,6 +147,14 @@ def _option_for(field: dataclasses.Field, hint) -> click.Option:
     else:  # `int | None` and the like: the non-None member
         kind = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
     return click.Option([flag], type=kind, default=None, help=help_text)
+
+
+def _optional_of(hint):
+    """X for `X | None`, else None."""
+    if typing.get_origin(hint) not in (typing.Union, types.UnionType):
+        return None
+    members = [t for t in typing.get_args(hint) if t is not type(None)]
+    return members[0] if len(members) == 1 else None
 
 
 def _stage_options(cls) -> list[click.Option]:
@@ -140,12 +201,9 @@ def _stage_command(name: str, command_name: str | None = None) -> click.Command:
     cls = stage_class(name)
 
     def callback(inputs, output, **values):
-        try:
-            stats = _run_from_cli(name, cls, inputs, output, **values)
-        except USER_ERRORS as e:
-            _fail(e)
+        stats = _run_from_cli(name, cls, inputs, output, **values)
         if stats is not None:
-            _print_stats([stats])
+            _print_stats([stats], [Path(output)])
 
     output = click.Option(["--output", "-o"], required=True, type=click.Path(file_okay=False), help="output directory")
     return click.Command(command_name or name, callback=callback, params=[output, *_stage_options(cls)],
@@ -167,28 +225,23 @@ def _chat_prepare_command() -> click.Command:
     cls = stage_class("chat-prepare")
 
     def callback(inputs, train_output, eval_output, work_dir, **values):
-        from pathlib import Path
-
         from fuelline.io.writers import write_jsonl_file
 
         train, evals = Path(train_output), Path(eval_output)
         single = {name: path for name, path in (("train", train), ("eval", evals)) if path.suffix == ".jsonl"}
         if "train" not in single:  # the train directory is the stage directory
             if work_dir:
-                _fail(ValueError(f"--work-dir is for a .jsonl --train-output; {train} is the stage directory itself"))
+                raise ValueError(f"--work-dir is for a .jsonl --train-output; {train} is the stage directory itself")
             stage_dir = train
         else:
             stage_dir = Path(work_dir) if work_dir else train.with_name(train.name + ".parts")
         locations = {} if "eval" in single else {"eval": evals}
-        try:
-            stats = _run_from_cli("chat prepare", cls, inputs, stage_dir, output_locations=locations, **values)
-            if stats is None:
-                return
-            for name, path in single.items():
-                write_jsonl_file(stage_dir if name == "train" else stage_dir / name, path)
-        except USER_ERRORS as e:
-            _fail(e)
-        _print_stats([stats])
+        stats = _run_from_cli("chat prepare", cls, inputs, stage_dir, output_locations=locations, **values)
+        if stats is None:
+            return
+        for name, path in single.items():
+            write_jsonl_file(stage_dir if name == "train" else stage_dir / name, path)
+        _print_stats([stats], [stage_dir])
         click.echo(f"train  {stats['outputs']['train']:,} conversations → {train}\n"
                    f"eval   {stats['outputs']['eval']:,} prompts → {evals}")
 
@@ -218,11 +271,11 @@ chat.add_command(_chat_prepare_command())
 @click.option("--concurrency", type=int, default=64, show_default=True, help="requests in flight per server")
 @click.option("--preset", type=click.Choice(["qwen3", "gemma4", "none"]), default="none", show_default=True,
               help="the target family's recommended sampling; explicit values override it")
-@click.option("--temperature", type=float, default=None)
-@click.option("--top-p", type=float, default=None)
-@click.option("--top-k", type=int, default=None)
-@click.option("--min-p", type=float, default=None)
-@click.option("--max-tokens", type=int, default=4096, show_default=True)
+@click.option("--temperature", type=float, default=None, help="sampling temperature (default: the preset's, else the server's)")
+@click.option("--top-p", type=float, default=None, help="nucleus sampling: keep the smallest set of tokens with this mass")
+@click.option("--top-k", type=int, default=None, help="sample among the K most likely tokens")
+@click.option("--min-p", type=float, default=None, help="drop tokens below this share of the likeliest token's probability")
+@click.option("--max-tokens", type=int, default=4096, show_default=True, help="most tokens generated per answer")
 @click.option("--disable-thinking", is_flag=True, help="send chat_template_kwargs {enable_thinking: false}")
 @click.option("--drop-truncated", is_flag=True, help="drop conversations with an answer cut by --max-tokens")
 @click.option("--resume", is_flag=True, help="continue OUT: skip the ids it holds (a torn last line is cut off)")
@@ -235,27 +288,25 @@ def regenerate_command(inputs, output, servers, servers_file, model, concurrency
     from fuelline.chat.regenerate import RegenerateConfig, regenerate
     from fuelline.serve.client import ClientConfig
 
-    try:
-        urls = list(servers)
-        if servers_file:
-            from fuelline.serve.launcher import read_servers_file
+    urls = list(servers)
+    if servers_file:
+        from fuelline.serve.launcher import read_servers_file
 
-            file_model, file_urls = read_servers_file(servers_file)
-            urls += file_urls
-            model = model or file_model
-        if not model:
-            raise ValueError("give --model (the name the servers serve), or --servers-file written by `fuelline serve`")
-        config = RegenerateConfig(model=model, preset=preset, temperature=temperature, top_p=top_p, top_k=top_k,
-                                  min_p=min_p, max_tokens=max_tokens, disable_thinking=disable_thinking,
-                                  drop_truncated=drop_truncated,
-                                  client=ClientConfig(concurrency=concurrency, request_timeout=request_timeout,
-                                                      attempts=attempts))
+        file_model, file_urls = read_servers_file(servers_file)
+        urls += file_urls
+        model = model or file_model
+    if not model:
+        raise ValueError("give --model (the name the servers serve), or --servers-file written by `fuelline serve`")
+    config = RegenerateConfig(model=model, preset=preset, temperature=temperature, top_p=top_p, top_k=top_k,
+                              min_p=min_p, max_tokens=max_tokens, disable_thinking=disable_thinking,
+                              drop_truncated=drop_truncated,
+                              client=ClientConfig(concurrency=concurrency, request_timeout=request_timeout,
+                                                  attempts=attempts))
+    try:
         stats = regenerate(list(inputs), output, urls, config, resume=resume, progress=not quiet,
                            warn=lambda message: click.echo(message, err=True))
-    except USER_ERRORS as e:
-        _fail(e)
     except KeyboardInterrupt:
-        _fail(RuntimeError(f"interrupted; what was written to {output} is kept: rerun with --resume to continue"))
+        raise Interrupted(f"what was written to {output} is kept: rerun with --resume to continue") from None
     c = stats["counters"]
     dropped = ", ".join(f"{k} {v:,}" for k, v in stats["dropped"].items()) or "none"
     click.echo(f"regenerate in {stats['records_in']:,}  out {stats['records_out']:,} ({c['resumed']:,} resumed)  "
@@ -265,13 +316,17 @@ def regenerate_command(inputs, output, servers, servers_file, model, concurrency
         left_out = f", left out {', '.join(numbers['left_out'])}" if numbers["left_out"] else ""
         click.echo(f"  {url}: {numbers['requests']:,} requests, {numbers['failed']:,} failed, "
                    f"{numbers['tokens']:,} tokens{left_out}")
+
+
 chat.add_command(_stage_command("chat-from-poetry", "from-poetry"))
 
 
 @main.command(params=_run_params())
 @click.option("--input", "-i", "inputs", multiple=True, required=True, help="document records (files, dirs, globs)")
-@click.option("--tokenizer", "tokenizer_dir", required=True, type=click.Path(exists=True, file_okay=False))
-@click.option("--output", "-o", required=True, type=click.Path(file_okay=False))
+@click.option("--tokenizer", "tokenizer_dir", required=True, type=click.Path(exists=True, file_okay=False),
+              help="tokenizer directory (from `fuelline tokenizer train` or `from-tiktoken`)")
+@click.option("--output", "-o", required=True, type=click.Path(file_okay=False),
+              help="output directory: train/, val/ and a copy of the tokenizer")
 @click.option("--template", type=click.Choice(["poetry", "plain", "chat"]), default="poetry", show_default=True,
               help="documents: poetry or plain; chat records (SFT): chat, with an assistant-only mask")
 @click.option("--chat-template", default="chatml", show_default=True,
@@ -282,23 +337,23 @@ chat.add_command(_stage_command("chat-from-poetry", "from-poetry"))
               help="--template chat: drop conversations with fewer supervised tokens")
 @click.option("--metadata-dropout", type=float, default=0.25, show_default=True,
               help="share of poetry documents packed without title, author and dynasty")
-@click.option("--val-fraction", type=float, default=0.05, show_default=True)
+@click.option("--val-fraction", type=float, default=0.05, show_default=True,
+              help="share of documents that go to val/")
 @click.option("--seed", type=int, default=42, show_default=True, help="decides split and dropout per document")
-@click.option("--dtype", type=click.Choice(["auto", "uint16", "uint32"]), default="auto", show_default=True)
+@click.option("--dtype", type=click.Choice(["auto", "uint16", "uint32"]), default="auto", show_default=True,
+              help="token id type on disk; auto: uint16 when the vocabulary fits, else uint32")
 @click.option("--threads", type=int, default=None, help="tokenizer threads per worker (default: the library's own)")
 def pack(inputs, tokenizer_dir, output, template, chat_template, max_length, min_loss_tokens, metadata_dropout,
          val_fraction, seed, dtype, threads, workers, restart, quiet):
     """Tokenize documents (or chat records) into train/ and val/ token datasets with a loss mask."""
-    from fuelline.pack.packer import PackConfig, pack as run_pack
+    from fuelline.pack.packer import PackConfig
+    from fuelline.pack.packer import pack as run_pack
 
-    try:
-        config = PackConfig(template=template, metadata_dropout=metadata_dropout, val_fraction=val_fraction,
-                            seed=seed, dtype=dtype, chat_template=chat_template, max_length=max_length,
-                            min_loss_tokens=min_loss_tokens)
-        stats = run_pack(list(inputs), tokenizer_dir, output, config, workers=workers, threads=threads,
-                         restart=restart, progress=not quiet)
-    except USER_ERRORS as e:
-        _fail(e)
+    config = PackConfig(template=template, metadata_dropout=metadata_dropout, val_fraction=val_fraction,
+                        seed=seed, dtype=dtype, chat_template=chat_template, max_length=max_length,
+                        min_loss_tokens=min_loss_tokens)
+    stats = run_pack(list(inputs), tokenizer_dir, output, config, workers=workers, threads=threads,
+                     restart=restart, progress=not quiet)
     for split, numbers in stats["splits"].items():
         click.echo(f"{split:<6} {numbers['documents']:>9,} documents {numbers['tokens']:>12,} tokens  "
                    f"supervised {numbers['supervised_share']:.2%}  metadata dropped {numbers['metadata_dropout_share']:.2%}")
@@ -306,25 +361,31 @@ def pack(inputs, tokenizer_dir, output, template, chat_template, max_length, min
         click.echo("dropped: " + (", ".join(f"{k} {v:,}" for k, v in stats["dropped"].items()) or "none") +
                    "".join(f"; {k} {v:,}" for k, v in stats["counters"].items()))
     click.echo(f"{stats['dtype']}, vocabulary {stats['vocab_size']:,}; wrote {output}")
+    for warning in stats.get("warnings", []):
+        click.echo(f"warning: {warning}", err=True)
+
+
+def _token_datasets(directory: str) -> dict[str | None, Path]:
+    """{None: DIR} for a token dataset, {"train": DIR/train, "val": DIR/val} for a pack output."""
+    from fuelline.formats.tokens import MANIFEST
+
+    root = Path(directory)
+    if (root / MANIFEST).exists():
+        return {None: root}
+    splits = {s: root / s for s in ("train", "val") if (root / s).is_dir()}
+    if not splits:
+        raise ValueError(f"{root}: neither a token dataset (no {MANIFEST}) nor a pack output (no train/ or val/)")
+    return splits
 
 
 @main.command()
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 def verify(directory):
     """Check a token dataset (or a pack output's train/ and val/): manifest, sizes, checksums, ids."""
-    from pathlib import Path
+    from fuelline.formats.tokens import verify_token_dataset
 
-    from fuelline.formats.tokens import MANIFEST, verify_token_dataset
-
-    root = Path(directory)
-    targets = [root] if (root / MANIFEST).exists() else [root / s for s in ("train", "val") if (root / s).is_dir()]
-    if not targets:
-        _fail(ValueError(f"{root}: neither a token dataset (no {MANIFEST}) nor a pack output (no train/ or val/)"))
-    for target in targets:
-        try:
-            manifest = verify_token_dataset(target)
-        except USER_ERRORS as e:
-            _fail(e)
+    for target in _token_datasets(directory).values():
+        manifest = verify_token_dataset(target)
         click.echo(f"ok  {target}: {manifest['num_documents']:,} documents, {manifest['num_tokens']:,} tokens, "
                    f"{manifest['dtype']}, checksums match")
 
@@ -340,12 +401,12 @@ def inspect(directory, doc, window, seq_len, split):
     from fuelline.pack.inspect import open_for_inspection, show_document, show_window
 
     if (doc is None) == (window is None):
-        _fail(ValueError("give exactly one of --doc K or --window I"))
+        raise ValueError("give exactly one of --doc K or --window I")
+    files, tokenizer = open_for_inspection(directory, split)
     try:
-        files, tokenizer = open_for_inspection(directory, split)
         click.echo(show_document(files, tokenizer, doc) if doc is not None else show_window(files, tokenizer, window, seq_len))
-    except (*USER_ERRORS, IndexError) as e:
-        _fail(e)
+    except IndexError as e:  # K or I beyond the dataset: the message says by how much
+        raise ValueError(str(e)) from e
 
 
 @main.command()
@@ -353,17 +414,12 @@ def inspect(directory, doc, window, seq_len, split):
 @click.option("--json", "as_json", is_flag=True, help="print the funnel as JSON instead of a table")
 def report(run_dir, as_json):
     """The funnel of a run: text table, and RUN/report/ (funnel.json, report.html, PNG charts)."""
-    from pathlib import Path
-
     import orjson
 
     from fuelline.report.funnel import format_funnel
     from fuelline.report.task import build_report
 
-    try:
-        funnel = build_report(Path(run_dir), Path(run_dir) / "report")
-    except USER_ERRORS as e:
-        _fail(e)
+    funnel = build_report(Path(run_dir), Path(run_dir) / "report")
     click.echo(orjson.dumps(funnel, option=orjson.OPT_INDENT_2).decode() if as_json else format_funnel(funnel))
     if not as_json:
         click.echo(f"\nHTML report: {Path(run_dir) / 'report' / 'report.html'}")
@@ -377,22 +433,22 @@ def tokenizer() -> None:
 @tokenizer.command("train")
 @click.option("--input", "-i", "inputs", multiple=True, required=True, help="document records (files, dirs, globs)")
 @click.option("--output", "-o", required=True, type=click.Path(file_okay=False), help="tokenizer directory to write")
-@click.option("--vocab-size", type=int, default=4096, show_default=True)
+@click.option("--vocab-size", type=int, default=4096, show_default=True, help="tokens in the vocabulary, merges included")
 @click.option("--pretokenize", type=click.Choice(["han-chars", "han-pairs", "bytelevel"]), default="han-chars",
               show_default=True, help="how text is cut before BPE (see fuelline.tokenizer.train)")
-@click.option("--min-frequency", type=int, default=2, show_default=True)
+@click.option("--min-frequency", type=int, default=2, show_default=True,
+              help="a pair must occur this often to become a merge")
 def train(inputs, output, vocab_size, pretokenize, min_frequency):
     """Train a byte-level BPE tokenizer on the text of document records (never on metadata)."""
     from fuelline.tokenizer.train import train_tokenizer
 
-    try:
-        report = train_tokenizer(list(inputs), output, vocab_size=vocab_size, pretokenize=pretokenize,
-                                 min_frequency=min_frequency)
-    except USER_ERRORS as e:
-        _fail(e)
+    report = train_tokenizer(list(inputs), output, vocab_size=vocab_size, pretokenize=pretokenize,
+                             min_frequency=min_frequency)
     click.echo(f"trained on {report['documents']:,} documents in {report['train_seconds']} s: "
                f"{report['vocab_size']:,} tokens, {report['tokens_per_char']} tokens per character, "
                f"{report['isolated_share']:.1%} of punctuation marks are tokens of their own; wrote {output}")
+    for warning in report["warnings"]:
+        click.echo(f"warning: {warning}", err=True)
 
 
 @tokenizer.command("from-tiktoken")
@@ -404,10 +460,7 @@ def from_tiktoken(ranks_file, output, preset):
     """Convert a tiktoken ranks file into a tokenizer.json that gives the same ids."""
     from fuelline.tokenizer.tiktoken_convert import convert_tiktoken
 
-    try:
-        path = convert_tiktoken(ranks_file, output, preset=preset)
-    except USER_ERRORS as e:
-        _fail(e)
+    path = convert_tiktoken(ranks_file, output, preset=preset)
     click.echo(f"wrote {path}")
 
 
@@ -418,20 +471,25 @@ def export() -> None:
 
 @export.command("megatron")
 @click.argument("token_dir", metavar="OUT", type=click.Path(exists=True, file_okay=False))
-@click.option("--output", "-o", "prefix", required=True, help="output prefix: PREFIX.bin and PREFIX.idx are written")
+@click.option("--output", "-o", "prefix", required=True,
+              help="output prefix: PREFIX.bin and PREFIX.idx, or PREFIX_train.* and PREFIX_val.* for a pack output")
 def export_megatron_command(token_dir, prefix):
-    """Export token dataset OUT to Megatron-LM's indexed dataset (.bin/.idx); the loss mask is dropped."""
+    """Export token dataset OUT (or a pack output's train/ and val/) to Megatron-LM's indexed dataset
+    (.bin/.idx); the loss mask is dropped."""
     from fuelline.formats.megatron import export_megatron
     from fuelline.formats.tokens import read_manifest
 
-    try:
-        bin_path, idx_path = export_megatron(token_dir, prefix)
-        manifest = read_manifest(token_dir)
-    except USER_ERRORS as e:
-        _fail(e)
-    click.echo(f"wrote {bin_path} and {idx_path}: {manifest['num_documents']:,} documents, "
-               f"{manifest['num_tokens']:,} tokens")
-    if manifest["mask"] is not None:
+    masked = False
+    for split, directory in _token_datasets(token_dir).items():
+        manifest = read_manifest(directory)
+        if split is not None and manifest["num_documents"] == 0:
+            click.echo(f"note: {directory} holds no documents; {prefix}_{split}.bin/.idx not written")
+            continue
+        bin_path, idx_path = export_megatron(directory, prefix if split is None else f"{prefix}_{split}")
+        click.echo(f"wrote {bin_path} and {idx_path}: {manifest['num_documents']:,} documents, "
+                   f"{manifest['num_tokens']:,} tokens")
+        masked = masked or manifest["mask"] is not None
+    if masked:
         click.echo("note: the loss mask was not exported (Megatron's format has none); every token is a target")
 
 
@@ -447,5 +505,7 @@ def demo(directory, workers):
     from fuelline.demo import run_demo
 
     run_demo(directory, workers=workers, report=_print_stats)
+
+
 if __name__ == "__main__":
     main()

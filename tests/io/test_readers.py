@@ -151,3 +151,43 @@ def test_directory_reads_skip_the_stats_files_steps_write_beside_their_data(tmp_
     (tmp_path / "stats.json").write_text('{"records_in": 1}')
     assert list(read_records(tmp_path)) == [{"a": 1}]
     assert list(read_records(tmp_path / "stats.json")) == [{"records_in": 1}]  # named explicitly, it is read
+
+
+def _compressed(kind: str, data: bytes) -> bytes:
+    return {"zst": zstandard.ZstdCompressor().compress, "gz": gzip.compress, "bz2": bz2.compress,
+            "xz": lzma.compress}[kind](data)
+
+
+JSONL = b"".join(b'{"n": %d, "text": "%s"}\n' % (i, b"x" * (i % 50)) for i in range(20_000))
+
+
+@pytest.mark.parametrize("kind", ["zst", "gz", "bz2", "xz"])
+def test_a_truncated_compressed_file_is_an_error_never_a_short_read(kind, tmp_path):
+    from fuelline.io.readers import DamagedInput
+
+    whole = _compressed(kind, JSONL)
+    path = tmp_path / f"cut.jsonl.{kind}"
+    path.write_bytes(whole[: len(whole) * 2 // 3])
+    with pytest.raises(DamagedInput, match=rf"cut.jsonl.{kind}: ends early: truncated\?"):
+        list(read_records(path))
+    with pytest.raises(DamagedInput, match="ends early"):
+        count_units(path)
+    path.write_bytes(whole)
+    assert sum(1 for _ in read_records(path)) == 20_000
+
+
+def test_a_zstd_file_cut_at_a_frame_boundary_reads_its_whole_frames(tmp_path):
+    frames = [zstandard.ZstdCompressor().compress(JSONL[:100_000]), zstandard.ZstdCompressor().compress(JSONL[100_000:])]
+    path = tmp_path / "frames.jsonl.zst"
+    path.write_bytes(b"".join(frames))
+    assert b"".join(orjson.dumps(r) + b"\n" for r in read_records(path)).count(b"\n") == 20_000
+
+
+@pytest.mark.parametrize("kind", ["zst", "gz", "bz2", "xz"])
+def test_a_mislabelled_file_names_itself_and_the_suffix(kind, tmp_path):
+    from fuelline.io.readers import DamagedInput
+
+    path = tmp_path / f"plain.jsonl.{kind}"
+    path.write_bytes(JSONL[:1000])
+    with pytest.raises(DamagedInput, match=rf"plain.jsonl.{kind}: cannot be read as .{kind} .*suffix right"):
+        list(read_records(path))

@@ -47,7 +47,7 @@ def test_a_two_stage_pipeline_runs_and_resumes(tmp_path, corpus):
 
 @pytest.mark.parametrize("text, message", [
     ('[[stage]]\nuse = "ingest"\ntext_kee = "x"\n', r"#1 \(ingest\): unknown option\(s\) text_kee"),
-    ('[[stage]]\nuse = "ingest"\nmin_chars = "ten"\n', r"option 'min_chars' must be <class 'int'>, found 'ten'"),
+    ('[[stage]]\nuse = "ingest"\nmin_chars = "ten"\n', r"option 'min_chars' must be an integer, found 'ten'"),
     ('[[stage]]\nuse = "dedupe"\n', r"unknown stage 'dedupe'"),
     ('[defaults]\nworkerz = 2\n[[stage]]\nuse = "ingest"\n', r"\[defaults\]: unknown option\(s\) workerz"),
     ('[[stage]]\nuse = "ingest"\n[[stage]]\nuse = "ingest"\n', r"stage name 'ingest' is used twice"),

@@ -44,12 +44,11 @@ def serve_command(engine, model, ports, gpus_per_server, host, log_dir, servers_
     def say(line: str) -> None:
         click.echo(f"{time.strftime('%H:%M:%S')} {line}")
 
-    try:
-        group = ServerGroup(engine, model, ports, host=host, gpus_per_server=gpus_per_server, log_dir=log_dir,
-                            extra_args=extra_args, servers_file=servers_file, startup_timeout=startup_timeout,
-                            on_event=say)
-    except ValueError as e:
-        _fail(e)
+    # A mistake (bad ports, missing model, engine not installed, a failed start) raises; `fuelline`
+    # prints it as `error: …` and exits 2 once the servers are stopped.
+    group = ServerGroup(engine, model, ports, host=host, gpus_per_server=gpus_per_server, log_dir=log_dir,
+                        extra_args=extra_args, servers_file=servers_file, startup_timeout=startup_timeout,
+                        on_event=say)
     previous = {sig: signal.signal(sig, _request_stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
     ready = False
     try:
@@ -63,8 +62,6 @@ def serve_command(engine, model, ports, gpus_per_server, host, log_dir, servers_
         if not ready:  # start() has already stopped what it had started
             say("interrupted while the servers were starting; stopped them")
             sys.exit(1)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:  # start-up failed; it stopped what it started
-        _fail(e)
     finally:
         _stop(group, previous)
 
@@ -88,10 +85,3 @@ def _stop(group, previous: dict) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def _fail(error: Exception):
-    from fuelline.cli import _fail as fail
-
-    fail(error)
-    sys.exit(2)  # not reached: _fail exits

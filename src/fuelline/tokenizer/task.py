@@ -40,7 +40,7 @@ class TokenizerTask(Task):
         stats = {"stage": self.name, "identity": self.identity(inputs), "records_in": report["documents"],
                  "records_out": report["documents"], "dropped": {}, "counters": {},
                  "tokenizer": {k: report[k] for k in ("vocab_size", "pretokenize", "tokens_per_char",
-                                                       "isolated_share", "train_seconds")},
+                                                       "isolated_share", "train_seconds", "warnings")},
                  "wall_seconds": round(time.perf_counter() - started, 3)}
         write_bytes_atomic(output / "stats.json", orjson.dumps(stats, option=orjson.OPT_INDENT_2) + b"\n")
         return stats
