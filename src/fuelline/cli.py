@@ -62,7 +62,7 @@ class FuellineGroup(click.Group):
 @click.version_option(__version__, prog_name="fuelline")
 @click.option("--debug", is_flag=True, help="show the traceback of an error instead of a one-line message")
 def main(debug: bool) -> None:
-    """Turn raw text corpora into training-ready data."""
+    """Turn raw text and chat corpora into training-ready data for LLMs."""
 
 
 def _print_stats(all_stats: list[dict], outputs: list[Path | None] | None = None) -> None:
@@ -504,7 +504,8 @@ def demo(directory, workers):
     """Generate a small messy corpus and run the pipeline on it."""
     from fuelline.demo import run_demo
 
-    run_demo(directory, workers=workers, report=_print_stats)
+    run_demo(directory, workers=workers,
+             report=lambda stats, run_dir: _print_stats(stats, _step_dirs(run_dir, len(stats))))
 
 
 if __name__ == "__main__":

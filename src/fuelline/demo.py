@@ -116,8 +116,10 @@ def generate_corpus(directory: Path, seed: int = 0, poems: int = 3000) -> Path:
 
 
 def run_demo(directory: str | None, *, workers: int | None = None,
-             report: Callable[[list[dict]], None] = print) -> Path:
-    """Generate the corpus and run the demo pipeline; return the run directory."""
+             report: Callable[[list[dict], Path], None] = lambda stats, run_dir: print(stats)) -> Path:
+    """Generate the corpus and run the demo pipeline; return the run directory.
+
+    `report(stats, run_dir)` shows the steps' stats (the CLI's summary lines)."""
     from fuelline.pipeline.config import load_pipeline, run_pipeline
     from fuelline.report.funnel import format_funnel, load_funnel
 
@@ -131,7 +133,7 @@ def run_demo(directory: str | None, *, workers: int | None = None,
     # The corpus was just rewritten, so an earlier demo run in the same place is redone.
     all_stats = run_pipeline(load_pipeline(pipeline_file), run_dir, input=[str(corpus)], workers=workers,
                              restart=True)
-    report(all_stats)
+    report(all_stats, run_dir)
     print("\n" + format_funnel(load_funnel(run_dir)))
     packed = next(p for p in sorted(run_dir.iterdir()) if p.name.endswith("-pack"))
     print(f"\nload it for training (the loader needs torch: pip install -e \".[torch]\"):\n"
