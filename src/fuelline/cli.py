@@ -285,18 +285,10 @@ chat.add_command(_chat_prepare_command())
 def regenerate_command(inputs, output, servers, servers_file, model, concurrency, preset, temperature, top_p, top_k,
                        min_p, max_tokens, disable_thinking, drop_truncated, resume, request_timeout, attempts, quiet):
     """Regenerate every assistant answer with the target model, through OpenAI-compatible servers."""
-    from fuelline.chat.regenerate import RegenerateConfig, regenerate
+    from fuelline.chat.regenerate import RegenerateConfig, regenerate, resolve_servers
     from fuelline.serve.client import ClientConfig
 
-    urls = list(servers)
-    if servers_file:
-        from fuelline.serve.launcher import read_servers_file
-
-        file_model, file_urls = read_servers_file(servers_file)
-        urls += file_urls
-        model = model or file_model
-    if not model:
-        raise ValueError("give --model (the name the servers serve), or --servers-file written by `fuelline serve`")
+    model, urls = resolve_servers(model, list(servers), servers_file)
     config = RegenerateConfig(model=model, preset=preset, temperature=temperature, top_p=top_p, top_k=top_k,
                               min_p=min_p, max_tokens=max_tokens, disable_thinking=disable_thinking,
                               drop_truncated=drop_truncated,

@@ -318,6 +318,20 @@ async def _first_failure(tasks: list[asyncio.Task]) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def resolve_servers(model: str | None, servers: list[str], servers_file: str | None) -> tuple[str, list[str]]:
+    """(model name, server URLs) from what was given and, if given, a servers file of `fuelline serve`."""
+    urls = list(servers)
+    if servers_file:
+        from fuelline.serve.launcher import read_servers_file
+
+        file_model, file_urls = read_servers_file(servers_file)
+        model, urls = model or file_model, urls + file_urls
+    if not model:
+        raise ValueError("give the model name the servers serve (--model, or 'model' in a pipeline file), "
+                         "or a servers file written by `fuelline serve`")
+    return model, urls
+
+
 def regenerate(inputs, output, servers: list[str], config: RegenerateConfig, **options) -> dict:
     """Run the regenerate step; return its stats (also written to stats.json)."""
     try:

@@ -11,7 +11,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fuelline.chat.regenerate import PRESETS, OutputPaths, RegenerateConfig, regenerate
+from fuelline.chat.regenerate import PRESETS, OutputPaths, RegenerateConfig, regenerate, resolve_servers
 from fuelline.pipeline.stage import StageConfig
 from fuelline.pipeline.task import Task
 from fuelline.serve.client import ClientConfig
@@ -48,14 +48,7 @@ class RegenerateTask(Task):
         if restart and output.exists():
             shutil.rmtree(output)
         cfg = self.config
-        model, urls = cfg.model, list(cfg.servers)
-        if cfg.servers_file:
-            from fuelline.serve.launcher import read_servers_file
-
-            file_model, file_urls = read_servers_file(cfg.servers_file)
-            model, urls = model or file_model, urls + file_urls
-        if not model:
-            raise ValueError("regenerate: set 'model', or 'servers_file' written by `fuelline serve`")
+        model, urls = resolve_servers(cfg.model, cfg.servers, cfg.servers_file)
         config = RegenerateConfig(
             model=model, preset=cfg.preset, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
             min_p=cfg.min_p, max_tokens=cfg.max_tokens, disable_thinking=cfg.disable_thinking,

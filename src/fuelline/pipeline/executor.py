@@ -21,7 +21,6 @@ finished (before that, e.g. after a stop on bad input, the new options simply re
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import queue
@@ -200,17 +199,17 @@ def _prepare_output(stage: Stage, inputs: list[Path], output_dir: Path, options:
         identity["outputs"] = {name: os.path.relpath(d, output_dir) for name, d in targets.items()}
     outside = _outside_targets(targets, output_dir)
     plan_path = output_dir / STAGE_PLAN_FILE
-    if plan_path.exists() and not options.restart and not any((output_dir / DONE_DIR).glob("*.json")):
-        existing = _read_json(plan_path)  # nothing finished yet (e.g. it stopped on bad input): other options are fine
-        options = dataclasses.replace(options, restart={k: v for k, v in existing.items() if k != "shards"} != identity)
-    if options.restart and plan_path.exists():
+    existing = _read_json(plan_path) if plan_path.exists() else None
+    same = existing is not None and {k: v for k, v in existing.items() if k != "shards"} == identity
+    # Until a shard has finished (e.g. the run stopped on bad input), other options simply replace the old.
+    replaceable = not same and not any((output_dir / DONE_DIR).glob("*.json"))
+    if existing is not None and (options.restart or replaceable):
         shutil.rmtree(output_dir)
         for directory in outside:  # only the parts this stage wrote there
             for part in directory.glob(f"{STAGE_PART_PREFIX}*"):
                 part.unlink()
-    if plan_path.exists():
-        existing = _read_json(plan_path)
-        same = {k: v for k, v in existing.items() if k != "shards"} == identity
+        existing = None
+    if existing is not None:
         if same:
             for directory in [output_dir, *outside]:
                 directory.mkdir(parents=True, exist_ok=True)
