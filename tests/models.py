@@ -61,8 +61,8 @@ def _mark_complete(directory: Path) -> Path:
     return directory
 
 
-def tiny_qwen3(directory: str | os.PathLike, tokenizer_dir: str | os.PathLike, seed: int = 0) -> Path:
-    """A 2-layer Qwen3 (hidden 64) with random weights over the real Qwen vocabulary.
+def tiny_qwen3(directory: str | os.PathLike, tokenizer_dir: str | os.PathLike, seed: int = 0, layers: int = 2) -> Path:
+    """A Qwen3 of `layers` decoder layers (hidden 64) with random weights over the real Qwen vocabulary.
 
     `tokenizer_dir` is the converted Qwen vocabulary (`convert_tiktoken`); the tokenizer is saved
     beside the model with QWEN3_CHAT_TEMPLATE and eos `<|im_end|>`, which is also the generation
@@ -80,7 +80,7 @@ def tiny_qwen3(directory: str | os.PathLike, tokenizer_dir: str | os.PathLike, s
     eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
     config = Qwen3Config(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
         initializer_range=0.2, tie_word_embeddings=False, eos_token_id=eos_id, pad_token_id=pad_id,
         bos_token_id=None,

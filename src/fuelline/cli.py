@@ -15,6 +15,7 @@ import click
 
 from fuelline import __version__
 from fuelline.pipeline.registry import STAGES, stage_class
+from fuelline.cache.cli import cache as cache_group
 from fuelline.serve.cli import serve_command
 
 # Exceptions that mean a mistake in what the user gave (a path, an option, a file's content) and
@@ -486,6 +487,7 @@ def export_megatron_command(token_dir, prefix):
 
 
 main.add_command(serve_command)
+main.add_command(cache_group)
 
 
 @main.command()

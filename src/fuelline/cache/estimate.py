@@ -1,0 +1,95 @@
+"""How many bytes a cache will take, before any forward pass: tokens × bytes per token.
+
+Bytes per token follow from the layout alone (layers × hidden size × hidden bytes, plus ids and
+masks, plus fp8 scales); with the inputs at hand the count is exact (each conversation encoded
+with the model's tokenizer and chat template, each record sized as the build will write it),
+otherwise it is the given token count times the per-token bytes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from fuelline.formats.target_cache import BF16, DEEPSPEC_V2, FP8, FUELLINE, Layout
+
+# Every layout a build can write, for the comparison table.
+CHOICES = ((DEEPSPEC_V2, BF16), (FUELLINE, BF16), (FUELLINE, FP8))
+
+
+@dataclass(frozen=True)
+class Estimate:
+    format: str
+    hidden_dtype: str
+    bytes_per_token: float
+    total_bytes: int
+
+
+def parse_size(text: str) -> int:
+    """`64GiB`, `500MB`, `1e9`, `2T`: a byte count (binary units for KiB…TiB and K…T, decimal for KB…TB)."""
+    units = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20, "G": 1 << 30,
+             "GIB": 1 << 30, "T": 1 << 40, "TIB": 1 << 40, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+    raw = text.strip().upper().replace("_", "").replace(",", "")
+    number = raw.rstrip("KMGTIB")
+    try:
+        value = float(number) * units[raw[len(number):]]
+    except (KeyError, ValueError):
+        raise ValueError(f"not a size: {text!r} (examples: 64GiB, 500MB, 1e9)") from None
+    if value <= 0:
+        raise ValueError(f"a size must be positive, not {text!r}")
+    return int(value)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if abs(n) < 1000 or unit == "PB":
+            return f"{n:,.1f} {unit}" if unit != "B" else f"{int(n):,} B"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def estimate_from_counts(layers: int, hidden_size: int, tokens: int, samples: int) -> list[Estimate]:
+    """Each layout's bytes (shards and index) for `tokens` tokens in `samples` records; fuelline's
+    per-record id and alignment padding counted at their average (64 bytes, half an alignment per field)."""
+    out = []
+    for fmt, dtype in CHOICES:
+        layout = Layout(fmt, layers, hidden_size, dtype)
+        per_record = (64 + 32 * len(layout.fields)) if fmt == FUELLINE else 0
+        total = int(tokens * layout.bytes_per_token() + samples * (per_record + layout.index_dtype().itemsize))
+        out.append(Estimate(fmt, dtype, total / tokens if tokens else 0.0, total))
+    return out
+
+
+def estimate_from_inputs(model: str | os.PathLike, inputs: list[str], config, hidden_size: int,
+                         progress: bool = True) -> tuple[list[Estimate], dict]:
+    """Exact bytes for each layout: the inputs encoded as the build would, every record sized."""
+    from fuelline.cache.plan import encode_inputs, record_sizes
+
+    encoded = encode_inputs(inputs, model, config, _Discard(), _Discard(), progress)
+    out = []
+    for fmt, dtype in CHOICES:
+        layout = Layout(fmt, len(config.layers), hidden_size, dtype)
+        total = int(record_sizes(layout, encoded.samples, encoded.record_ids).sum()) + \
+            len(encoded.samples) * layout.index_dtype().itemsize
+        tokens = int(encoded.samples["length"].sum())
+        out.append(Estimate(fmt, dtype, total / tokens if tokens else 0.0, total))
+    counts = {"records_in": encoded.records_in, "samples": len(encoded.samples),
+              "tokens": int(encoded.samples["length"].sum()), "dropped": encoded.dropped}
+    return out, counts
+
+
+class _Discard:
+    """A file that keeps nothing: estimating needs only the lengths."""
+
+    def write(self, data) -> int:
+        return len(data)
+
+
+def format_table(estimates: list[Estimate], chosen: tuple[str, str] | None = None) -> str:
+    base = next(e for e in estimates if e.format == DEEPSPEC_V2)
+    lines = [f"{'format':<12} {'hidden':<14} {'bytes/token':>12} {'total':>12}  vs deepspec-v2"]
+    for e in estimates:
+        mark = "  <- this build" if chosen == (e.format, e.hidden_dtype) else ""
+        lines.append(f"{e.format:<12} {e.hidden_dtype:<14} {e.bytes_per_token:>12,.1f} {human_bytes(e.total_bytes):>12}"
+                     f"  {e.total_bytes / base.total_bytes:.3f}x{mark}")
+    return "\n".join(lines)

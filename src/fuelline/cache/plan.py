@@ -1,0 +1,279 @@
+"""What a cache build will write, decided before any forward pass, so any number of ranks can write it.
+
+The plan encodes every conversation once (chat template, assistant-only mask, `max_length`,
+`min_loss_tokens`), stores the token ids in `CACHE/.build/` and fixes the whole cache: which
+samples go to which shard, in which order, in which forward batches. Every sample's bytes are
+known from its length alone, so shard sizes, offsets and the total are exact before the target
+runs (`fuelline cache estimate` prints them; `build` checks the disk with them).
+
+Samples are sorted by length and dealt round-robin to the shards: each shard holds samples of
+every length (so shards cost about the same and ranks balance), in ascending length within the
+shard (so a batch of neighbours wastes little on padding). The shard count is the least that
+keeps every shard under `max_shard_bytes`, and at least `min_shards`, so that several ranks
+have work; it never depends on the number of ranks, and therefore neither do the bytes. Ranks
+take whole shards, longest remaining work first; a resumed build deals out only the shards not
+yet finished, to however many ranks it now has.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from fuelline.formats.target_cache import FUELLINE, HIDDEN_DTYPES, Layout
+from fuelline.io.atomic import AtomicFile, atomic_write, write_bytes_atomic
+
+BUILD_DIR = ".build"
+ENCODE_BATCH = 512
+SAMPLES = np.dtype([("start", "<u8"), ("length", "<u4"), ("loss_tokens", "<u4")])
+
+
+@dataclass
+class CacheConfig:
+    """Everything that decides a cache's bytes (and, last, how it is run: device, checks)."""
+
+    layers: list[int]
+    chat_template: str = "auto"
+    max_length: int = 4096
+    min_loss_tokens: int = 14
+    format: str = FUELLINE
+    hidden_dtype: str = "bf16"
+    max_shard_bytes: int = 64 << 30
+    min_shards: int = 8
+    batch_tokens: int = 16384
+    device: str = field(default="auto", metadata={"identity": False})
+    force: bool = field(default=False, metadata={"identity": False})
+    writer_thread: bool = field(default=True, metadata={"identity": False})
+    queue_bytes: int = field(default=4 << 30, metadata={"identity": False})
+
+    def identity(self) -> dict:
+        return {k: v for k, v in asdict(self).items()
+                if self.__dataclass_fields__[k].metadata.get("identity", True)}
+
+
+def model_config(model: str | os.PathLike):
+    """The model's transformers config (a model directory or a config.json), and its text part."""
+    from transformers import AutoConfig
+
+    from fuelline.cache.capture import text_config
+
+    path = Path(model)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such model directory or config.json")
+    config = AutoConfig.from_pretrained(path.parent if path.is_file() else path)
+    return config, text_config(config)
+
+
+def layout_for(config: CacheConfig, hidden_size: int) -> Layout:
+    try:
+        dtype = HIDDEN_DTYPES[config.hidden_dtype]
+    except KeyError:
+        raise ValueError(f"--hidden-dtype must be bf16 or fp8, not {config.hidden_dtype!r}") from None
+    return Layout(config.format, len(config.layers), hidden_size, dtype)
+
+
+def model_fingerprint(model: str | os.PathLike) -> str:
+    """sha256 over the model's config and weight files (names and contents), in name order."""
+    digest = hashlib.sha256()
+    directory = Path(model)
+    files = sorted(p for p in directory.iterdir() if p.name == "config.json" or p.suffix in (".safetensors", ".bin"))
+    for path in files:
+        digest.update(path.name.encode() + b"\0")
+        with open(path, "rb") as f:
+            while chunk := f.read(16 << 20):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass
+class Encoded:
+    """The kept conversations: ids and masks back to back, one SAMPLES row and one record id each."""
+
+    samples: np.ndarray
+    record_ids: list[str]
+    records_in: int
+    dropped: dict[str, int]
+    truncated: int
+
+
+def encode_inputs(inputs: list[str], model: str | os.PathLike, config: CacheConfig, ids_file, mask_file,
+                  progress: bool = True) -> Encoded:
+    """Encode every chat record of `inputs` with the model's tokenizer, writing ids (int32) and loss
+    mask (uint8) to the open files; a record that is not a conversation is an error naming it."""
+    from tqdm import tqdm
+
+    from fuelline.chat.encode import encode_chats, load_tokenizer
+    from fuelline.io import expand_inputs, iter_file_records
+
+    tokenizer = load_tokenizer(model)
+    rows, record_ids, dropped, truncated, records_in, at = [], [], {}, 0, 0, 0
+    batch: list[tuple[str, dict]] = []
+
+    def flush():
+        nonlocal at, truncated
+        try:
+            results = encode_chats([r for _, r in batch], tokenizer, config.chat_template, config.max_length,
+                                   min_loss_tokens=config.min_loss_tokens)
+        except ValueError as e:  # "conversation k: what is wrong": name the file and line instead
+            where, _, what = str(e).partition(": ")
+            k = int(where.split()[-1]) if where.startswith("conversation ") else 0
+            raise ValueError(f"{batch[k][0]}: {what or e}") from None
+        for (where, record), result in zip(batch, results):
+            if not hasattr(result, "input_ids"):
+                dropped[result.reason] = dropped.get(result.reason, 0) + 1
+                continue
+            ids_file.write(result.input_ids.astype("<i4").tobytes())
+            mask_file.write(result.loss_mask.astype("u1").tobytes())
+            rows.append((at, len(result.input_ids), int(result.loss_mask.sum())))
+            record_ids.append(str(record.get("id") or where))
+            truncated += result.truncated
+            at += len(result.input_ids)
+        batch.clear()
+
+    files = expand_inputs(inputs)
+    if not files:
+        raise FileNotFoundError(f"no input files in {', '.join(map(str, inputs))}")
+    with tqdm(desc="encode", unit=" conv", disable=not progress) as bar:
+        for path in files:
+            for line, record in iter_file_records(path):
+                records_in += 1
+                batch.append((f"{path}:{line}", record))
+                if len(batch) == ENCODE_BATCH:
+                    flush()
+                    bar.update(ENCODE_BATCH)
+        bar.update(len(batch))
+        if batch:
+            flush()
+    return Encoded(np.array(rows, dtype=SAMPLES), record_ids, records_in, dropped, truncated)
+
+
+@dataclass
+class Shard:
+    shard_id: int
+    samples: list[int]  # rows of the SAMPLES table, in write order
+    batches: list[int]  # start of each forward batch within `samples`
+    first_sample_id: int  # the cache-wide id of its first sample
+    nbytes: int
+    cost: int  # padded tokens its forwards process
+
+
+def record_sizes(layout: Layout, samples: np.ndarray, record_ids: list[str]) -> np.ndarray:
+    """Every sample's bytes in a shard, from its length (and, in the fuelline format, its id's length)."""
+    per_token = int(layout.bytes_per_token())
+    if layout.format == FUELLINE:
+        id_lens = [len(r.encode("utf-8")) for r in record_ids]
+        return np.array([layout.record_nbytes(int(n), k) for n, k in zip(samples["length"], id_lens)], dtype=np.int64)
+    return samples["length"].astype(np.int64) * per_token
+
+
+def plan_shards(samples: np.ndarray, sizes: np.ndarray, config: CacheConfig) -> list[Shard]:
+    """Deal the length-sorted samples round-robin to the fewest shards that fit (see the module docstring)."""
+    if len(samples) == 0:
+        return []
+    biggest = int(sizes.max())
+    if biggest > config.max_shard_bytes:
+        raise ValueError(f"one sample takes {biggest:,} bytes, more than --max-shard-bytes {config.max_shard_bytes:,}")
+    order = np.lexsort((np.arange(len(samples)), samples["length"]))
+    count = min(len(samples), max(config.min_shards, math.ceil(int(sizes.sum()) / config.max_shard_bytes)))
+    while True:
+        members = [order[k::count] for k in range(count)]
+        if all(int(sizes[m].sum()) <= config.max_shard_bytes for m in members):
+            break
+        count += 1
+    shards, first = [], 0
+    for shard_id, member in enumerate(members):
+        batches, cost, start = [], 0, 0
+        lengths = samples["length"][member].astype(np.int64)
+        while start < len(member):  # ascending lengths: a batch's longest sample is its last
+            end = start + 1
+            while end < len(member) and (end + 1 - start) * lengths[end] <= config.batch_tokens:
+                end += 1
+            batches.append(start)
+            cost += (end - start) * int(lengths[end - 1])
+            start = end
+        shards.append(Shard(shard_id, member.tolist(), batches, first, int(sizes[member].sum()), cost))
+        first += len(member)
+    return shards
+
+
+def assign(shards: list[Shard], world_size: int) -> list[list[int]]:
+    """Shard ids for each rank: the costliest shard to the least loaded rank, in turn."""
+    load = [0] * world_size
+    work: list[list[int]] = [[] for _ in range(world_size)]
+    for shard in sorted(shards, key=lambda s: (-s.cost, s.shard_id)):
+        rank = min(range(world_size), key=lambda r: (load[r], r))
+        work[rank].append(shard.shard_id)
+        load[rank] += shard.cost
+    return [sorted(ids) for ids in work]
+
+
+@dataclass
+class Plan:
+    """The build's plan as stored in `.build/plan.json`, with the token arrays beside it."""
+
+    directory: Path
+    identity: dict
+    hidden_size: int
+    records_in: int
+    dropped: dict[str, int]
+    truncated: int
+    record_ids: list[str]
+    shards: list[Shard]
+
+    @property
+    def build_dir(self) -> Path:
+        return self.directory / BUILD_DIR
+
+    def save(self) -> None:
+        payload = {k: v for k, v in asdict(self).items() if k != "directory"}
+        write_bytes_atomic(self.build_dir / "plan.json", orjson.dumps(payload))
+
+    @classmethod
+    def load(cls, directory: Path) -> "Plan | None":
+        path = directory / BUILD_DIR / "plan.json"
+        if not path.exists():
+            return None
+        data = orjson.loads(path.read_bytes())
+        data["shards"] = [Shard(**s) for s in data["shards"]]
+        return cls(directory=directory, **data)
+
+    def tokens(self):
+        """(samples, input_ids, loss_mask): the SAMPLES table and the memory-mapped token arrays."""
+        samples = np.load(self.build_dir / "samples.npy")
+        ids = np.memmap(self.build_dir / "input_ids.bin", dtype="<i4", mode="r") if samples.size else np.zeros(0, "<i4")
+        mask = np.memmap(self.build_dir / "loss_mask.bin", dtype="u1", mode="r") if samples.size else np.zeros(0, "u1")
+        return samples, ids, mask
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.nbytes for s in self.shards)
+
+
+def make_plan(directory: Path, inputs: list[str], model: str | os.PathLike, config: CacheConfig, identity: dict,
+              hidden_size: int, progress: bool = True) -> Plan:
+    """Encode the inputs into `.build/` and fix the shards; written atomically, plan.json last."""
+    build = directory / BUILD_DIR
+    build.mkdir(parents=True, exist_ok=True)
+    ids_file, mask_file = AtomicFile(build / "input_ids.bin"), AtomicFile(build / "loss_mask.bin")
+    try:
+        encoded = encode_inputs(inputs, model, config, ids_file.file, mask_file.file, progress)
+    except BaseException:
+        ids_file.abort()
+        mask_file.abort()
+        raise
+    ids_file.commit()
+    mask_file.commit()
+    with atomic_write(build / "samples.npy") as f:
+        np.save(f, encoded.samples)
+    layout = layout_for(config, hidden_size)
+    shards = plan_shards(encoded.samples, record_sizes(layout, encoded.samples, encoded.record_ids), config)
+    plan = Plan(directory, identity, hidden_size, encoded.records_in, encoded.dropped, encoded.truncated,
+                encoded.record_ids, shards)
+    plan.save()
+    return plan

@@ -1,0 +1,330 @@
+"""The target cache on disk: DeepSpec's version 2, byte for byte, and fuelline's own format.
+
+A cache directory holds `manifest.json` (written last: no manifest = not finished),
+`samples.idx` (one fixed-size little-endian record per sample, sample ids dense) and shard files
+`shard-00000.bin`, `shard-00001.bin`, … holding each sample's tensors back to back:
+
+    field                       dtype                 shape
+    input_ids                   int32                 [T]
+    attention_mask              uint8                 [T]       (all ones: padding is never stored)
+    loss_mask                   uint8                 [T]
+    target_hidden_states        bfloat16 | e4m3       [T, L·H]  (the captured layers side by side)
+    target_last_hidden_states   bfloat16 | e4m3       [T, H]    (the final normed hidden state)
+
+**deepspec-v2** (DESIGN.md, "Target cache"): index records `<QIIQQQQQ` (56 bytes: sample_id,
+shard_id, seq_len, then the byte offset of each of the five tensors), tensors packed with no
+padding, manifest fields as the reference writes them (JSON, indent 2, sorted keys). A plain
+fp8 cast (`float8_e4m3fn`, no scale) is what version 2 calls fp8; we write bf16 there.
+
+**fuelline** (version 1) adds what version 2 lacks. A record is one contiguous block starting
+at a 64-byte boundary: the source record id (UTF-8), then the five tensors, then, for fp8, the
+scales `target_hidden_scales` float32 [T, L] and `target_last_hidden_scales` float32 [T]; every
+field starts at a 64-byte boundary and the gaps are zero bytes. Index records `<QIIQQQII`
+(48 bytes): sample_id, shard_id, seq_len, the record's offset and length, its xxh3-64 checksum
+(over the whole block, padding included), the id's length and the number of supervised tokens.
+The manifest adds the model and tokenizer fingerprints, the sources, and counts.
+
+fp8 (`float8_e4m3fn` with a float32 scale per token and layer): x ≈ q · s with
+s = max|x| / 448 over the token's H values at that layer. Rounding to e4m3 (3 mantissa bits,
+subnormals below 2^-6) bounds the error of each value by
+
+    |x̂ − x| ≤ |x| / 16 + s / 1024
+
+and widening to bfloat16 adds its own rounding (≤ |x| / 256). Non-finite hidden states cannot
+be scaled and are an error when the cache is built.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import xxhash
+
+MANIFEST, INDEX = "manifest.json", "samples.idx"
+DEEPSPEC_V2, FUELLINE = "deepspec-v2", "fuelline"
+FORMATS = (DEEPSPEC_V2, FUELLINE)
+FUELLINE_FORMAT_NAME, FUELLINE_VERSION, DEEPSPEC_VERSION = "fuelline.target-cache", 1, 2
+BF16, FP8 = "bfloat16", "float8_e4m3fn"
+HIDDEN_DTYPES = {"bf16": BF16, "bfloat16": BF16, "fp8": FP8, "float8_e4m3fn": FP8}
+TOKEN_DTYPE, MASK_DTYPE, SCALE_DTYPE = "int32", "uint8", "float32"
+ALIGN = 64
+FP8_MAX = 448.0  # the largest finite float8_e4m3fn
+
+TENSORS = ("input_ids", "attention_mask", "loss_mask", "target_hidden_states", "target_last_hidden_states")
+SCALES = ("target_hidden_scales", "target_last_hidden_scales")
+
+V2_INDEX = np.dtype([("sample_id", "<u8"), ("shard_id", "<u4"), ("seq_len", "<u4"),
+                     ("input_ids", "<u8"), ("attention_mask", "<u8"), ("loss_mask", "<u8"),
+                     ("target_hidden_states", "<u8"), ("target_last_hidden_states", "<u8")])
+FUELLINE_INDEX = np.dtype([("sample_id", "<u8"), ("shard_id", "<u4"), ("seq_len", "<u4"),
+                           ("offset", "<u8"), ("nbytes", "<u8"), ("checksum", "<u8"),
+                           ("id_len", "<u4"), ("loss_tokens", "<u4")])
+assert V2_INDEX.itemsize == 56 and FUELLINE_INDEX.itemsize == 48
+
+V2_REQUIRED = ("version", "num_samples", "num_shards", "target_layer_ids", "hidden_dtype", "token_dtype",
+               "mask_dtype", "index_record_size", "hidden_size", "shards")
+
+
+class CacheFormatError(ValueError):
+    """A target cache that is missing, unfinished, damaged or inconsistent; says which file and what."""
+
+    def __init__(self, path: str | os.PathLike, what: str):
+        super().__init__(f"{os.fspath(path)}: {what}")
+
+
+def shard_name(shard_id: int) -> str:
+    return f"shard-{shard_id:05d}.bin"
+
+
+def align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The shape of one cache: which format, layers, hidden size and hidden dtype. Knows every
+    field's dtype, shape and byte size for a given sequence length, and where each field lies."""
+
+    format: str
+    num_layers: int
+    hidden_size: int
+    hidden_dtype: str = BF16
+
+    def __post_init__(self):
+        if self.format not in FORMATS:
+            raise ValueError(f"cache format must be one of {', '.join(FORMATS)}, not {self.format!r}")
+        if self.hidden_dtype not in (BF16, FP8):
+            raise ValueError(f"hidden dtype must be bf16 or fp8, not {self.hidden_dtype!r}")
+        if self.format == DEEPSPEC_V2 and self.hidden_dtype == FP8:
+            raise ValueError("--hidden-dtype fp8 needs --format fuelline: version 2 has no place for scales "
+                             "(its fp8 is a plain cast with no error bound)")
+
+    @property
+    def scaled(self) -> bool:
+        return self.hidden_dtype == FP8
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return TENSORS + (SCALES if self.scaled else ())
+
+    def field_spec(self, name: str, seq_len: int) -> tuple[np.dtype, tuple[int, ...]]:
+        """(numpy storage dtype, shape) of one field; bf16 is stored as uint16, e4m3 as uint8."""
+        hidden = np.dtype("<u2") if self.hidden_dtype == BF16 else np.dtype("u1")
+        return {
+            "input_ids": (np.dtype("<i4"), (seq_len,)),
+            "attention_mask": (np.dtype("u1"), (seq_len,)),
+            "loss_mask": (np.dtype("u1"), (seq_len,)),
+            "target_hidden_states": (hidden, (seq_len, self.num_layers * self.hidden_size)),
+            "target_last_hidden_states": (hidden, (seq_len, self.hidden_size)),
+            "target_hidden_scales": (np.dtype("<f4"), (seq_len, self.num_layers)),
+            "target_last_hidden_scales": (np.dtype("<f4"), (seq_len,)),
+        }[name]
+
+    def field_nbytes(self, name: str, seq_len: int) -> int:
+        dtype, shape = self.field_spec(name, seq_len)
+        return dtype.itemsize * math.prod(shape)
+
+    def relative_offsets(self, seq_len: int, id_len: int = 0) -> dict[str, int]:
+        """Each field's offset from the start of a sample's bytes, and `end`: the sample's size."""
+        offsets, at = {}, 0
+        aligned = self.format == FUELLINE
+        if aligned:
+            offsets["record_id"], at = 0, align(id_len)
+        for name in self.fields:
+            offsets[name] = at
+            at += self.field_nbytes(name, seq_len)
+            if aligned:
+                at = align(at)
+        offsets["end"] = at
+        return offsets
+
+    def record_nbytes(self, seq_len: int, id_len: int = 0) -> int:
+        return self.relative_offsets(seq_len, id_len)["end"]
+
+    def bytes_per_token(self) -> float:
+        """Shard bytes per token, ignoring the per-record id and alignment padding."""
+        return sum(self.field_nbytes(name, 1) for name in self.fields)
+
+    def index_dtype(self) -> np.dtype:
+        return FUELLINE_INDEX if self.format == FUELLINE else V2_INDEX
+
+    def pieces(self, record_id: str, arrays: dict[str, np.ndarray]):
+        """One sample's bytes as a sequence of buffers (fields and zero padding), without copying
+        the fields, and each field's offset from the sample's start (`end` = its length).
+
+        `arrays` holds numpy arrays already in storage dtype (see `field_spec`) with the sample's
+        shape; a wrong dtype or shape is a bug in the caller and raises."""
+        seq_len = int(arrays["input_ids"].shape[0])
+        id_bytes = record_id.encode("utf-8") if self.format == FUELLINE else b""
+        offsets = self.relative_offsets(seq_len, len(id_bytes))
+        parts, at = [], 0
+        for name, data in [("record_id", id_bytes)] + [(name, arrays[name]) for name in self.fields]:
+            if name == "record_id":
+                if self.format != FUELLINE:
+                    continue
+            else:
+                dtype, shape = self.field_spec(name, seq_len)
+                if data.dtype != dtype or data.shape != shape:
+                    raise ValueError(f"{name}: expected {dtype}{list(shape)}, got {data.dtype}{list(data.shape)}")
+                data = memoryview(np.ascontiguousarray(data)).cast("B")
+            if offsets[name] > at:
+                parts.append(bytes(offsets[name] - at))
+            parts.append(data)
+            at = offsets[name] + len(data)
+        if offsets["end"] > at:
+            parts.append(bytes(offsets["end"] - at))
+        return parts, offsets
+
+    def serialize(self, record_id: str, arrays: dict[str, np.ndarray]) -> tuple[bytes, dict[str, int]]:
+        """`pieces`, joined: one sample's bytes and each field's offset from its start."""
+        parts, offsets = self.pieces(record_id, arrays)
+        return b"".join(parts), offsets
+
+
+def checksum(data) -> int:
+    return xxhash.xxh3_64_intdigest(data)
+
+
+def fuelline_index_record(sample_id: int, shard_id: int, seq_len: int, offset: int, data: bytes,
+                          id_len: int, loss_tokens: int) -> np.ndarray:
+    record = np.zeros(1, FUELLINE_INDEX)
+    record[0] = (sample_id, shard_id, seq_len, offset, len(data), checksum(data), id_len, loss_tokens)
+    return record
+
+
+def v2_index_record(sample_id: int, shard_id: int, seq_len: int, offset: int, offsets: dict[str, int]) -> np.ndarray:
+    record = np.zeros(1, V2_INDEX)
+    record[0] = (sample_id, shard_id, seq_len, *(offset + offsets[name] for name in TENSORS))
+    return record
+
+
+def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
+    """manifest.json as the reference writes it (indent 2, sorted keys), atomically."""
+    from fuelline.io.atomic import write_bytes_atomic
+
+    write_bytes_atomic(directory / MANIFEST,
+                       orjson.dumps(manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
+
+
+def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
+    """The manifest, checked field by field; a clear CacheFormatError for anything a reader cannot trust."""
+    directory = Path(directory)
+    path = directory / MANIFEST
+    if not directory.is_dir():
+        raise CacheFormatError(directory, "no such cache directory")
+    if not path.exists():
+        building = (directory / ".build").exists()
+        raise CacheFormatError(path, "missing: the cache build has not finished (run the same build again to "
+                                     "resume it)" if building else "missing: not a target cache")
+    try:
+        manifest = orjson.loads(path.read_bytes())
+    except orjson.JSONDecodeError as e:
+        raise CacheFormatError(path, f"not valid JSON ({e})") from None
+    if not isinstance(manifest, dict):
+        raise CacheFormatError(path, "not a JSON object")
+    missing = [key for key in V2_REQUIRED if key not in manifest]
+    if missing:
+        raise CacheFormatError(path, f"missing field(s) {', '.join(missing)}")
+
+    def check(ok: bool, what: str):
+        if not ok:
+            raise CacheFormatError(path, what)
+
+    fmt = cache_format(manifest)
+    version = manifest["version"]
+    check(version == (FUELLINE_VERSION if fmt == FUELLINE else DEEPSPEC_VERSION),
+          f"unsupported version {version!r} for format {fmt}")
+    check(manifest["hidden_dtype"] in ((BF16, FP8) if fmt == FUELLINE else (BF16, FP8, "float8_e5m2")),
+          f"unsupported hidden_dtype {manifest['hidden_dtype']!r}")
+    check(manifest["token_dtype"] == TOKEN_DTYPE, f"token_dtype must be {TOKEN_DTYPE}, not {manifest['token_dtype']!r}")
+    check(manifest["mask_dtype"] == MASK_DTYPE, f"mask_dtype must be {MASK_DTYPE}, not {manifest['mask_dtype']!r}")
+    index = FUELLINE_INDEX if fmt == FUELLINE else V2_INDEX
+    check(manifest["index_record_size"] == index.itemsize,
+          f"index_record_size {manifest['index_record_size']!r} is not {index.itemsize}")
+    for key in ("num_samples", "num_shards", "hidden_size"):
+        check(isinstance(manifest[key], int) and manifest[key] >= 0, f"{key} must be a non-negative integer")
+    check(manifest["hidden_size"] > 0, "hidden_size must be positive")
+    layers = manifest["target_layer_ids"]
+    check(isinstance(layers, list) and layers and all(isinstance(x, int) for x in layers),
+          "target_layer_ids must be a non-empty list of integers")
+    check(layers == sorted(set(layers)), "target_layer_ids must be sorted ascending, without repeats")
+    shards = manifest["shards"]
+    check(isinstance(shards, list) and len(shards) == manifest["num_shards"],
+          f"num_shards {manifest['num_shards']} does not match the {len(shards) if isinstance(shards, list) else 0} "
+          "shard entries")
+    for k, shard in enumerate(shards):
+        check(isinstance(shard, dict) and shard.get("shard_id") == k and isinstance(shard.get("file_name"), str),
+              f"shard entry {k} must be {{shard_id: {k}, file_name: …}}")
+        name = shard["file_name"]
+        check("/" not in name and "\\" not in name and name not in ("", ".", ".."),
+              f"shard {k}: file name {name!r} must be a plain name inside the cache directory")
+    return manifest
+
+
+def cache_format(manifest: dict[str, Any]) -> str:
+    return FUELLINE if manifest.get("format") == FUELLINE_FORMAT_NAME else DEEPSPEC_V2
+
+
+def layout_of(manifest: dict[str, Any]) -> Layout:
+    fmt = cache_format(manifest)
+    dtype = manifest["hidden_dtype"]
+    if fmt == DEEPSPEC_V2 and dtype != BF16:
+        # Version 2's plain fp8 casts: read as stored, one byte per value, no scales.
+        return _PlainFp8Layout(fmt, len(manifest["target_layer_ids"]), manifest["hidden_size"], dtype)
+    return Layout(fmt, len(manifest["target_layer_ids"]), manifest["hidden_size"], dtype)
+
+
+@dataclass(frozen=True)
+class _PlainFp8Layout(Layout):
+    """A version-2 cache of plain fp8 casts (written by the reference, never by us)."""
+
+    def __post_init__(self):
+        pass
+
+    @property
+    def scaled(self) -> bool:
+        return False
+
+    def field_spec(self, name: str, seq_len: int):
+        dtype, shape = Layout.field_spec(self, name, seq_len)
+        return (np.dtype("u1"), shape) if name.startswith("target_") else (dtype, shape)
+
+
+def read_index(directory: str | os.PathLike, manifest: dict[str, Any]) -> np.ndarray:
+    """samples.idx as a structured array (memory-mapped), with its size checked against the manifest."""
+    path = Path(directory) / INDEX
+    if not path.exists():
+        raise CacheFormatError(path, "missing")
+    dtype = layout_of(manifest).index_dtype()
+    size = path.stat().st_size
+    if size % dtype.itemsize:
+        raise CacheFormatError(path, f"size {size:,} is not a multiple of the {dtype.itemsize}-byte record "
+                                     "(truncated or from another format)")
+    if size // dtype.itemsize != manifest["num_samples"]:
+        raise CacheFormatError(path, f"holds {size // dtype.itemsize:,} records; the manifest says "
+                                     f"{manifest['num_samples']:,} samples")
+    if size == 0:
+        return np.zeros(0, dtype)
+    return np.memmap(path, dtype=dtype, mode="r")
+
+
+def tensor_locations(layout: Layout, index: np.ndarray) -> dict[str, np.ndarray]:
+    """Absolute byte offset of every field of every sample (uint64 arrays keyed by field name)."""
+    seq = index["seq_len"].astype(np.uint64)
+    if layout.format == DEEPSPEC_V2:
+        return {name: np.asarray(index[name]) for name in TENSORS}
+    out = {}
+    start = np.asarray(index["offset"], dtype=np.uint64)
+    at = start + ((np.asarray(index["id_len"], dtype=np.uint64) + ALIGN - 1) // ALIGN * ALIGN)
+    for name in layout.fields:
+        out[name] = at
+        dtype, shape = layout.field_spec(name, 1)
+        per_token = dtype.itemsize * math.prod(shape)
+        at = (at + seq * np.uint64(per_token) + np.uint64(ALIGN - 1)) // np.uint64(ALIGN) * np.uint64(ALIGN)
+    return out

@@ -1,0 +1,274 @@
+"""`fuelline cache build` on real (tiny, local) transformers: captured states, resume, ranks, errors.
+
+The reference for every stored tensor is transformers' own `output_hidden_states` of a
+causal LM loaded independently of the builder (`AutoModelForCausalLM`, not the base model the
+builder hooks), so a wrong layer, an off-by-one, a padded position or a missed norm shows up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from fuelline.cache.build import build_cache  # noqa: E402
+from fuelline.cache.dataset import CacheDataset, widen_hidden  # noqa: E402
+from fuelline.cache.fp8 import error_bound  # noqa: E402
+from fuelline.cache.plan import CacheConfig  # noqa: E402
+from fuelline.formats.target_cache import HIDDEN_DTYPES, MANIFEST  # noqa: E402
+
+LAYERS = [-1, 0, 2]  # of a 4-layer model: the embedding output, a middle layer, the last allowed
+WORDS = ("the cat sat on a mat and ran far away into deep green woods where old owls sing of rain "
+         "今天 天气 很好 我们 去 公园 散步 吧").split()
+
+
+def write_chats(path: Path, count: int, seed: int = 0) -> Path:
+    """Conversations of 1-3 exchanges, 5-80 words a turn: lengths vary, so batches pad."""
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as f:
+        for k in range(count):
+            turns = []
+            for _ in range(rng.randint(1, 3)):
+                turns.append({"role": "user", "content": " ".join(rng.choices(WORDS, k=rng.randint(3, 30)))})
+                turns.append({"role": "assistant", "content": " ".join(rng.choices(WORDS, k=rng.randint(5, 80)))})
+            f.write(json.dumps({"id": f"chat-{k}", "conversations": turns}, ensure_ascii=False) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def qwen4_dir(qwen_dir, tmp_path_factory):
+    from tests.models import tiny_qwen3
+
+    return tiny_qwen3(tmp_path_factory.mktemp("models") / "qwen3-4-layers", qwen_dir, layers=4)
+
+
+@pytest.fixture(scope="module")
+def chats(tmp_path_factory):
+    return write_chats(tmp_path_factory.mktemp("chats") / "chats.jsonl", 48)
+
+
+def config(**overrides) -> CacheConfig:
+    values = dict(layers=LAYERS, min_loss_tokens=1, batch_tokens=1024, min_shards=3, device="cpu")
+    return CacheConfig(**{**values, **overrides})
+
+
+def reference_states(model_dir: Path, layers: list[int]):
+    """A function: input ids → (hidden [T, L·H], last [T, H]) from transformers' output_hidden_states."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+
+    def states(ids: torch.Tensor):
+        with torch.no_grad():
+            hidden = model(input_ids=ids.long()[None], output_hidden_states=True).hidden_states
+        return torch.cat([hidden[k + 1] for k in layers], dim=-1)[0], hidden[-1][0]
+
+    return states
+
+
+def files_of(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.name != "stats.json"}
+
+
+def test_one_sample_batches_equal_output_hidden_states(qwen4_dir, chats, tmp_path):
+    """Batches of one sample (no padding): every stored state is bit-equal to a bf16 forward's."""
+    out = tmp_path / "cache"
+    stats = build_cache(qwen4_dir, [chats], out, config(batch_tokens=1), progress=False)
+    assert stats["records_out"] == 48 and stats["padding_share"] == 0
+    states = reference_states(qwen4_dir, LAYERS)
+    dataset = CacheDataset(out)
+    for i in range(len(dataset)):
+        sample = dataset[i]
+        hidden, last = states(sample["input_ids"])
+        assert torch.equal(sample["target_hidden_states"], hidden), i
+        assert torch.equal(sample["target_last_hidden_states"], last), i
+
+
+def test_padded_batches_store_only_real_positions(qwen4_dir, chats, tmp_path):
+    """Length-grouped batches with padding: the stored states are those of the unpadded sequence (up to
+    bf16 rounding: another batch shape sums in another order), ids and masks exactly the encoding."""
+    from fuelline.chat.encode import encode_chats
+
+    out = tmp_path / "cache"
+    stats = build_cache(qwen4_dir, [chats], out, config(), progress=False)
+    assert 0 < stats["padding_share"] < 0.5
+    records = {r["id"]: r for r in map(json.loads, chats.read_text().splitlines())}
+    states = reference_states(qwen4_dir, LAYERS)
+    dataset = CacheDataset(out)
+    assert sorted(dataset[i]["record_id"] for i in range(len(dataset))) == sorted(records)
+    for i in range(len(dataset)):
+        sample = dataset[i]
+        encoded = encode_chats([records[sample["record_id"]]], qwen4_dir, "auto")[0]
+        assert np.array_equal(sample["input_ids"].numpy(), encoded.input_ids)
+        assert np.array_equal(sample["loss_mask"].numpy(), encoded.loss_mask.astype(np.uint8))
+        hidden, last = states(sample["input_ids"])
+        # a wrong layer or a shifted position is ~100% off; bf16 sums in another order stay well under 2%
+        for name, truth in (("target_hidden_states", hidden), ("target_last_hidden_states", last)):
+            stored = sample[name].float()
+            assert stored.shape == truth.shape
+            assert float((stored - truth.float()).norm() / truth.float().norm()) < 0.02, (i, name)
+    # in the cache's order, lengths ascend within each shard (what keeps the padding low)
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["num_samples"] == 48 and manifest["target_layer_ids"] == LAYERS
+
+
+def test_fp8_within_the_documented_bound(qwen4_dir, chats, tmp_path):
+    out = tmp_path / "cache"
+    build_cache(qwen4_dir, [chats], out, config(batch_tokens=1, hidden_dtype="fp8"), progress=False)
+    states = reference_states(qwen4_dir, LAYERS)
+    dataset = CacheDataset(out)
+    assert dataset[0]["target_hidden_states"].dtype == torch.float8_e4m3fn
+    for i in range(len(dataset)):
+        sample = dataset[i]
+        hidden, last = states(sample["input_ids"])
+        wide = widen_hidden({k: v for k, v in sample.items() if k != "record_id"}, torch.float32)
+        for name, truth, scales in (("target_hidden_states", hidden, sample["target_hidden_scales"]),
+                                    ("target_last_hidden_states", last, sample["target_last_hidden_scales"][:, None])):
+            error = (wide[name] - truth.float()).abs()
+            assert bool((error <= error_bound(truth, scales)).all()), (i, name)
+
+
+def test_bytes_per_token_and_estimate_match_the_build(qwen4_dir, chats, tmp_path):
+    from fuelline.cache.estimate import estimate_from_inputs
+
+    estimates, counts = estimate_from_inputs(qwen4_dir, [chats], config(), 64, progress=False)
+    for fmt, dtype in (("deepspec-v2", "bf16"), ("fuelline", "bf16"), ("fuelline", "fp8")):
+        out = tmp_path / f"{fmt}-{dtype}"
+        build_cache(qwen4_dir, [chats], out, config(format=fmt, hidden_dtype=dtype), progress=False)
+        on_disk = sum(p.stat().st_size for p in out.glob("shard-*.bin")) + (out / "samples.idx").stat().st_size
+        (estimate,) = [e for e in estimates if (e.format, e.hidden_dtype) == (fmt, HIDDEN_DTYPES[dtype])]
+        assert estimate.total_bytes == on_disk, (fmt, dtype)
+    assert counts["samples"] == 48
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "fuelline", "cache", "build", "--no-progress", *args]
+
+
+def _build_args(model: Path, chats: Path, out: Path, *extra: str) -> list[str]:
+    return ["--model", str(model), "-i", str(chats), "-o", str(out), "--layers", ",".join(map(str, LAYERS)),
+            "--min-loss-tokens", "1", "--batch-tokens", "256", "--min-shards", "4", "--device", "cpu", *extra]
+
+
+def _env(threads: int = 1) -> dict:
+    # One thread per process: the 1-rank and 2-rank runs then compute in the same order.
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+
+
+def _kill_after_first_commit(command: list[str], out: Path) -> None:
+    """Start a build and SIGKILL it (its whole process group) once some batches are committed."""
+    process = subprocess.Popen(command, env=_env(), start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and process.poll() is None:
+        if any(p.stat().st_size >= 48 * 3 for p in out.glob(".build/*.idx.partial")):
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, f"the build ended before it could be killed: {process.stderr.read().decode()}"
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not (out / MANIFEST).exists()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(qwen4_dir, tmp_path_factory):
+    """The reference build: one rank, one thread, never interrupted."""
+    chats = write_chats(tmp_path_factory.mktemp("chats") / "more.jsonl", 96, seed=1)
+    out = tmp_path_factory.mktemp("reference") / "cache"
+    subprocess.run(_cli(*_build_args(qwen4_dir, chats, out)), env=_env(), check=True, capture_output=True)
+    return chats, out
+
+
+def test_sigkill_resumes_to_identical_bytes(qwen4_dir, uninterrupted, tmp_path):
+    chats, reference = uninterrupted
+    out = tmp_path / "cache"
+    _kill_after_first_commit(_cli(*_build_args(qwen4_dir, chats, out)), out)
+    assert any(out.glob(".build/*.partial"))
+    done = subprocess.run(_cli(*_build_args(qwen4_dir, chats, out)), env=_env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert files_of(out) == files_of(reference)
+    assert not (out / ".build").exists()
+
+
+def _torchrun(ranks: int, args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+            "-m", "fuelline", "cache", "build", "--no-progress", *args]
+
+
+def test_two_ranks_write_the_same_cache_as_one(qwen4_dir, uninterrupted, tmp_path):
+    chats, reference = uninterrupted
+    out = tmp_path / "cache"
+    done = subprocess.run(_torchrun(2, _build_args(qwen4_dir, chats, out)), env=_env(), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert files_of(out) == files_of(reference)
+
+
+def test_two_rank_build_resumed_by_one_rank(qwen4_dir, uninterrupted, tmp_path):
+    chats, reference = uninterrupted
+    out = tmp_path / "cache"
+    _kill_after_first_commit(_torchrun(2, _build_args(qwen4_dir, chats, out)), out)
+    done = subprocess.run(_cli(*_build_args(qwen4_dir, chats, out)), env=_env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert files_of(out) == files_of(reference)
+
+
+def test_finished_cache_is_found_again(qwen4_dir, uninterrupted):
+    chats, reference = uninterrupted
+    before = files_of(reference)
+    done = subprocess.run(_cli(*_build_args(qwen4_dir, chats, reference)), env=_env(), capture_output=True, text=True)
+    assert done.returncode == 0 and "already built" in done.stdout
+    assert files_of(reference) == before
+    other = subprocess.run(_cli(*_build_args(qwen4_dir, chats, reference, "--hidden-dtype", "fp8")), env=_env(),
+                           capture_output=True, text=True)
+    assert other.returncode == 2 and "built with other options" in other.stderr
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--layers", "1,3"], "3 is the final decoder layer"),
+    (["--layers", "2,1"], "ascending"),
+    (["--layers", "7"], "out of range"),
+    (["--format", "deepspec-v2", "--hidden-dtype", "fp8"], "needs --format fuelline"),
+])
+def test_refused_options_say_why(qwen4_dir, chats, tmp_path, extra, message):
+    out = tmp_path / "cache"
+    args = _build_args(qwen4_dir, chats, out)
+    if "--layers" in extra:
+        at = args.index("--layers")
+        del args[at: at + 2]
+    done = subprocess.run(_cli(*args, *extra), env=_env(), capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr and "Traceback" not in done.stderr
+    assert not (out / MANIFEST).exists()
+
+
+def test_not_enough_disk_refuses_unless_forced(qwen4_dir, chats, tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda _path: usage(10**6, 10**6 - 1000, 1000))
+    out = tmp_path / "cache"
+    with pytest.raises(ValueError, match="free some space or pass --force"):
+        build_cache(qwen4_dir, [chats], out, config(), progress=False)
+    assert not any(out.glob("shard-*"))
+    stats = build_cache(qwen4_dir, [chats], out, config(force=True), progress=False)
+    assert stats["records_out"] == 48
+
+
+def test_a_record_that_is_not_a_conversation_is_named(qwen4_dir, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "conversations": [{"role": "user", "content": "hi"}, '
+                   '{"role": "assistant", "content": "hello there"}]}\n{"id": "b", "text": "no turns"}\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2"):
+        build_cache(qwen4_dir, [bad], tmp_path / "cache", config(), progress=False)
