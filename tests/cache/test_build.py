@@ -47,7 +47,7 @@ def write_chats(path: Path, count: int, seed: int = 0) -> Path:
 
 @pytest.fixture(scope="module")
 def qwen4_dir(qwen_dir, tmp_path_factory):
-    from tests.models import tiny_qwen3
+    from fuelline.models import tiny_qwen3
 
     return tiny_qwen3(tmp_path_factory.mktemp("models") / "qwen3-4-layers", qwen_dir, layers=4)
 
@@ -272,3 +272,27 @@ def test_a_record_that_is_not_a_conversation_is_named(qwen4_dir, tmp_path):
                    '{"role": "assistant", "content": "hello there"}]}\n{"id": "b", "text": "no turns"}\n')
     with pytest.raises(ValueError, match=r"bad\.jsonl:2"):
         build_cache(qwen4_dir, [bad], tmp_path / "cache", config(), progress=False)
+
+
+def test_smollm2_states_equal_output_hidden_states(smollm2_dir, tmp_path):
+    """The real SmolLM2-135M (a Llama, 30 layers, hidden 576) through its own chat template."""
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps({"id": f"q{k}", "conversations": [
+        {"role": "user", "content": question}, {"role": "assistant", "content": answer}]}) + "\n"
+        for k, (question, answer) in enumerate([
+            ("What is the capital of France?", "The capital of France is Paris."),
+            ("Name a prime number.", "Seven is a prime number: its only divisors are one and itself."),
+            ("Say hello.", "Hello! How can I help you today?")])))
+    layers = [-1, 1, 9, 17, 28]
+    out = tmp_path / "cache"
+    stats = build_cache(smollm2_dir, [chats], out, CacheConfig(layers=layers, min_loss_tokens=1, batch_tokens=1,
+                                                                min_shards=1, device="cpu"), progress=False)
+    assert stats["records_out"] == 3
+    states = reference_states(smollm2_dir, layers)
+    dataset = CacheDataset(out)
+    assert dataset.hidden_size == 576 and dataset[0]["target_hidden_states"].shape[1] == 5 * 576
+    for i in range(len(dataset)):
+        sample = dataset[i]
+        hidden, last = states(sample["input_ids"])
+        assert torch.equal(sample["target_hidden_states"], hidden), i
+        assert torch.equal(sample["target_last_hidden_states"], last), i

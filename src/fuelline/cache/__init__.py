@@ -1,5 +1,18 @@
 """The target cache: a target model's hidden states, captured once, read by draft training.
 
-`fuelline cache build` writes it (`fuelline.cache.build`); `CacheDataset`, `CacheCollator` and
-`LengthGroupedBatchSampler` read it; the byte layout is `fuelline.formats.target_cache`.
+`fuelline cache build` writes it (`fuelline.cache.build`); `CacheDataset`, `CacheCollator`,
+`LengthGroupedBatchSampler` and `widen_hidden` read it (imported on first use: they need torch,
+which the CLI does not load until a command needs it); the byte layout is
+`fuelline.formats.target_cache`.
 """
+
+READERS = ("CacheCollator", "CacheDataset", "LengthGroupedBatchSampler", "widen_hidden")
+__all__ = list(READERS)
+
+
+def __getattr__(name: str):
+    if name in READERS:
+        from fuelline.cache import dataset
+
+        return getattr(dataset, name)
+    raise AttributeError(f"module 'fuelline.cache' has no attribute {name!r}")

@@ -34,7 +34,7 @@ from fuelline.cache.capture import HiddenStateCapture, check_layer_ids
 from fuelline.cache.plan import BUILD_DIR, CacheConfig, Plan, Shard, assign, layout_for, make_plan, \
     model_config, model_fingerprint, record_sizes
 from fuelline.cache.writer import ShardWriter, WriteQueue
-from fuelline.formats.target_cache import (BF16, DEEPSPEC_V2, DEEPSPEC_VERSION, FUELLINE, FUELLINE_FORMAT_NAME,
+from fuelline.formats.target_cache import (BF16, DEEPSPEC_V2, DEEPSPEC_VERSION, FUELLINE_FORMAT_NAME,
                                            FUELLINE_VERSION, INDEX, MANIFEST, MASK_DTYPE, SCALE_DTYPE,
                                            TOKEN_DTYPE, Layout, shard_name, write_manifest)
 from fuelline.io.atomic import atomic_write, fsync_dir, write_bytes_atomic
@@ -245,7 +245,7 @@ def _write_shard(plan: Plan, shard: Shard, writer: ShardWriter, capture: HiddenS
     bar.update(first)
     queue = WriteQueue(config.queue_bytes, threaded=config.writer_thread)
     pinned = _PinnedPool() if device.type == "cuda" else None
-    timing = {"forward_seconds": 0.0, "padded_tokens": 0, "tokens": 0}
+    timing = {"forward_seconds": 0.0}
     started = time.perf_counter()
     try:
         bounds = shard.batches + [len(shard.samples)]
@@ -265,8 +265,6 @@ def _write_shard(plan: Plan, shard: Shard, writer: ShardWriter, capture: HiddenS
             tensors = _storage_tensors(captured, layout)
             host, ready = _to_host(tensors, pinned)
             timing["forward_seconds"] += time.perf_counter() - began
-            timing["padded_tokens"] += len(rows) * width
-            timing["tokens"] += int(lengths.sum())
             records_of = _records_job(plan, shard, writer, start, rows, (ids, mask), host, ready, pinned, bar)
             queue.put(records_of, sum(t.numel() * t.element_size() for t in tensors.values()))
         queue.close()
@@ -403,7 +401,7 @@ def _merge(output: Path, plan: Plan, config: CacheConfig, wall_seconds: float) -
 
 def _stats(plan: Plan, layout: Layout, config: CacheConfig, wall_seconds: float) -> dict:
     samples, _, _ = plan.tokens()
-    timing = {"forward_seconds": 0.0, "wait_seconds": 0.0, "write_seconds": 0.0, "padded_tokens": 0}
+    timing = {"forward_seconds": 0.0, "wait_seconds": 0.0, "write_seconds": 0.0, "wall_seconds": 0.0}
     for shard in plan.shards:
         path = plan.build_dir / f"{shard_name(shard.shard_id)[:-4]}.stats.json"
         if path.exists():
@@ -422,7 +420,9 @@ def _stats(plan: Plan, layout: Layout, config: CacheConfig, wall_seconds: float)
         "bytes_per_token": round(plan.total_bytes / tokens, 2) if tokens else 0.0,
         "format": config.format, "hidden_dtype": layout.hidden_dtype,
         "forward_seconds": round(timing["forward_seconds"], 3), "writer_wait_seconds": round(timing["wait_seconds"], 3),
-        "write_seconds": round(timing["write_seconds"], 3), "wall_seconds": round(wall_seconds, 3),
+        "write_seconds": round(timing["write_seconds"], 3), "shard_seconds": round(timing["wall_seconds"], 3),
+        "forward_share": round(timing["forward_seconds"] / timing["wall_seconds"], 4) if timing["wall_seconds"] else 0.0,
+        "wall_seconds": round(wall_seconds, 3),
     }
 
 

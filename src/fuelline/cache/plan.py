@@ -57,8 +57,19 @@ class CacheConfig:
                 if self.__dataclass_fields__[k].metadata.get("identity", True)}
 
 
+def require_transformers() -> None:
+    """torch and transformers are extras: say which to install instead of an ImportError."""
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as e:
+        raise RuntimeError(f"the target cache needs torch and transformers ({e.name} is missing): "
+                           "pip install 'fuelline[cache]'") from None
+
+
 def model_config(model: str | os.PathLike):
     """The model's transformers config (a model directory or a config.json), and its text part."""
+    require_transformers()
     from transformers import AutoConfig
 
     from fuelline.cache.capture import text_config

