@@ -176,11 +176,7 @@ class Shard:
 
 def record_sizes(layout: Layout, samples: np.ndarray, record_ids: list[str]) -> np.ndarray:
     """Every sample's bytes in a shard, from its length (and, in the fuelline format, its id's length)."""
-    per_token = int(layout.bytes_per_token())
-    if layout.format == FUELLINE:
-        id_lens = [len(r.encode("utf-8")) for r in record_ids]
-        return np.array([layout.record_nbytes(int(n), k) for n, k in zip(samples["length"], id_lens)], dtype=np.int64)
-    return samples["length"].astype(np.int64) * per_token
+    return layout.record_sizes(samples["length"], [len(r.encode("utf-8")) for r in record_ids])
 
 
 def plan_shards(samples: np.ndarray, sizes: np.ndarray, config: CacheConfig) -> list[Shard]:

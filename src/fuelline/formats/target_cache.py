@@ -86,6 +86,10 @@ def align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
+def _aligned(n: np.ndarray) -> np.ndarray:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
 @dataclass(frozen=True)
 class Layout:
     """The shape of one cache: which format, layers, hidden size and hidden dtype. Knows every
@@ -147,9 +151,20 @@ class Layout:
     def record_nbytes(self, seq_len: int, id_len: int = 0) -> int:
         return self.relative_offsets(seq_len, id_len)["end"]
 
-    def bytes_per_token(self) -> float:
+    def bytes_per_token(self) -> int:
         """Shard bytes per token, ignoring the per-record id and alignment padding."""
         return sum(self.field_nbytes(name, 1) for name in self.fields)
+
+    def record_sizes(self, seq_len, id_len=None) -> np.ndarray:
+        """`record_nbytes` of many records at once (int64), from their lengths and, in the fuelline
+        format, their ids' lengths in bytes."""
+        seq = np.asarray(seq_len, dtype=np.int64)
+        if self.format != FUELLINE:
+            return seq * self.bytes_per_token()
+        size = _aligned(np.asarray(id_len, dtype=np.int64))
+        for name in self.fields:
+            size = size + _aligned(seq * self.field_nbytes(name, 1))
+        return size
 
     def index_dtype(self) -> np.dtype:
         return FUELLINE_INDEX if self.format == FUELLINE else V2_INDEX
@@ -247,11 +262,14 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
     index = FUELLINE_INDEX if fmt == FUELLINE else V2_INDEX
     check(manifest["index_record_size"] == index.itemsize,
           f"index_record_size {manifest['index_record_size']!r} is not {index.itemsize}")
+    def count(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
     for key in ("num_samples", "num_shards", "hidden_size"):
-        check(isinstance(manifest[key], int) and manifest[key] >= 0, f"{key} must be a non-negative integer")
+        check(count(manifest[key]), f"{key} must be a non-negative integer")
     check(manifest["hidden_size"] > 0, "hidden_size must be positive")
     layers = manifest["target_layer_ids"]
-    check(isinstance(layers, list) and layers and all(isinstance(x, int) for x in layers),
+    check(isinstance(layers, list) and layers and all(isinstance(x, int) and not isinstance(x, bool) for x in layers),
           "target_layer_ids must be a non-empty list of integers")
     check(layers == sorted(set(layers)), "target_layer_ids must be sorted ascending, without repeats")
     shards = manifest["shards"]
@@ -261,6 +279,7 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
     for k, shard in enumerate(shards):
         check(isinstance(shard, dict) and shard.get("shard_id") == k and isinstance(shard.get("file_name"), str),
               f"shard entry {k} must be {{shard_id: {k}, file_name: …}}")
+        check(count(shard.get("num_bytes", 0)), f"shard {k}: num_bytes must be a non-negative integer")
         name = shard["file_name"]
         check("/" not in name and "\\" not in name and name not in ("", ".", ".."),
               f"shard {k}: file name {name!r} must be a plain name inside the cache directory")
@@ -312,19 +331,3 @@ def read_index(directory: str | os.PathLike, manifest: dict[str, Any]) -> np.nda
     if size == 0:
         return np.zeros(0, dtype)
     return np.memmap(path, dtype=dtype, mode="r")
-
-
-def tensor_locations(layout: Layout, index: np.ndarray) -> dict[str, np.ndarray]:
-    """Absolute byte offset of every field of every sample (uint64 arrays keyed by field name)."""
-    seq = index["seq_len"].astype(np.uint64)
-    if layout.format == DEEPSPEC_V2:
-        return {name: np.asarray(index[name]) for name in TENSORS}
-    out = {}
-    start = np.asarray(index["offset"], dtype=np.uint64)
-    at = start + ((np.asarray(index["id_len"], dtype=np.uint64) + ALIGN - 1) // ALIGN * ALIGN)
-    for name in layout.fields:
-        out[name] = at
-        dtype, shape = layout.field_spec(name, 1)
-        per_token = dtype.itemsize * math.prod(shape)
-        at = (at + seq * np.uint64(per_token) + np.uint64(ALIGN - 1)) // np.uint64(ALIGN) * np.uint64(ALIGN)
-    return out

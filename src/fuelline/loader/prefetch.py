@@ -8,9 +8,9 @@ their narrow dtype (uint16/int32: half or a quarter of the bytes) and are widene
 the GPU. An exception in the loader is re-raised at the batch where it happened; no stale
 batch is ever served.
 
-Without CUDA the prefetcher passes batches through unchanged: for a CPU device, and for a CUDA
-device on a machine where CUDA is not available (a torch CPU build, no GPU), so one training
-script runs on a laptop and on a GPU node. Its `state_dict()` is the one to save either way: on
+Without CUDA the prefetcher passes batches through (only `transform` applied): for a CPU
+device, and for a CUDA device on a machine where CUDA is not available (a torch CPU build, no
+GPU), so one training script runs on a laptop and on a GPU node. Its `state_dict()` is the one to save either way: on
 a GPU the loader has already counted the batch fetched ahead, which the prefetcher subtracts.
 """
 
@@ -20,10 +20,18 @@ WIDEN = ("input_ids", "labels", "position_ids")
 
 
 class CUDAPrefetcher:
-    def __init__(self, loader, device=None):
+    """Iterates `loader`'s batches on `device`, one batch copied ahead.
+
+    `transform(batch) -> batch` runs on each batch once it is on the device: on CUDA inside the
+    side stream, so its kernels overlap the caller's compute, and in the pass-through path too,
+    so a training script sees the same batch either way. For a target cache stored as fp8,
+    `CUDAPrefetcher(loader, transform=widen_hidden)` (`fuelline.cache.dataset.widen_hidden`)
+    copies half the bytes of bf16 and widens them on the GPU."""
+
+    def __init__(self, loader, device=None, transform=None):
         import torch
 
-        self.loader = loader
+        self.loader, self.transform = loader, transform
         self.device = torch.device(device) if device is not None else (
             torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
         self.enabled = self.device.type == "cuda" and torch.cuda.is_available()
@@ -39,7 +47,7 @@ class CUDAPrefetcher:
     def __iter__(self):
         self._in_flight = 0
         if not self.enabled:
-            yield from self.loader
+            yield from (self.transform(batch) for batch in self.loader) if self.transform else self.loader
             return
         import torch
 
@@ -100,6 +108,8 @@ class CUDAPrefetcher:
                     continue
                 on_device = self._stage(slot, key, value).to(self.device, non_blocking=True)
                 batch[key] = on_device.long() if key in WIDEN and on_device.dtype != torch.int64 else on_device
+            if self.transform is not None:
+                batch = self.transform(batch)
             ready = torch.cuda.Event()
             ready.record(stream)
         slot["copied"] = ready

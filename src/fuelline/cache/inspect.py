@@ -1,0 +1,354 @@
+"""Looking at a finished target cache: is it whole (`verify_cache`), what is in it (`cache_info`),
+and does it fit the draft model about to be trained on it (`validate_for_draft`).
+
+`verify_cache` lists every problem instead of stopping at the first, so one run tells what a
+damaged cache needs (rebuild a shard, or everything); the reader (`CacheDataset`) raises at the
+first problem it meets instead. Record contents are read shard by shard, in offset order,
+through a large buffer: sequential I/O, even on a network file system. numpy only: no torch.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections import Counter
+from itertools import pairwise
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+import numpy as np
+import orjson
+
+from fuelline.formats.target_cache import (ALIGN, FUELLINE, INDEX, MANIFEST, TENSORS, CacheFormatError,
+                                           Layout, cache_format, checksum, layout_of, read_index, read_manifest)
+
+LIMIT = 20  # problems of one kind listed before they are only counted
+READ_BUFFER = 16 << 20
+
+
+class Problems:
+    """Problem messages in order found, at most LIMIT of each kind, the rest counted."""
+
+    def __init__(self):
+        self.listed: list[str] = []
+        self.counts: Counter[str] = Counter()
+
+    def add(self, kind: str, message: str) -> None:
+        self.counts[kind] += 1
+        if self.counts[kind] <= LIMIT:
+            self.listed.append(message)
+
+    def each(self, kind: str, samples: np.ndarray, message) -> None:
+        """A problem for each sample of `samples` (ints); only those listed are formatted."""
+        room = max(LIMIT - self.counts[kind], 0)
+        self.listed += [message(k) for k in samples[:room].tolist()]
+        self.counts[kind] += len(samples)
+
+    def result(self) -> list[str]:
+        return self.listed + [f"… and {n - LIMIT:,} more problems of this kind: {kind}"
+                              for kind, n in self.counts.items() if n > LIMIT]
+
+
+def verify_cache(path: str | os.PathLike) -> list[str]:
+    """Every problem found in the cache at `path` (empty: the cache is whole). Raises only when
+    `path` is not a directory; any damage inside it is a problem in the list."""
+    directory = Path(path)
+    if not directory.is_dir():
+        raise CacheFormatError(directory, "not a directory")
+    try:
+        manifest = read_manifest(directory)
+    except CacheFormatError as e:
+        return [str(e)]
+    problems = Problems()
+    layout = layout_of(manifest)
+    index = load_index(directory, manifest, layout, problems)
+    if index is None:
+        return problems.result()
+    check_index(index, manifest, layout, problems)
+    sizes = check_shard_files(directory, manifest, index, problems)
+    spans = check_bounds(manifest, layout, index, sizes, problems)
+    check_overlaps(manifest, index, spans, problems)
+    if layout.format == FUELLINE:
+        check_records(directory, manifest, layout, index, spans, problems)
+    return problems.result()
+
+
+def load_index(directory: Path, manifest: dict, layout: Layout, problems: Problems) -> np.ndarray | None:
+    """The index; when its size is wrong, the problem and then the whole records it does hold."""
+    path = directory / INDEX
+    try:
+        return np.asarray(read_index(directory, manifest))
+    except CacheFormatError as e:
+        problems.add("index", str(e))
+    except OSError as e:
+        problems.add("index", f"{path}: cannot be read ({e.strerror or e})")
+        return None
+    if not path.exists():
+        return None
+    dtype = layout.index_dtype()
+    return np.fromfile(path, dtype=dtype, count=path.stat().st_size // dtype.itemsize)
+
+
+def check_index(index: np.ndarray, manifest: dict, layout: Layout, problems: Problems) -> None:
+    def bad(kind, where, message):
+        problems.each(kind, np.flatnonzero(where), message)
+
+    num_shards = manifest["num_shards"]
+    bad("sample ids", index["sample_id"] != np.arange(len(index), dtype=np.uint64),
+        lambda k: f"{INDEX}: record {k} holds sample_id {int(index['sample_id'][k])} "
+                  f"(sample ids must be 0…{len(index) - 1} in order)")
+    bad("shard ids", index["shard_id"] >= num_shards,
+        lambda k: f"{INDEX}: sample {k}: shard_id {int(index['shard_id'][k])} is beyond the {num_shards} shards "
+                  "of the manifest")
+    bad("empty samples", index["seq_len"] == 0, lambda k: f"{INDEX}: sample {k}: seq_len 0")
+    seq = index["seq_len"].astype(np.uint64)
+    if layout.format == FUELLINE:
+        expected = layout.record_sizes(seq, index["id_len"])
+        bad("record lengths", index["nbytes"] != expected,
+            lambda k: f"{INDEX}: sample {k}: record length {int(index['nbytes'][k]):,} does not match its seq_len "
+                      f"{int(seq[k])} and id length {int(index['id_len'][k])} ({int(expected[k]):,} bytes)")
+        bad("alignment", index["offset"] % np.uint64(ALIGN) != 0,
+            lambda k: f"{INDEX}: sample {k}: record offset {int(index['offset'][k]):,} is not a multiple of {ALIGN}")
+        bad("loss tokens", index["loss_tokens"] > index["seq_len"],
+            lambda k: f"{INDEX}: sample {k}: {int(index['loss_tokens'][k])} supervised tokens in a sample of "
+                      f"{int(seq[k])}")
+        return
+    for before, after in pairwise(TENSORS):  # version 2: the five tensors back to back, in order
+        follows = index[before] + seq * np.uint64(layout.field_nbytes(before, 1))
+        bad("contiguity", index[after] != follows,
+            lambda k: f"{INDEX}: sample {k}: {after} at byte {int(index[after][k]):,}, but {before} ends at "
+                      f"{int(follows[k]):,} (the tensors must be back to back, in order)")
+
+
+def check_shard_files(directory: Path, manifest: dict, index: np.ndarray, problems: Problems) -> list[int | None]:
+    """Each shard's size (None: missing), checked against the size the manifest records."""
+    sizes = []
+    for k, entry in enumerate(manifest["shards"]):
+        path = directory / entry["file_name"]
+        if not path.is_file():
+            held = int((index["shard_id"] == k).sum())
+            problems.add("missing shards", f"{entry['file_name']}: missing or not a file (shard {k}, {held:,} samples)")
+            sizes.append(None)
+            continue
+        size = path.stat().st_size
+        recorded = entry.get("num_bytes")
+        if recorded is not None and recorded != size:
+            problems.add("shard sizes", f"{entry['file_name']}: {size:,} bytes, the manifest says {recorded}")
+        sizes.append(size)
+    return sizes
+
+
+def check_bounds(manifest: dict, layout: Layout, index: np.ndarray, sizes: list[int | None],
+                 problems: Problems) -> np.ndarray:
+    """Check every sample's fields lie inside its shard file; returns each sample's byte span
+    [start, end) as an (N, 2) uint64 array, with start == end == 0 where it cannot be read."""
+    by_shard = np.array([-1 if size is None else size for size in sizes] + [-1], dtype=np.int64)
+    size = by_shard[np.minimum(index["shard_id"], len(sizes))]  # -1: unknown shard id or missing file
+    present, size = size >= 0, np.maximum(size, 0).astype(np.uint64)
+    seq = index["seq_len"].astype(np.uint64)
+    if layout.format == FUELLINE:
+        fields = {"record": (index["offset"], index["nbytes"])}
+    else:
+        fields = {name: (index[name], seq * np.uint64(layout.field_nbytes(name, 1))) for name in TENSORS}
+    inside = present.copy()
+    for name, (offset, nbytes) in fields.items():
+        fits = (offset <= size) & (nbytes <= size - np.minimum(offset, size))  # no uint64 overflow
+        problems.each("out of bounds", np.flatnonzero(present & ~fits),
+                      lambda k: f"{manifest['shards'][int(index['shard_id'][k])]['file_name']}: sample {k}: {name} "
+                                f"at byte {int(offset[k]):,} (+{int(nbytes[k]):,}) extends past the end of the shard "
+                                f"({int(size[k]):,} bytes)")
+        inside &= fits
+    starts = np.min([offset for offset, _ in fields.values()], axis=0)
+    ends = np.max([offset + nbytes for offset, nbytes in fields.values()], axis=0)
+    spans = np.zeros((len(index), 2), dtype=np.uint64)
+    spans[inside, 0], spans[inside, 1] = starts[inside], ends[inside]
+    return spans
+
+
+def check_overlaps(manifest: dict, index: np.ndarray, spans: np.ndarray, problems: Problems) -> None:
+    readable = spans[:, 1] > spans[:, 0]
+    for k, entry in enumerate(manifest["shards"]):
+        samples = np.flatnonzero(readable & (index["shard_id"] == k))
+        if len(samples) < 2:
+            continue
+        samples = samples[np.argsort(spans[samples, 0], kind="stable")]
+        ends = spans[samples, 1]
+        reach = np.maximum.accumulate(ends)  # the furthest end of any sample so far, and whose it is
+        holder = np.maximum.accumulate(np.where(ends == reach, np.arange(len(samples)), 0))
+        problems.each("overlaps", np.flatnonzero(spans[samples[1:], 0] < reach[:-1]),
+                      lambda j: f"{entry['file_name']}: samples {int(samples[holder[j]])} and {int(samples[j + 1])} "
+                                "overlap")
+
+
+def check_records(directory: Path, manifest: dict, layout: Layout, index: np.ndarray, spans: np.ndarray,
+                  problems: Problems) -> None:
+    """fuelline: read every readable record (in offset order, through a large buffer) and check
+    its checksum, its id, its loss token count and its attention mask."""
+    readable = (spans[:, 1] > spans[:, 0]) & (index["nbytes"] == layout.record_sizes(
+        index["seq_len"], index["id_len"]))
+    for k, entry in enumerate(manifest["shards"]):
+        samples = np.flatnonzero(readable & (index["shard_id"] == k))
+        if not len(samples):
+            continue
+        samples = samples[np.argsort(index["offset"][samples], kind="stable")]
+        name = entry["file_name"]
+        try:
+            with open(directory / name, "rb", buffering=READ_BUFFER) as f:
+                for i in samples.tolist():
+                    record = index[i]
+                    f.seek(int(record["offset"]))
+                    check_record(name, i, record, f.read(int(record["nbytes"])), layout, problems)
+        except OSError as e:
+            problems.add("unreadable shards", f"{name}: cannot be read ({e.strerror or e})")
+
+
+def check_record(shard: str, i: int, record, data: bytes, layout: Layout, problems: Problems) -> None:
+    if checksum(data) != int(record["checksum"]):
+        problems.add("checksums", f"{shard}: sample {i}: checksum mismatch (the record is damaged)")
+    seq_len, id_len = int(record["seq_len"]), int(record["id_len"])
+    try:
+        data[:id_len].decode("utf-8")
+    except UnicodeDecodeError:
+        problems.add("record ids", f"{shard}: sample {i}: the record id is not UTF-8")
+    at = layout.relative_offsets(seq_len, id_len)
+    loss = np.frombuffer(data, np.uint8, seq_len, at["loss_mask"])
+    if int(loss.sum()) != int(record["loss_tokens"]):
+        problems.add("loss tokens", f"{shard}: sample {i}: the loss mask has {int(loss.sum())} supervised tokens, "
+                                    f"the index says {int(record['loss_tokens'])}")
+    if not (np.frombuffer(data, np.uint8, seq_len, at["attention_mask"]) == 1).all():
+        problems.add("attention masks", f"{shard}: sample {i}: the attention mask is not all ones")
+
+
+def cache_info(path: str | os.PathLike) -> dict[str, Any]:
+    """What a cache holds and what it costs on disk; CacheFormatError if it cannot be read."""
+    directory = Path(path)
+    manifest = read_manifest(directory)
+    layout = layout_of(manifest)
+    index = np.asarray(read_index(directory, manifest))
+    sizes = []
+    for entry in manifest["shards"]:
+        try:
+            sizes.append((directory / entry["file_name"]).stat().st_size)
+        except FileNotFoundError:
+            raise CacheFormatError(directory / entry["file_name"], "missing") from None
+    seq = index["seq_len"].astype(np.int64)
+    tokens = int(seq.sum())
+    info = {"path": str(directory), "format": cache_format(manifest), "version": manifest["version"],
+            "samples": len(index), "tokens": tokens, "supervised_tokens": supervised_tokens(directory, manifest,
+                                                                                              layout, index),
+            "shards": manifest["num_shards"],
+            "total_bytes": sum(sizes) + (directory / INDEX).stat().st_size + (directory / MANIFEST).stat().st_size,
+            "bytes_per_token": sum(sizes) / tokens if tokens else None,
+            "target_layer_ids": manifest["target_layer_ids"], "hidden_size": manifest["hidden_size"],
+            "hidden_dtype": manifest["hidden_dtype"], "target_model": manifest.get("target_model_name_or_path")}
+    for key in ("chat_template", "max_length"):
+        if key in manifest:
+            info[key] = manifest[key]
+    if len(seq):
+        info["seq_len"] = {"min": int(seq.min()), "median": float(median(seq.tolist())), "max": int(seq.max())}
+    return info
+
+
+def supervised_tokens(directory: Path, manifest: dict, layout: Layout, index: np.ndarray) -> int:
+    """Tokens with loss_mask 1: in the fuelline index; summed from the shards' loss masks for version 2."""
+    if layout.format == FUELLINE:
+        return int(index["loss_tokens"].astype(np.int64).sum())
+    total = 0
+    for k, entry in enumerate(manifest["shards"]):
+        samples = np.flatnonzero(index["shard_id"] == k)
+        path = directory / entry["file_name"]
+        if not len(samples) or not path.stat().st_size:
+            continue
+        shard = np.memmap(path, dtype=np.uint8, mode="r")
+        for i in samples.tolist():
+            start, n = int(index["loss_mask"][i]), int(index["seq_len"][i])
+            if start + n > len(shard):
+                raise CacheFormatError(path, f"sample {i}: loss_mask extends past the end of the shard")
+            total += int(shard[start: start + n].sum(dtype=np.int64))
+    return total
+
+
+def format_info(info: dict[str, Any]) -> str:
+    """`cache_info` as aligned human-readable lines."""
+    tokens, supervised = info["tokens"], info["supervised_tokens"]
+    share = f", {supervised / tokens:.1%}" if tokens else ""
+    lines = [("path", info["path"]),
+             ("format", f"{info['format']} (version {info['version']})"),
+             ("samples", f"{info['samples']:,}"),
+             ("tokens", f"{tokens:,} ({supervised:,} supervised{share})"),
+             ("shards", f"{info['shards']:,}, {human_bytes(info['total_bytes'])} in all"),
+             ("bytes per token", f"{info['bytes_per_token']:,.0f}" if info["bytes_per_token"] else "-"),
+             ("layers", f"{info['target_layer_ids']} x hidden size {info['hidden_size']}, {info['hidden_dtype']}"),
+             ("target model", info["target_model"] or "(not recorded)")]
+    if "chat_template" in info:
+        lines.append(("chat template", str(info["chat_template"])))
+    if "max_length" in info:
+        lines.append(("max length", str(info["max_length"])))
+    if "seq_len" in info:
+        s = info["seq_len"]
+        lines.append(("seq_len", f"min {s['min']:,}, median {s['median']:,g}, max {s['max']:,}"))
+    width = max(len(label) for label, _ in lines)
+    return "\n".join(f"{label:<{width}}  {value}" for label, value in lines)
+
+
+def human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:,.1f} {unit}" if unit != "B" else f"{n:,} B"
+        n /= 1024
+    return f"{n:,.1f} TiB"
+
+
+DRAFT_KEYS = ("target_layer_ids", "hidden_size", "target_model_name_or_path")
+
+
+def validate_for_draft(path: str | os.PathLike, draft_config: str | os.PathLike,
+                       target_model: str | None = None) -> list[str]:
+    """Does the cache fit the draft model? The reference trainer's check before training: the
+    cache's target_layer_ids, hidden_size and target model must be the draft config's (the
+    target model: `target_model` when given). Returns the problems, each naming both values."""
+    config_path = Path(draft_config)
+    try:
+        manifest = read_manifest(path)
+    except CacheFormatError as e:
+        return [str(e)]
+    try:
+        config = load_config(config_path)
+    except (OSError, ValueError) as e:
+        return [f"{config_path}: cannot read the draft config ({e})"]
+    problems = []
+    for key in DRAFT_KEYS:
+        present, wanted = find_key(config, key)
+        source = str(config_path)
+        if key == "target_model_name_or_path" and target_model is not None:
+            present, wanted, source = True, target_model, "--target-model"
+        cached = manifest.get(key)
+        if not present:
+            problems.append(f"{config_path}: the draft config has no {key} (the cache has {cached!r})")
+        elif key not in manifest:
+            problems.append(f"{key}: the cache's manifest does not record it; the draft ({source}) wants {wanted!r}")
+        elif (list(wanted) if isinstance(wanted, (list, tuple)) else wanted) != cached:
+            problems.append(f"{key}: the cache has {cached!r}, the draft ({source}) wants {wanted!r}")
+    return problems
+
+
+def load_config(path: Path) -> dict:
+    text = path.read_bytes()
+    if path.suffix == ".toml":
+        config = tomllib.loads(text.decode("utf-8"))
+    else:
+        config = orjson.loads(text)
+    if not isinstance(config, dict):
+        raise ValueError("not a JSON object")
+    return config
+
+
+def find_key(config: dict, key: str) -> tuple[bool, Any]:
+    """(found, value) of `key` at the top level of a config or one table down (e.g. `[model]`)."""
+    if key in config:
+        return True, config[key]
+    for value in config.values():
+        if isinstance(value, dict) and key in value:
+            return True, value[key]
+    return False, None
