@@ -8,14 +8,17 @@ exchanges of ../shared/data/chat (normalized by `fuelline chat prepare`), the la
 1. Bytes per token of the same conversations and layers in deepspec-v2 (bf16, the reference),
    fuelline bf16 and fuelline fp8, measured on disk (shards and index); target fp8 ≤ 0.55x.
    The same ratio for a Qwen3-4B target (hidden 2560) follows from the layout alone.
-2. Build throughput with the writer thread against writing inline on the main thread, and the
-   share of the shard-writing time the forward took. The forward runs on one torch thread so
-   the second core is free for the writer, as the CPU is beside a GPU.
+2. Build throughput with the writer thread against writing inline on the main thread (half the
+   conversations, each mode twice, alternating, the faster kept), and the share of the
+   shard-writing time the forward took. The forward runs on one torch thread so the second
+   core is free for the writer, as the CPU is beside a GPU. On a CPU the forward dominates
+   (writes are under 1% of the time), so this shows the writer costs nothing; the overlap that
+   matters is on a GPU: benchmarks/gpu_cache.py.
 3. Reading: `CacheDataset` + `CacheCollator` (zero-copy tensors, one copy into the padded batch)
    against a reader that copies each tensor out of the file first, as the reference reader does,
    then pads; batches of 8 in a shuffled order, hidden-state GB/s, page cache warm.
 
-    python benchmarks/bench_cache.py [--conversations 300]
+    python benchmarks/bench_cache.py [--conversations 150]
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ def build(model: Path, chats: Path, out: Path, **options) -> dict:
 
     shutil.rmtree(out, ignore_errors=True)
     config = CacheConfig(**{"layers": LAYERS, "min_loss_tokens": 1, "device": "cpu", "batch_tokens": 2048, **options})
-    return build_cache(model, [chats], out, config, progress=False)
+    stats = build_cache(model, [chats], out, config, progress=False)
+    return {**stats, **stats["cache"]}
 
 
 def disk_bytes(cache: Path) -> int:
@@ -86,7 +90,7 @@ def read_speed(dataset, collate, order: np.ndarray, batch: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--conversations", type=int, default=300)
+    parser.add_argument("--conversations", type=int, default=150)
     args = parser.parse_args()
 
     import torch
@@ -110,8 +114,12 @@ def main() -> None:
                     for e in estimate_from_counts(5, 2560, int(1.56e9), int(1.3e6))}
 
         runs = {}
-        for name, threaded in (("writer thread", True), ("inline", False)):
-            stats = build(model, chats, work / f"run-{name}", writer_thread=threaded)
+        overlap_chats = work / "overlap.jsonl"  # fewer conversations: each mode runs twice, alternating
+        overlap_chats.write_text("".join(chats.read_text().splitlines(keepends=True)[: args.conversations // 2]))
+        for name, threaded in [("writer thread", True), ("inline", False)] * 2:
+            stats = build(model, overlap_chats, work / f"run-{name}", writer_thread=threaded)
+            if name in runs and runs[name]["shard_seconds"] <= stats["shard_seconds"]:
+                continue  # keep the less disturbed of the two
             runs[name] = {"conversations_per_s": round(stats["records_out"] / stats["shard_seconds"], 2),
                           "tokens_per_s": round(stats["tokens"] / stats["shard_seconds"], 1),
                           "forward_seconds": stats["forward_seconds"], "shard_seconds": stats["shard_seconds"],

@@ -23,7 +23,7 @@ from fuelline.serve.cli import serve_command
 # RecordError and TokenFormatError are ValueErrors, OutputBusy and a failed server start RuntimeErrors.
 USER_ERRORS = (ValueError, RuntimeError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 RESUME_HINT = "run the same command again to resume"
-SUMMARY_KEYS = ("dedup", "tokenizer", "outputs", "schemas")
+SUMMARY_KEYS = ("dedup", "tokenizer", "outputs", "schemas", "cache")
 CHAT_PREFIX = "chat-"
 
 
@@ -491,11 +491,23 @@ main.add_command(cache_group)
 
 
 @main.command()
+@click.argument("kind", type=click.Choice(["poetry", "chat"]), default="poetry")
 @click.option("--dir", "-o", "directory", type=click.Path(file_okay=False), default=None,
               help="where to write the corpus and the run (default: a new temporary directory)")
 @click.option("--workers", "-w", type=int, default=None, help="processes (default: all cores)")
-def demo(directory, workers):
-    """Generate a small messy corpus and run the pipeline on it."""
+def demo(kind, directory, workers):
+    """Run a pipeline on a small built-in sample: poetry (pretraining data) or chat (distillation data,
+    with a tiny local model served on this machine; extras torch and serve)."""
+    if kind == "chat":
+        from fuelline.chat.demo import run_chat_demo
+        from fuelline.report.funnel import format_funnel, load_funnel
+
+        run_dir, _ = run_chat_demo(directory)
+        click.echo(format_funnel(load_funnel(run_dir)))
+        cache = next(run_dir.glob("*-cache"))
+        click.echo(f"\nreport: {run_dir / 'report' / 'report.html'}")
+        click.echo(f"the cache: from fuelline.cache import CacheDataset; CacheDataset({str(cache)!r})[0]")
+        return
     from fuelline.demo import run_demo
 
     run_demo(directory, workers=workers,

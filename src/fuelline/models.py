@@ -143,3 +143,50 @@ def smollm2(directory: str | os.PathLike) -> Path:
     model.eval().save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return _mark_complete(directory)
+
+
+# ChatML, for models with a tokenizer trained by `fuelline tokenizer train` (which reserves
+# <|im_start|> and <|im_end|>): what `transformers serve` renders requests with.
+CHATML_CHAT_TEMPLATE = """\
+{%- for m in messages -%}
+  {{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}
+"""
+
+
+def tiny_chat_model(directory: str | os.PathLike, texts: list[str], vocab_size: int = 768, layers: int = 3,
+                    seed: int = 0) -> Path:
+    """A Qwen3 of `layers` layers (hidden 64, random weights) over a BPE vocabulary trained on `texts`,
+    with the ChatML template and eos `<|im_end|>`: a whole chat model from nothing but text, in a
+    few seconds, for the chat demo. Needs no package beyond the extras `torch` and `serve`."""
+    import tempfile
+
+    import orjson
+    import torch
+    from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    from fuelline.tokenizer.train import train_tokenizer
+
+    directory = Path(directory)
+    if _complete(directory):
+        return directory
+    with tempfile.TemporaryDirectory() as work:
+        corpus = Path(work) / "texts.jsonl"
+        corpus.write_bytes(b"".join(orjson.dumps({"text": t}) + b"\n" for t in texts))
+        train_tokenizer([corpus], Path(work) / "tokenizer", vocab_size=vocab_size, pretokenize="bytelevel")
+        tokenizer = AutoTokenizer.from_pretrained(Path(work) / "tokenizer")
+    tokenizer.chat_template = CHATML_CHAT_TEMPLATE
+    tokenizer.eos_token = "<|im_end|>"
+    eos_id, pad_id = tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<pad>")
+    config = Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
+        initializer_range=0.2, tie_word_embeddings=True, eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None)
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).eval()
+    model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id, do_sample=False)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return _mark_complete(directory)

@@ -84,7 +84,7 @@ def test_one_sample_batches_equal_output_hidden_states(qwen4_dir, chats, tmp_pat
     """Batches of one sample (no padding): every stored state is bit-equal to a bf16 forward's."""
     out = tmp_path / "cache"
     stats = build_cache(qwen4_dir, [chats], out, config(batch_tokens=1), progress=False)
-    assert stats["records_out"] == 48 and stats["padding_share"] == 0
+    assert stats["records_out"] == 48 and stats["cache"]["padding_share"] == 0
     states = reference_states(qwen4_dir, LAYERS)
     dataset = CacheDataset(out)
     for i in range(len(dataset)):
@@ -101,7 +101,7 @@ def test_padded_batches_store_only_real_positions(qwen4_dir, chats, tmp_path):
 
     out = tmp_path / "cache"
     stats = build_cache(qwen4_dir, [chats], out, config(), progress=False)
-    assert 0 < stats["padding_share"] < 0.5
+    assert 0 < stats["cache"]["padding_share"] < 0.5
     records = {r["id"]: r for r in map(json.loads, chats.read_text().splitlines())}
     states = reference_states(qwen4_dir, LAYERS)
     dataset = CacheDataset(out)

@@ -42,6 +42,7 @@ from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import expand_inputs
 from fuelline.pipeline.lifetime import die_with_parent
 from fuelline.pipeline.shards import describe_inputs
+from fuelline.pipeline.task import resumed
 from fuelline.tokenizer.train import tokenizer_fingerprint
 
 STATS = "stats.json"
@@ -153,6 +154,7 @@ def _run(ranks: Ranks, model, inputs, output: Path, config: CacheConfig, progres
 
 def _prepare(ranks: Ranks, model, inputs, output: Path, config: CacheConfig, progress: bool) -> dict:
     """Rank 0: the finished cache's stats, or the plan made or found and each rank's shards."""
+    started = time.perf_counter()
     _, text = model_config(model)
     check_layer_ids(config.layers, text.num_hidden_layers)
     layout = layout_for(config, text.hidden_size)
@@ -163,7 +165,7 @@ def _prepare(ranks: Ranks, model, inputs, output: Path, config: CacheConfig, pro
             raise ValueError(f"{output} already holds a target cache built with other options, model or inputs; "
                              "choose another --output")
         shutil.rmtree(output / BUILD_DIR, ignore_errors=True)  # left by a merge stopped after the manifest
-        return {"finished": {**stats, "resumed": True}}
+        return {"finished": resumed(stats, started)}
     if output.exists() and not (output / BUILD_DIR).exists() and any(p.name[0] != "." for p in output.iterdir()):
         raise ValueError(f"{output} is not empty and holds no target cache build; choose another --output")
     plan = Plan.load(output)
@@ -410,20 +412,21 @@ def _stats(plan: Plan, layout: Layout, config: CacheConfig, wall_seconds: float)
                     timing[key] += value
     tokens = int(samples["length"].sum()) if len(samples) else 0
     padded = sum(s.cost for s in plan.shards)
-    dropped = dict(sorted(plan.dropped.items()))
-    return {
-        "stage": "cache", "identity": plan.identity, "records_in": plan.records_in, "records_out": len(samples),
-        "dropped": dropped, "truncated": plan.truncated, "tokens": tokens,
-        "loss_tokens": int(samples["loss_tokens"].sum()) if len(samples) else 0,
+    loss_tokens = int(samples["loss_tokens"].sum()) if len(samples) else 0
+    cache = {
+        "tokens": tokens, "loss_tokens": loss_tokens,
+        "supervised_share": round(loss_tokens / tokens, 4) if tokens else 0.0,
         "padding_share": round(1 - tokens / padded, 4) if padded else 0.0,
         "shards": len(plan.shards), "bytes": plan.total_bytes,
         "bytes_per_token": round(plan.total_bytes / tokens, 2) if tokens else 0.0,
-        "format": config.format, "hidden_dtype": layout.hidden_dtype,
+        "format": config.format, "hidden_dtype": layout.hidden_dtype, "layers": list(config.layers),
         "forward_seconds": round(timing["forward_seconds"], 3), "writer_wait_seconds": round(timing["wait_seconds"], 3),
         "write_seconds": round(timing["write_seconds"], 3), "shard_seconds": round(timing["wall_seconds"], 3),
         "forward_share": round(timing["forward_seconds"] / timing["wall_seconds"], 4) if timing["wall_seconds"] else 0.0,
-        "wall_seconds": round(wall_seconds, 3),
     }
+    return {"stage": "cache", "identity": plan.identity, "records_in": plan.records_in, "records_out": len(samples),
+            "dropped": dict(sorted(plan.dropped.items())), "counters": {"truncated": plan.truncated},
+            "cache": cache, "wall_seconds": round(wall_seconds, 3)}
 
 
 def _manifest(plan: Plan, layout: Layout, config: CacheConfig, stats: dict) -> dict:
@@ -445,4 +448,4 @@ def _manifest(plan: Plan, layout: Layout, config: CacheConfig, stats: dict) -> d
             "alignment": 64, "checksum": "xxh3_64", "scale_dtype": SCALE_DTYPE if layout.scaled else None,
             "model_fingerprint": identity["model_fingerprint"],
             "tokenizer_fingerprint": identity["tokenizer_fingerprint"], "sources": identity["inputs"],
-            "num_tokens": stats["tokens"], "num_loss_tokens": stats["loss_tokens"]}
+            "num_tokens": stats["cache"]["tokens"], "num_loss_tokens": stats["cache"]["loss_tokens"]}

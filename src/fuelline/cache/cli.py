@@ -79,7 +79,6 @@ def build(model, inputs, output, layers, chat_template, max_length, min_loss_tok
           max_shard_bytes, min_shards, device, force, queue_bytes, inline_writes, progress):
     """Run the target over the conversations once and store its hidden states (resumable; torchrun for ranks)."""
     from fuelline.cache.build import build_cache
-    from fuelline.cache.estimate import human_bytes
     from fuelline.cache.plan import CacheConfig
 
     config = CacheConfig(layers=_layers(layers), chat_template=chat_template, max_length=max_length,
@@ -89,13 +88,22 @@ def build(model, inputs, output, layers, chat_template, max_length, min_loss_tok
     stats = build_cache(model, list(inputs), output, config, progress=progress)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 reports
         return
+    click.echo(summary(stats, output))
+
+
+def summary(stats: dict, output) -> str:
+    """What a build did, in three lines (also printed by pipelines and the chat demo)."""
+    from fuelline.cache.estimate import human_bytes
+
+    c = stats["cache"]
     dropped = ", ".join(f"{k} {v:,}" for k, v in stats["dropped"].items()) or "none"
-    click.echo(f"cache      in {stats['records_in']:>10,}  out {stats['records_out']:>10,}  dropped: {dropped}"
-               f"{'  (already built)' if stats.get('resumed') else ''}")
-    click.echo(f"           {stats['tokens']:,} tokens, {human_bytes(stats['bytes'])} in {stats['shards']} shard(s), "
-               f"{stats['bytes_per_token']:,.1f} bytes/token, padding {stats['padding_share']:.1%}, "
-               f"forward {stats['forward_seconds']:.1f}s of {stats['wall_seconds']:.1f}s")
-    click.echo(f"           open it with fuelline.cache.CacheDataset({str(output)!r})")
+    return "\n".join([
+        f"cache      in {stats['records_in']:>10,}  out {stats['records_out']:>10,}  dropped: {dropped}"
+        f"{'  (already built)' if stats.get('resumed') else ''}",
+        f"           {c['tokens']:,} tokens ({c['supervised_share']:.1%} supervised), {human_bytes(c['bytes'])} in "
+        f"{c['shards']} shard(s), {c['bytes_per_token']:,.1f} bytes/token, padding {c['padding_share']:.1%}, "
+        f"forward {c['forward_seconds']:.1f}s of {stats['wall_seconds']:.1f}s",
+        f"           open it with fuelline.cache.CacheDataset({str(output)!r})"])
 
 
 @cache.command()

@@ -34,6 +34,17 @@ class RegenerateStepConfig(StageConfig):
     concurrency: int = field(default=64, metadata={"help": "requests in flight per server"})
     request_timeout: float = field(default=600.0, metadata={"help": "seconds per request"})
     attempts: int = field(default=5, metadata={"help": "tries per request"})
+    serve_model: str = field(default="", metadata={"help": "start `fuelline serve` servers of this model directory "
+                                                            "for the step, and stop them after it"})
+    serve_engine: str = field(default="transformers", metadata={"help": "engine of the servers started",
+                                                                 "choices": ["sglang", "vllm", "transformers"]})
+    serve_ports: str = field(default="30000", metadata={"help": "ports of the servers started: 30000, "
+                                                                 "30000-30007 or 30000,30001"})
+    serve_gpus_per_server: int = field(default=1, metadata={"help": "GPUs per server started (0: CPU)"})
+
+
+HOW_NOT_WHAT = ("servers", "servers_file", "serve_engine", "serve_ports", "serve_gpus_per_server", "concurrency",
+                "request_timeout", "attempts")
 
 
 class RegenerateTask(Task):
@@ -42,13 +53,31 @@ class RegenerateTask(Task):
     Config = RegenerateStepConfig
     produces_records = True
 
+    def identity(self, inputs: list[str]) -> dict:
+        """Which servers answer, and how many requests each takes at once, do not change the output."""
+        identity = super().identity(inputs)
+        identity["config"] = {k: v for k, v in identity["config"].items() if k not in HOW_NOT_WHAT}
+        return identity
+
     def run(self, inputs, output: Path, *, workers, steps, restart, progress) -> dict:
         if not restart and (done := self.finished(output, inputs)):
             return done
         if restart and output.exists():
             shutil.rmtree(output)
         cfg = self.config
-        model, urls = resolve_servers(cfg.model, cfg.servers, cfg.servers_file)
+        if not cfg.serve_model:
+            return self._regenerate(inputs, output, *resolve_servers(cfg.model, cfg.servers, cfg.servers_file),
+                                    progress)
+        from fuelline.serve.launcher import ServerGroup
+
+        # logs and servers.json under _servers/: a directory read of the step's output skips it
+        with ServerGroup(cfg.serve_engine, cfg.serve_model, cfg.serve_ports, log_dir=output / "_servers",
+                         gpus_per_server=cfg.serve_gpus_per_server) as group:
+            return self._regenerate(inputs, output, cfg.model or group.model, list(cfg.servers) + group.urls,
+                                    progress)
+
+    def _regenerate(self, inputs, output: Path, model: str, urls: list[str], progress: bool) -> dict:
+        cfg = self.config
         config = RegenerateConfig(
             model=model, preset=cfg.preset, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
             min_p=cfg.min_p, max_tokens=cfg.max_tokens, disable_thinking=cfg.disable_thinking,

@@ -22,6 +22,7 @@ TASKS: dict[str, str] = {
     "pack": "fuelline.pack.task:PackTask",
     "report": "fuelline.report.task:ReportTask",
     "regenerate": "fuelline.chat.task:RegenerateTask",
+    "cache": "fuelline.cache.task:CacheTask",
 }
 
 

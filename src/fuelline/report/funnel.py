@@ -29,7 +29,7 @@ def load_funnel(run_dir: str | os.PathLike) -> dict:
             "seconds": stats.get("wall_seconds"),
         }
         step["adds_up"] = step["records_in"] == step["records_out"] + step["dropped_total"]
-        for extra in ("dedup", "tokenizer", "splits", "counters", "outputs", "schemas", "categories"):
+        for extra in ("dedup", "tokenizer", "splits", "counters", "outputs", "schemas", "categories", "cache"):
             if stats.get(extra):
                 step[extra] = stats[extra]
         steps.append(step)
@@ -57,6 +57,13 @@ def format_categories(categories: dict[str, dict[str, int]]) -> list[str]:
     return lines
 
 
+def format_cache(c: dict) -> str:
+    """A target cache step's tokens, supervised share and bytes, in one line."""
+    return (f"    cache: {c['tokens']:,} tokens, supervised {c['supervised_share']:.2%}, {c['bytes']:,} bytes in "
+            f"{c['shards']} shard(s), {c['bytes_per_token']:,.1f} bytes/token ({c['format']}, {c['hidden_dtype']}), "
+            f"padding {c['padding_share']:.2%}")
+
+
 def format_funnel(funnel: dict) -> str:
     steps = funnel["steps"]
     first = steps[0]["records_in"] if steps else 0
@@ -74,6 +81,8 @@ def format_funnel(funnel: dict) -> str:
             if s.get(key):
                 lines.append(f"    {key}: " + ", ".join(f"{k} {v:,}" for k, v in s[key].items()))
         lines.extend(format_categories(s.get("categories", {})))
+        if s.get("cache"):
+            lines.append(format_cache(s["cache"]))
         counters = {k: v for k, v in s.get("counters", {}).items() if not k.startswith(COUNTERS_SHOWN_ELSEWHERE)}
         if counters:
             lines.append("    (" + ", ".join(f"{k} {v:,}" for k, v in counters.items()) + ")")
