@@ -1,0 +1,117 @@
+"""examples/train_draft.py on caches of a tiny 4-layer Qwen3: the draft learns (bf16 and fp8 caches),
+and a target model the cache was not built from is refused before any step."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from fuelline.cache.build import build_cache  # noqa: E402
+from fuelline.cache.plan import CacheConfig  # noqa: E402
+
+SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_draft.py"
+DAYS = "Monday Tuesday Wednesday Thursday Friday Saturday Sunday".split()
+
+
+def write_chats(path: Path, count: int, seed: int = 0) -> Path:
+    """Short conversations of one fixed shape (what follows a day of the week): something to learn."""
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as f:
+        for k in range(count):
+            start, steps = rng.randrange(7), rng.randint(2, 6)
+            answer = ", then ".join(DAYS[(start + i) % 7] for i in range(1, steps + 1))
+            turns = [{"role": "user", "content": f"Which {steps} days come after {DAYS[start]}?"},
+                     {"role": "assistant", "content": f"After {DAYS[start]} come {answer}."}]
+            f.write(json.dumps({"id": f"chat-{k}", "conversations": turns}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def target(qwen_dir, tmp_path_factory):
+    from fuelline.models import tiny_qwen3
+
+    return tiny_qwen3(tmp_path_factory.mktemp("models") / "qwen3-4-layers", qwen_dir, layers=4)
+
+
+@pytest.fixture(scope="module")
+def chats(tmp_path_factory):
+    return write_chats(tmp_path_factory.mktemp("chats") / "chats.jsonl", 300)
+
+
+def build(target: Path, chats: Path, out: Path, hidden_dtype: str) -> Path:
+    config = CacheConfig(layers=[-1, 0, 2], min_loss_tokens=1, min_shards=2, device="cpu", hidden_dtype=hidden_dtype)
+    build_cache(target, [chats], out, config, progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def cache(target, chats, tmp_path_factory):
+    return build(target, chats, tmp_path_factory.mktemp("bf16") / "cache", "bf16")
+
+
+@pytest.fixture(scope="module")
+def fp8_cache(target, chats, tmp_path_factory):
+    return build(target, chats, tmp_path_factory.mktemp("fp8") / "cache", "fp8")
+
+
+def train(cache: Path, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    """The script on CPU. Small batches and one thread: a step is dominated by the [positions, 151k]
+    logits (the real Qwen vocabulary), and on a busy machine threads only wait for each other."""
+    command = [sys.executable, str(SCRIPT), "--cache", str(cache), "--device", "cpu", "--workers", "0",
+               "--max-tokens", "128", "--lr", "1e-2", "--json-out", str(tmp_path / "metrics.json"), *extra]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_draft_learns_the_target_distribution(cache, tmp_path):
+    done = train(cache, tmp_path, "--steps", "200")
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["steps"] == 200
+    assert metrics["final_loss"] < 0.5 * metrics["first_loss"], metrics
+    assert metrics["final_top1"] > metrics["first_top1"] + 0.15, metrics
+
+
+def test_fp8_cache_trains(fp8_cache, tmp_path):
+    done = train(fp8_cache, tmp_path, "--steps", "60", "--log-every", "20")
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["final_loss"] < 0.7 * metrics["first_loss"], metrics
+
+
+def refused(cache: Path, other: Path, tmp_path: Path) -> str:
+    """stderr of a run with `other` as the target, which must stop before any step."""
+    done = train(cache, tmp_path, "--steps", "5", "--target-model", str(other))
+    assert done.returncode == 1 and "does not fit the target model, nothing trained" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and "step" not in done.stdout
+    assert not (tmp_path / "metrics.json").exists()
+    return done.stderr
+
+
+def test_a_target_of_another_hidden_size_is_refused(cache, target, tmp_path):
+    other = tmp_path / "narrower"
+    other.mkdir()
+    config = json.loads((target / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "hidden_size": 32}))
+    assert f"hidden size: the cache has 64, {other} has 32" in refused(cache, other, tmp_path)
+
+
+def test_a_target_without_the_cached_layers_is_refused(cache, tiny_qwen3_dir, tmp_path):
+    """The 2-layer Qwen3 of conftest: same hidden size, but layer 2 of the cache is not one of its layers."""
+    assert "layer ids [2] of the cache are not capturable layers" in refused(cache, tiny_qwen3_dir, tmp_path)
+
+
+def test_a_target_of_the_same_shape_with_other_weights_is_refused(cache, qwen_dir, tmp_path):
+    """Same config, other seed: only the manifest's model fingerprint tells them apart."""
+    from fuelline.models import tiny_qwen3
+
+    other = tiny_qwen3(tmp_path / "reseeded", qwen_dir, seed=1, layers=4)
+    assert "is not the model the cache was built from" in refused(cache, other, tmp_path)
