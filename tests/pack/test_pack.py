@@ -160,3 +160,25 @@ def test_cli_pack_verify_and_inspect(poems, tokenizer_dir, tmp_path):
     (out / "val" / "docs.idx").write_bytes(b"\0" * 8)
     broken = run("verify", str(out))
     assert broken.returncode == 2 and "docs.idx" in broken.stderr and "Traceback" not in broken.stderr
+
+
+def _pack_files(out) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*"))
+            if p.is_file() and p.name != "stats.json"}
+
+
+@pytest.mark.parametrize("template", ["poetry", "plain"])
+def test_tiktoken_packs_the_same_bytes_as_the_tokenizers_library(poems, tokenizer_dir, tmp_path, template):
+    """The fast engine is an implementation detail: the output is byte for byte the one the
+    tokenizer's own encoder gives (FUELLINE_ENCODER=tokenizers, in a fresh process)."""
+    fast, reference = tmp_path / "fast", tmp_path / "reference"
+    stats = pack(poems[0], tokenizer_dir, fast, PackConfig(template=template, shard_size=2_000), workers=2,
+                 progress=False)
+    assert set(stats["encoder"]) == {"tiktoken"}
+    code = (f"from fuelline.pack.packer import PackConfig, pack; "
+            f"print(pack({str(poems[0])!r}, {str(tokenizer_dir)!r}, {str(reference)!r}, "
+            f"PackConfig(template={template!r}, shard_size=2_000), workers=2, progress=False)['encoder'])")
+    done = subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ, "FUELLINE_ENCODER": "tokenizers"},
+                          capture_output=True, text=True, check=True)
+    assert "FUELLINE_ENCODER=tokenizers" in done.stdout
+    assert _pack_files(fast) == _pack_files(reference)

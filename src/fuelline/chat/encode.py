@@ -43,7 +43,7 @@ import tokenizers
 
 from fuelline.chat.templates import ChatTemplate, conversation_turns, get_template, render
 from fuelline.pipeline.stage import Drop
-from fuelline.tokenizer.fast import FastEncoder
+from fuelline.tokenizer.fast import fast_encoder
 
 TOO_LONG, TOO_FEW_LOSS_TOKENS = "too_long", "too_few_loss_tokens"
 DROP_REASONS = (TOO_LONG, TOO_FEW_LOSS_TOKENS)
@@ -163,17 +163,6 @@ def resolve_template(template: str | ChatTemplate, tokenizer: ChatTokenizer) -> 
                              f"chat_template.jinja); pass a tokenizer that has one, or pick a named template")
         template = replace(template, jinja=tokenizer.chat_template)
     return template
-
-
-_encoders: dict[int, tuple[tokenizers.Tokenizer, FastEncoder]] = {}
-
-
-def fast_encoder(tokenizer: tokenizers.Tokenizer) -> FastEncoder:
-    """The tokenizer's `FastEncoder`, built (and checked against the tokenizer) once per tokenizer object."""
-    cached = _encoders.get(id(tokenizer))
-    if cached is None or cached[0] is not tokenizer:  # the reference held keeps ids from being reused
-        cached = _encoders[id(tokenizer)] = (tokenizer, FastEncoder(tokenizer))
-    return cached[1]
 
 
 def supervised_tokens(offsets: np.ndarray, spans: np.ndarray) -> np.ndarray:

@@ -128,7 +128,8 @@ def encode_shard(shard: InputShard, *, tokenizer_path: str, config: PackConfig, 
             np.save(f, array)
     dropped = sum((p.drops for p in parts), Counter())
     marker = {"documents": len(arrays["lengths"]), "tokens": int(len(ids)), "max_id": int(ids.max()) if len(ids) else -1,
-              "dropped": dict(sorted(dropped.items())), "truncated": sum(p.truncated for p in parts)}
+              "dropped": dict(sorted(dropped.items())), "truncated": sum(p.truncated for p in parts),
+              "encoder": template.encoder}
     write_bytes_atomic(marker_path, orjson.dumps(marker))
     return marker
 
@@ -273,6 +274,7 @@ def _pack(files, tokenizer, tokenizer_dir: Path, output: Path, config: PackConfi
         "records_out": documents, "dropped": dict(sorted(dropped.items())),
         "counters": {"truncated": sum(m["truncated"] for m in markers)} if config.template == "chat" else {},
         "splits": splits, "dtype": dtype, "vocab_size": vocab_size, "warnings": warnings,
+        "encoder": dict(Counter(m.get("encoder", "unknown") for m in markers)),  # engine and why: shards
         "seconds": {"tokenize": round(encoded - started, 2), "merge": round(time.perf_counter() - encoded, 2)},
         "wall_seconds": round(time.perf_counter() - started, 3),
     }

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fuelline.tokenizer.fast import fast_encoder
+
 from fuelline.records import unit_interval
 
 DYNASTY_NAMES = {"tang": "唐", "song": "宋", "yuan": "元", "wudai": "五代", "qing": "清", "han": "汉",
@@ -66,10 +68,16 @@ class Template:
             return 'expected a document record with string "id" and "text"'
         return None
 
-    def encode(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+    def encode(self, texts: list[str]) -> list[np.ndarray]:
+        """Each text's ids, through tiktoken when it gives this tokenizer's exact ids (checked)."""
+        return fast_encoder(self.tokenizer).encode(texts)
 
-    def encode_repeated(self, values: list[str]) -> list[list[int]]:
+    @property
+    def encoder(self) -> str:
+        """Which engine encodes, and why (stats.json reports it)."""
+        return fast_encoder(self.tokenizer).reason
+
+    def encode_repeated(self, values: list[str]) -> list[np.ndarray]:
         """`encode` for fields with few distinct values (authors, dynasties): each encoded once."""
         distinct = list(dict.fromkeys(values))
         encoded = dict(zip(distinct, self.encode(distinct)))
@@ -79,25 +87,24 @@ class Template:
         raise NotImplementedError
 
 
-def _assemble(pieces: list[list[tuple[list[int], int]]], dropped: list[bool]) -> Rendered:
-    """Documents given as lists of (ids, mask value) pieces, flattened."""
-    ids: list[int] = []
-    mask: list[int] = []
-    lengths = np.empty(len(pieces), dtype=np.int64)
-    for d, document in enumerate(pieces):
-        start = len(ids)
-        for piece, value in document:
-            ids.extend(piece)
-            mask.extend([value] * len(piece))
-        lengths[d] = len(ids) - start
-    return Rendered(np.array(ids, dtype=np.int64), lengths, np.array(mask, dtype=bool), np.array(dropped, dtype=bool))
+def _assemble(pieces: list[list[tuple[np.ndarray, int]]], dropped: list[bool]) -> Rendered:
+    """Documents given as lists of (ids, mask value) pieces, flattened (one concatenation, one repeat)."""
+    arrays = [ids for document in pieces for ids, _ in document]
+    sizes = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
+    values = np.fromiter((value for document in pieces for _, value in document), dtype=bool, count=len(arrays))
+    per_document = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
+    ends = np.cumsum(per_document)
+    piece_ends = np.concatenate([[0], np.cumsum(sizes)])
+    lengths = piece_ends[ends] - piece_ends[ends - per_document]
+    ids = np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, np.int64)
+    return Rendered(ids, lengths, np.repeat(values, sizes), np.array(dropped, dtype=bool))
 
 
 class PlainTemplate(Template):
     name = "plain"
 
     def render(self, records: list[dict]) -> Rendered:
-        bos, eos = [self.special["<s>"]], [self.special["</s>"]]
+        bos, eos = np.array([self.special["<s>"]]), np.array([self.special["</s>"]])
         texts = self.encode([r["text"] for r in records])
         return _assemble([[(bos, 1), (t, 1), (eos, 1)] for t in texts], [False] * len(records))
 
@@ -115,14 +122,17 @@ class PoetryTemplate(Template):
         authors = self.encode_repeated([str(m.get("author") or "") for m in metas])
         dynasties = self.encode_repeated([DYNASTY_NAMES.get(m.get("dynasty"), str(m.get("dynasty") or ""))
                                           for m in metas])
+        start, content, eos = (np.array([s[t]]) for t in ("<s>", "<|content|>", "</s>"))
+        title, author, dynasty = (np.array([s[t]]) for t in ("<|title|>", "<|author|>", "<|dynasty|>"))
+        dropped_prefix = np.array([s["<s>"], s["<|content|>"]])
         documents = []
         for k in range(len(records)):
             if dropped[k]:
-                prefix = [s["<s>"], s["<|content|>"]]
+                prefix = [(dropped_prefix, 0)]
             else:
-                prefix = ([s["<s>"], s["<|title|>"], *titles[k], s["<|author|>"], *authors[k],
-                           s["<|dynasty|>"], *dynasties[k], s["<|content|>"]])
-            documents.append([(prefix, 0), (poems[k], 1), ([s["</s>"]], 1)])
+                prefix = [(start, 0), (title, 0), (titles[k], 0), (author, 0), (authors[k], 0), (dynasty, 0),
+                          (dynasties[k], 0), (content, 0)]
+            documents.append(prefix + [(poems[k], 1), (eos, 1)])
         return _assemble(documents, dropped)
 
 

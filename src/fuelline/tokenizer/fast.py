@@ -33,6 +33,7 @@ from fuelline.tokenizer.tiktoken_convert import byte_alphabet
 
 GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 CHECK_TEXTS = 256  # texts of the first batch encoded by both engines
+ENGINE_ENV = "FUELLINE_ENCODER"  # "tokenizers": never tiktoken (to compare, or to rule it out)
 
 
 def tiktoken_ranks(tokenizer) -> tuple[dict, dict[bytes, int], dict[str, int]] | str:
@@ -106,6 +107,7 @@ class FastEncoder:
 
     Added tokens are recognized in the text, as `encode(..., add_special_tokens=False)` does.
     Threads: `threads`, else RAYON_NUM_THREADS (what `tokenizers` obeys), else every core.
+    FUELLINE_ENCODER=tokenizers in the environment turns tiktoken off.
     """
 
     def __init__(self, tokenizer, threads: int | None = None):
@@ -113,6 +115,10 @@ class FastEncoder:
         self.threads = threads or int(os.environ.get("RAYON_NUM_THREADS") or 0) or len(os.sched_getaffinity(0))
         self._tiktoken = None
         self._checked = False
+        if os.environ.get(ENGINE_ENV) == "tokenizers":
+            self.reason = f"tokenizers: {ENGINE_ENV}=tokenizers"
+            self._checked = True
+            return
         converted = tiktoken_ranks(tokenizer)
         if isinstance(converted, str):
             self.reason = f"tokenizers: the tokenizer does not convert to tiktoken ({converted})"
@@ -191,3 +197,14 @@ class FastEncoder:
                 self.reason = (f"tokenizers: tiktoken's ids differed from the tokenizer's on text {k} of the first "
                                f"batch, so the tokenizer's own encoder is used")
                 return
+
+
+_encoders: dict[int, tuple[object, FastEncoder]] = {}
+
+
+def fast_encoder(tokenizer) -> FastEncoder:
+    """The tokenizer's `FastEncoder`, built (and checked against the tokenizer) once per tokenizer object."""
+    cached = _encoders.get(id(tokenizer))
+    if cached is None or cached[0] is not tokenizer:  # the reference held keeps ids from being reused
+        cached = _encoders[id(tokenizer)] = (tokenizer, FastEncoder(tokenizer))
+    return cached[1]
