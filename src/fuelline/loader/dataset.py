@@ -70,11 +70,45 @@ def document_positions(offsets, starts, positions, boundaries):
     return count + 1
 
 
+@njit(cache=True, nogil=True)
+def gather_compact(tokens, mask_bits, has_mask, starts, ids, mask):
+    """ids[b] = tokens of window b in their stored dtype; mask[b] = its mask, one byte per token
+    (1 = trained on; all ones without a mask)."""
+    length = ids.shape[1]
+    for b in range(starts.shape[0]):
+        start = starts[b]
+        for t in range(length):
+            position = start + t
+            ids[b, t] = tokens[position]
+            mask[b, t] = (mask_bits[position >> 3] >> (position & 7)) & 1 if has_mask else 1
+
+
+def widen(batch: dict) -> dict:
+    """A compact batch (`compact=True`) in the item contract: int64 `input_ids` and `labels` (-100
+    where the mask is 0), int64 `position_ids`; other keys unchanged. Runs wherever the tensors are:
+    in the main process after the workers' hand-over, or on the GPU after the copy."""
+    if "label_mask" not in batch:
+        return batch
+    out = {k: v for k, v in batch.items() if k != "label_mask"}
+    ids = batch["input_ids"].long()
+    out["input_ids"] = ids
+    out["labels"] = ids.masked_fill(batch["label_mask"] == 0, IGNORE_INDEX)
+    if "position_ids" in batch:
+        out["position_ids"] = batch["position_ids"].long()
+    return out
+
+
 class TokenDataset:
-    def __init__(self, path: str | os.PathLike, seq_len: int, *, document_aware: bool = False):
+    """`compact=True`: batches leave `__getitems__` in stored widths (ids uint16/int32, a one-byte
+    mask, int32 positions: 3 bytes a token instead of 16) for `widen` to expand later. What makes
+    DataLoader workers cheap: a worker's batch crosses to the main process through shared memory,
+    and that copy, not the gather, is what limits a loader with workers."""
+
+    def __init__(self, path: str | os.PathLike, seq_len: int, *, document_aware: bool = False,
+                 compact: bool = False):
         if seq_len < 2:
             raise ValueError(f"seq_len must be at least 2, not {seq_len}")
-        self.path, self.seq_len, self.document_aware = Path(path), seq_len, document_aware
+        self.path, self.seq_len, self.document_aware, self.compact = Path(path), seq_len, document_aware, compact
         self._files: TokenFiles | None = None
         self._touched = 0
         files = self.files
@@ -106,18 +140,25 @@ class TokenDataset:
 
         files, length = self.files, self.seq_len
         starts = np.asarray(indices, dtype=np.int64) * length
-        ids = np.empty((len(starts), length), dtype=np.int64)
-        labels = np.empty_like(ids)
         mask_bits = files.mask_bits if files.mask_bits is not None else np.zeros(0, dtype=np.uint8)
-        gather_windows(files.tokens, mask_bits, files.mask_bits is not None, starts, ids, labels)
+        if self.compact:
+            # int32, not uint32: ids stay below 2**31 and torch moves int32 everywhere
+            ids = np.empty((len(starts), length), dtype=files.tokens.dtype if files.tokens.itemsize == 2 else np.int32)
+            mask = np.empty((len(starts), length), dtype=np.uint8)
+            gather_compact(files.tokens, mask_bits, files.mask_bits is not None, starts, ids, mask)
+            batch = {"input_ids": torch.from_numpy(ids), "label_mask": torch.from_numpy(mask)}
+        else:
+            ids = np.empty((len(starts), length), dtype=np.int64)
+            labels = np.empty_like(ids)
+            gather_windows(files.tokens, mask_bits, files.mask_bits is not None, starts, ids, labels)
+            batch = {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels)}
         self._touched += ids.size
         if self._touched >= RELEASE_EVERY_TOKENS:
             files.release()
             self._touched = 0
-        batch = {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels)}
         if self.document_aware:
             positions, cu_seqlens = self._document_positions(starts)
-            batch["position_ids"] = torch.from_numpy(positions)
+            batch["position_ids"] = torch.from_numpy(positions.astype(np.int32) if self.compact else positions)
             batch["cu_seqlens"] = torch.from_numpy(cu_seqlens)
         return batch
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fuelline.loader.dataset import widen
 from fuelline.loader.sampler import WindowSampler
 
 
@@ -19,12 +20,23 @@ def accelerator_present() -> bool:
 
 class ResumableLoader:
     """Iterates batches; `state_dict()` says how many were delivered, so a resumed run continues
-    with the next one, whatever the number of workers or how far they had prefetched."""
+    with the next one, whatever the number of workers or how far they had prefetched.
+
+    With workers, the dataset gathers compact batches (`TokenDataset(compact=True)`: 3 bytes a
+    token cross from the worker instead of 16) and the loader widens them in the main process,
+    so the batches it yields are the usual int64 ones. `defer_widening = True` yields them
+    compact instead: `CUDAPrefetcher` sets it, copies the compact batch and widens on the GPU."""
 
     def __init__(self, dataset, sampler: WindowSampler, **dataloader_options):
+        import copy
+
         from torch.utils.data import DataLoader
 
+        if dataloader_options.get("num_workers") and hasattr(dataset, "compact"):
+            dataset = copy.copy(dataset)
+            dataset.compact = True
         self.dataset, self.sampler = dataset, sampler
+        self.defer_widening = False
         sampler.tracked_by_loader = True
         self._loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=_already_batched, **dataloader_options)
 
@@ -38,7 +50,7 @@ class ResumableLoader:
             for batch in self._loader:
                 delivered += 1
                 self.sampler.position = start + delivered * self.sampler.batch_size
-                yield batch
+                yield batch if self.defer_widening else widen(batch)
         finally:
             # Workers may have drawn batches that were never delivered: they come again.
             self.sampler.position = start + delivered * self.sampler.batch_size
