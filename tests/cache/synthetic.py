@@ -10,7 +10,7 @@ import torch
 
 from fuelline.cache.fp8 import quantize
 from fuelline.formats.target_cache import (BF16, DEEPSPEC_V2, FUELLINE, FUELLINE_FORMAT_NAME, INDEX, Layout,
-                                           fuelline_index_record, shard_name, v2_index_record, write_manifest)
+                                           checksum, index_entry, shard_name, write_manifest)
 
 TARGET_MODEL = "org/target-model"
 
@@ -74,15 +74,11 @@ def write_cache(directory: Path, *, fmt: str = FUELLINE, hidden_dtype: str = BF1
         shard_id = i * num_shards // num_samples
         shard = shards[shard_id]
         data, offsets = layout.serialize(sample["record_id"], sample)
-        seq_len = len(sample["input_ids"])
-        if fmt == FUELLINE:
-            index.append(fuelline_index_record(i, shard_id, seq_len, len(shard), data,
-                                               len(sample["record_id"].encode()), int(sample["loss_mask"].sum())))
-        else:
-            index.append(v2_index_record(i, shard_id, seq_len, len(shard), offsets))
+        index.append(index_entry(layout, i, shard_id, len(sample["input_ids"]), len(shard), offsets, checksum(data),
+                                 len(sample["record_id"].encode()), int(sample["loss_mask"].sum())))
         shard += data
     for k, shard in enumerate(shards):
         (directory / shard_name(k)).write_bytes(shard)
-    (directory / INDEX).write_bytes(np.concatenate(index).tobytes())
+    (directory / INDEX).write_bytes(np.array(index, dtype=layout.index_dtype()).tobytes())
     write_manifest(directory, manifest_for(layout, layer_ids, num_samples, [len(s) for s in shards]))
     return samples

@@ -117,21 +117,29 @@ def build_cache(model: str | os.PathLike, inputs: list[str], output: str | os.Pa
         ranks.close()
 
 
-def _run(ranks: Ranks, model, inputs, output: Path, config: CacheConfig, progress: bool) -> dict:
-    started = time.perf_counter()
-    outcome = None
+def _on_rank_zero(ranks: Ranks, work):
+    """`work()` run by rank 0 and its result on every rank; its error raised on every rank (as text
+    beyond rank 0: an exception may not pickle)."""
+    result, error = None, None
     if ranks.rank == 0:
         try:
-            outcome = ("ok", _prepare(ranks, model, inputs, output, config, progress))
+            result = work()
         except Exception as e:
-            outcome = ("error", e)
-    outcome = ranks.share(outcome if ranks.world_size == 1 or outcome is None or outcome[0] == "ok"
-                          else ("error", str(outcome[1])))
-    if outcome[0] == "error":
-        if isinstance(outcome[1], BaseException):
-            raise outcome[1]
-        raise RuntimeError(f"rank 0 stopped the build: {outcome[1]}")
-    state = outcome[1]
+            error = e
+    if ranks.world_size > 1:
+        shared = ranks.share(("error", f"{type(error).__name__}: {error}") if error else ("ok", result))
+        if error is None:
+            if shared[0] == "error":
+                raise RuntimeError(f"rank 0 stopped the build: {shared[1]}")
+            result = shared[1]
+    if error is not None:
+        raise error
+    return result
+
+
+def _run(ranks: Ranks, model, inputs, output: Path, config: CacheConfig, progress: bool) -> dict:
+    started = time.perf_counter()
+    state = _on_rank_zero(ranks, lambda: _prepare(ranks, model, inputs, output, config, progress))
     if state.get("finished"):
         return state["finished"]
     plan = Plan.load(output)
@@ -148,8 +156,7 @@ def _run(ranks: Ranks, model, inputs, output: Path, config: CacheConfig, progres
     failed = [(r, e) for r, e in enumerate(errors) if e]
     if failed:
         raise RuntimeError("; ".join(f"rank {r} failed: {e}" for r, e in failed))
-    stats = _merge(output, plan, config, time.perf_counter() - started) if ranks.rank == 0 else None
-    return ranks.share(stats)
+    return _on_rank_zero(ranks, lambda: _merge(output, plan, config, time.perf_counter() - started))
 
 
 def _prepare(ranks: Ranks, model, inputs, output: Path, config: CacheConfig, progress: bool) -> dict:

@@ -25,7 +25,7 @@ import numpy as np
 import xxhash
 
 from fuelline.cache.plan import Shard
-from fuelline.formats.target_cache import FUELLINE, Layout, shard_name
+from fuelline.formats.target_cache import Layout, index_entry, shard_name
 
 
 class ShardWriter:
@@ -69,14 +69,9 @@ class ShardWriter:
             for part in parts:
                 self.data.write(part)
                 digest.update(part)
-            seq_len = int(arrays["input_ids"].shape[0])
-            sample_id = self.shard.first_sample_id + position
-            if self.layout.format == FUELLINE:
-                index[k] = (sample_id, self.shard.shard_id, seq_len, offset, fields["end"], digest.intdigest(),
-                            len(record_id.encode("utf-8")), loss_tokens)
-            else:
-                index[k] = (sample_id, self.shard.shard_id, seq_len,
-                            *(offset + fields[name] for name in self.index_dtype.names[3:]))
+            index[k] = index_entry(self.layout, self.shard.first_sample_id + position, self.shard.shard_id,
+                                   int(arrays["input_ids"].shape[0]), offset, fields, digest.intdigest(),
+                                   len(record_id.encode("utf-8")), loss_tokens)
         self.data.flush()
         os.fsync(self.data.fileno())
         self.index.write(index.tobytes())

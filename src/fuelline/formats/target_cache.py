@@ -178,16 +178,15 @@ class Layout:
         seq_len = int(arrays["input_ids"].shape[0])
         id_bytes = record_id.encode("utf-8") if self.format == FUELLINE else b""
         offsets = self.relative_offsets(seq_len, len(id_bytes))
+        fields = [("record_id", id_bytes)] if self.format == FUELLINE else []
+        for name in self.fields:
+            dtype, shape = self.field_spec(name, seq_len)
+            array = arrays[name]
+            if array.dtype != dtype or array.shape != shape:
+                raise ValueError(f"{name}: expected {dtype}{list(shape)}, got {array.dtype}{list(array.shape)}")
+            fields.append((name, memoryview(np.ascontiguousarray(array)).cast("B")))
         parts, at = [], 0
-        for name, data in [("record_id", id_bytes)] + [(name, arrays[name]) for name in self.fields]:
-            if name == "record_id":
-                if self.format != FUELLINE:
-                    continue
-            else:
-                dtype, shape = self.field_spec(name, seq_len)
-                if data.dtype != dtype or data.shape != shape:
-                    raise ValueError(f"{name}: expected {dtype}{list(shape)}, got {data.dtype}{list(data.shape)}")
-                data = memoryview(np.ascontiguousarray(data)).cast("B")
+        for name, data in fields:
             if offsets[name] > at:
                 parts.append(bytes(offsets[name] - at))
             parts.append(data)
@@ -206,17 +205,14 @@ def checksum(data) -> int:
     return xxhash.xxh3_64_intdigest(data)
 
 
-def fuelline_index_record(sample_id: int, shard_id: int, seq_len: int, offset: int, data: bytes,
-                          id_len: int, loss_tokens: int) -> np.ndarray:
-    record = np.zeros(1, FUELLINE_INDEX)
-    record[0] = (sample_id, shard_id, seq_len, offset, len(data), checksum(data), id_len, loss_tokens)
-    return record
-
-
-def v2_index_record(sample_id: int, shard_id: int, seq_len: int, offset: int, offsets: dict[str, int]) -> np.ndarray:
-    record = np.zeros(1, V2_INDEX)
-    record[0] = (sample_id, shard_id, seq_len, *(offset + offsets[name] for name in TENSORS))
-    return record
+def index_entry(layout: Layout, sample_id: int, shard_id: int, seq_len: int, offset: int, fields: dict[str, int],
+                digest: int = 0, id_len: int = 0, loss_tokens: int = 0) -> tuple:
+    """One samples.idx record, as a tuple for `layout.index_dtype()`, of a sample written at `offset`
+    whose fields lie at `fields` (relative offsets, as `pieces` returns them); `digest`, `id_len` and
+    `loss_tokens` are the fuelline format's (the checksum of the sample's bytes)."""
+    if layout.format == FUELLINE:
+        return sample_id, shard_id, seq_len, offset, fields["end"], digest, id_len, loss_tokens
+    return (sample_id, shard_id, seq_len, *(offset + fields[name] for name in TENSORS))
 
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
