@@ -15,7 +15,7 @@ def test_help_lists_only_working_commands():
     assert result.returncode == 0
     section = result.stdout.split("Commands:")[1].splitlines()
     listed = [line.split()[0] for line in section if line.startswith("  ") and line[2] != " "]  # not wrapped help
-    assert listed == ["boilerplate", "chat", "clean", "dedup", "demo", "export", "ingest", "inspect", "pack", "report", "run",
+    assert listed == ["boilerplate", "cache", "chat", "clean", "dedup", "demo", "export", "ingest", "inspect", "pack", "report", "run",
                       "serve", "tokenizer", "verify"]
     for command in listed:  # each one builds and documents its options
         assert fuelline(command, "--help").returncode == 0
