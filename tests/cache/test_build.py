@@ -46,13 +46,6 @@ def write_chats(path: Path, count: int, seed: int = 0) -> Path:
 
 
 @pytest.fixture(scope="module")
-def qwen4_dir(qwen_dir, tmp_path_factory):
-    from fuelline.models import tiny_qwen3
-
-    return tiny_qwen3(tmp_path_factory.mktemp("models") / "qwen3-4-layers", qwen_dir, layers=4)
-
-
-@pytest.fixture(scope="module")
 def chats(tmp_path_factory):
     return write_chats(tmp_path_factory.mktemp("chats") / "chats.jsonl", 48)
 

@@ -35,13 +35,6 @@ def write_chats(path: Path, count: int, seed: int = 0) -> Path:
 
 
 @pytest.fixture(scope="module")
-def target(qwen_dir, tmp_path_factory):
-    from fuelline.models import tiny_qwen3
-
-    return tiny_qwen3(tmp_path_factory.mktemp("models") / "qwen3-4-layers", qwen_dir, layers=4)
-
-
-@pytest.fixture(scope="module")
 def chats(tmp_path_factory):
     return write_chats(tmp_path_factory.mktemp("chats") / "chats.jsonl", 300)
 
@@ -53,13 +46,13 @@ def build(target: Path, chats: Path, out: Path, hidden_dtype: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cache(target, chats, tmp_path_factory):
-    return build(target, chats, tmp_path_factory.mktemp("bf16") / "cache", "bf16")
+def cache(qwen4_dir, chats, tmp_path_factory):
+    return build(qwen4_dir, chats, tmp_path_factory.mktemp("bf16") / "cache", "bf16")
 
 
 @pytest.fixture(scope="module")
-def fp8_cache(target, chats, tmp_path_factory):
-    return build(target, chats, tmp_path_factory.mktemp("fp8") / "cache", "fp8")
+def fp8_cache(qwen4_dir, chats, tmp_path_factory):
+    return build(qwen4_dir, chats, tmp_path_factory.mktemp("fp8") / "cache", "fp8")
 
 
 def train(cache: Path, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -96,10 +89,10 @@ def refused(cache: Path, other: Path, tmp_path: Path) -> str:
     return done.stderr
 
 
-def test_a_target_of_another_hidden_size_is_refused(cache, target, tmp_path):
+def test_a_target_of_another_hidden_size_is_refused(cache, qwen4_dir, tmp_path):
     other = tmp_path / "narrower"
     other.mkdir()
-    config = json.loads((target / "config.json").read_text())
+    config = json.loads((qwen4_dir / "config.json").read_text())
     (other / "config.json").write_text(json.dumps({**config, "hidden_size": 32}))
     assert f"hidden size: the cache has 64, {other} has 32" in refused(cache, other, tmp_path)
 
