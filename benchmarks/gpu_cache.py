@@ -19,7 +19,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 
 from bench_cache import build, prepare_conversations
 from common import write_result
@@ -29,7 +28,7 @@ def forward_alone(model_dir: Path, plan, layers: list[int], device) -> float:
     """Seconds for every batch of the plan's forward, synchronized, nothing else."""
     import torch
 
-    from fuelline.cache.build import load_model
+    from fuelline.cache.build import load_model, padded_batch
     from fuelline.cache.capture import HiddenStateCapture
 
     capture = HiddenStateCapture(load_model(model_dir, device), layers)
@@ -38,13 +37,7 @@ def forward_alone(model_dir: Path, plan, layers: list[int], device) -> float:
     for shard in plan.shards:
         bounds = shard.batches + [len(shard.samples)]
         for start, end in zip(bounds, bounds[1:]):
-            rows = samples[shard.samples[start:end]]
-            width = int(rows["length"].max())
-            batch = np.zeros((len(rows), width), dtype=np.int64)
-            attention = np.zeros_like(batch)
-            for k, row in enumerate(rows):
-                batch[k, : row["length"]] = ids[row["start"]: row["start"] + row["length"]]
-                attention[k, : row["length"]] = 1
+            batch, attention = padded_batch(samples[shard.samples[start:end]], ids)
             batches.append((torch.from_numpy(batch).to(device), torch.from_numpy(attention).to(device)))
     capture.forward(*batches[0])  # warm up kernels and the allocator
     if device.type == "cuda":

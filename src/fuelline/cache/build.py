@@ -262,13 +262,7 @@ def _write_shard(plan: Plan, shard: Shard, writer: ShardWriter, capture: HiddenS
             if end <= first:
                 continue
             rows = samples[shard.samples[start:end]]
-            lengths = rows["length"].astype(np.int64)
-            width = int(lengths.max())
-            batch_ids = np.zeros((len(rows), width), dtype=np.int64)
-            attention = np.zeros((len(rows), width), dtype=np.int64)
-            for k, row in enumerate(rows):
-                batch_ids[k, : row["length"]] = ids[row["start"]: row["start"] + row["length"]]
-                attention[k, : row["length"]] = 1
+            batch_ids, attention = padded_batch(rows, ids)
             began = time.perf_counter()
             captured = capture.forward(torch.from_numpy(batch_ids).to(device), torch.from_numpy(attention).to(device))
             tensors = _storage_tensors(captured, layout)
@@ -287,6 +281,17 @@ def _write_shard(plan: Plan, shard: Shard, writer: ShardWriter, capture: HiddenS
     timing.update(wall_seconds=time.perf_counter() - started, wait_seconds=queue.wait_seconds,
                   write_seconds=queue.write_seconds)
     write_bytes_atomic(plan.build_dir / f"{shard_name(shard.shard_id)[:-4]}.stats.json", orjson.dumps(timing))
+
+
+def padded_batch(rows: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(input ids, attention mask) of one forward batch: the rows' tokens, right-padded with zeros."""
+    width = int(rows["length"].max())
+    batch_ids = np.zeros((len(rows), width), dtype=np.int64)
+    attention = np.zeros((len(rows), width), dtype=np.int64)
+    for k, row in enumerate(rows):
+        batch_ids[k, : row["length"]] = ids[row["start"]: row["start"] + row["length"]]
+        attention[k, : row["length"]] = 1
+    return batch_ids, attention
 
 
 def _storage_tensors(captured, layout: Layout) -> dict:
