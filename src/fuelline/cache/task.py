@@ -15,7 +15,7 @@ from pathlib import Path
 from fuelline.cache.plan import CacheConfig
 from fuelline.formats.target_cache import FORMATS, FUELLINE
 from fuelline.pipeline.stage import StageConfig
-from fuelline.pipeline.task import Task
+from fuelline.pipeline.task import Task, options_for
 
 
 @dataclass
@@ -46,8 +46,4 @@ class CacheTask(Task):
             raise ValueError("the cache step needs 'model' (the target's directory) and 'layers'")
         if restart and output.exists():
             shutil.rmtree(output)
-        config = CacheConfig(layers=list(cfg.layers), chat_template=cfg.chat_template, max_length=cfg.max_length,
-                             min_loss_tokens=cfg.min_loss_tokens, format=cfg.format, hidden_dtype=cfg.hidden_dtype,
-                             max_shard_bytes=cfg.max_shard_bytes, min_shards=cfg.min_shards,
-                             batch_tokens=cfg.batch_tokens, device=cfg.device)
-        return build_cache(cfg.model, inputs, output, config, progress=progress)
+        return build_cache(cfg.model, inputs, output, options_for(CacheConfig, cfg), progress=progress)

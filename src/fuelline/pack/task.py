@@ -7,7 +7,7 @@ from pathlib import Path
 
 from fuelline.pack.packer import PackConfig, pack
 from fuelline.pipeline.stage import StageConfig
-from fuelline.pipeline.task import Task, resolve_step
+from fuelline.pipeline.task import Task, options_for, resolve_step
 
 
 @dataclass
@@ -32,9 +32,5 @@ class PackTask(Task):
 
     def run(self, inputs, output: Path, *, workers, steps, restart, progress) -> dict:
         cfg = self.config
-        config = PackConfig(template=cfg.template, metadata_dropout=cfg.metadata_dropout,
-                            val_fraction=cfg.val_fraction, seed=cfg.seed, dtype=cfg.dtype,
-                            chat_template=cfg.chat_template, max_length=cfg.max_length,
-                            min_loss_tokens=cfg.min_loss_tokens)
-        return pack(inputs, resolve_step(cfg.tokenizer, steps), output, config, workers=workers,
+        return pack(inputs, resolve_step(cfg.tokenizer, steps), output, options_for(PackConfig, cfg), workers=workers,
                     threads=cfg.threads or None, restart=restart, progress=progress)

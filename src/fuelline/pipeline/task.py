@@ -48,6 +48,13 @@ class Task:
         raise NotImplementedError
 
 
+def options_for(cls: type, step_config: StageConfig, **values):
+    """An instance of dataclass `cls` (what a task's function takes) from the fields of `step_config`
+    that it shares by name, plus `values`: a step's options reach the function without a copy by hand."""
+    shared = {f.name for f in dataclasses.fields(cls)} & {f.name for f in dataclasses.fields(step_config)}
+    return cls(**{name: getattr(step_config, name) for name in shared}, **values)
+
+
 def resumed(stats: dict, started: float) -> dict:
     """The stats of a finished step found again: marked resumed, with this run's time, not the original's."""
     return {**stats, "resumed": True, "original_wall_seconds": stats.get("wall_seconds"),
