@@ -24,9 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fuelline.tokenizer.fast import fast_encoder
-
 from fuelline.records import unit_interval
+from fuelline.tokenizer.fast import EncodedBatch, fast_encoder
 
 DYNASTY_NAMES = {"tang": "唐", "song": "宋", "yuan": "元", "wudai": "五代", "qing": "清", "han": "汉",
                  "zhanguo": "战国", "zhou": "周", "ming": "明"}
@@ -68,45 +67,76 @@ class Template:
             return 'expected a document record with string "id" and "text"'
         return None
 
-    def encode(self, texts: list[str]) -> list[np.ndarray]:
-        """Each text's ids, through tiktoken when it gives this tokenizer's exact ids (checked)."""
-        return fast_encoder(self.tokenizer).encode(texts)
+    def encode(self, texts: list[str]) -> EncodedBatch:
+        """The texts' ids back to back, through tiktoken when it gives this tokenizer's exact ids (checked)."""
+        return fast_encoder(self.tokenizer).encode_batch(texts)
+
+    def encode_distinct(self, values: list[str]) -> tuple[EncodedBatch, np.ndarray]:
+        """For fields with few distinct values (authors, dynasties): each encoded once, and which one each is."""
+        distinct = {value: k for k, value in enumerate(dict.fromkeys(values))}
+        return self.encode(list(distinct)), np.fromiter(map(distinct.__getitem__, values), np.int64, len(values))
 
     @property
     def encoder(self) -> str:
         """Which engine encodes, and why (stats.json reports it)."""
         return fast_encoder(self.tokenizer).reason
 
-    def encode_repeated(self, values: list[str]) -> list[np.ndarray]:
-        """`encode` for fields with few distinct values (authors, dynasties): each encoded once."""
-        distinct = list(dict.fromkeys(values))
-        encoded = dict(zip(distinct, self.encode(distinct)))
-        return [encoded[v] for v in values]
-
     def render(self, records: list[dict]) -> Rendered:
         raise NotImplementedError
 
 
-def _assemble(pieces: list[list[tuple[np.ndarray, int]]], dropped: list[bool]) -> Rendered:
-    """Documents given as lists of (ids, mask value) pieces, flattened (one concatenation, one repeat)."""
-    arrays = [ids for document in pieces for ids, _ in document]
-    sizes = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
-    values = np.fromiter((value for document in pieces for _, value in document), dtype=bool, count=len(arrays))
-    per_document = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
-    ends = np.cumsum(per_document)
-    piece_ends = np.concatenate([[0], np.cumsum(sizes)])
-    lengths = piece_ends[ends] - piece_ends[ends - per_document]
-    ids = np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, np.int64)
-    return Rendered(ids, lengths, np.repeat(values, sizes), np.array(dropped, dtype=bool))
+class Pieces:
+    """A batch's documents as columns of pieces cut from one pool of ids, assembled without a loop.
+
+    Each column is one piece of every document (its title, say): where it starts in the pool,
+    how many ids it has (0 leaves it out of that document) and whether it is trained on. For
+    48k poems this takes ~50 ms, where a per-document list of arrays took ~0.5 s.
+    """
+
+    def __init__(self, count: int):
+        self.count, self.pool, self.size = count, [], 0
+        self.columns: list[tuple[np.ndarray, np.ndarray, bool]] = []
+
+    def _add(self, ids: np.ndarray) -> int:
+        self.pool.append(ids)
+        self.size += len(ids)
+        return self.size - len(ids)
+
+    def token(self, token_id: int, trained: bool, present: np.ndarray | None = None) -> None:
+        """The same single token in every document (or in those where `present`)."""
+        start = self._add(np.array([token_id], dtype=np.int32))
+        lengths = np.ones(self.count, np.int64) if present is None else present.astype(np.int64)
+        self.columns.append((np.full(self.count, start, np.int64), lengths, trained))
+
+    def texts(self, batch: EncodedBatch, trained: bool, present: np.ndarray | None = None,
+              which: np.ndarray | None = None) -> None:
+        """Encoded text `which[k]` of `batch` (default: text k) in document k (or in those where `present`)."""
+        base = self._add(batch.ids)
+        starts, lengths = base + np.cumsum(batch.counts) - batch.counts, batch.counts
+        if which is not None:
+            starts, lengths = starts[which], lengths[which]
+        if present is not None:
+            lengths = lengths * present
+        self.columns.append((starts, lengths, trained))
+
+    def assemble(self, dropped: np.ndarray) -> Rendered:
+        starts, lengths = (np.stack([c[i] for c in self.columns], axis=1).ravel() for i in (0, 1))
+        trained = np.tile(np.array([c[2] for c in self.columns]), self.count)
+        out_starts = np.cumsum(lengths) - lengths
+        pool = np.concatenate(self.pool).astype(np.int64)
+        ids = pool[np.arange(int(lengths.sum())) + np.repeat(starts - out_starts, lengths)]
+        return Rendered(ids, lengths.reshape(self.count, -1).sum(axis=1), np.repeat(trained, lengths), dropped)
 
 
 class PlainTemplate(Template):
     name = "plain"
 
     def render(self, records: list[dict]) -> Rendered:
-        bos, eos = np.array([self.special["<s>"]]), np.array([self.special["</s>"]])
-        texts = self.encode([r["text"] for r in records])
-        return _assemble([[(bos, 1), (t, 1), (eos, 1)] for t in texts], [False] * len(records))
+        pieces = Pieces(len(records))
+        pieces.token(self.special["<s>"], True)
+        pieces.texts(self.encode([r["text"] for r in records]), True)
+        pieces.token(self.special["</s>"], True)
+        return pieces.assemble(np.zeros(len(records), dtype=bool))
 
 
 class PoetryTemplate(Template):
@@ -116,26 +146,24 @@ class PoetryTemplate(Template):
     def render(self, records: list[dict]) -> Rendered:
         s = self.special
         metas = [r.get("meta") or {} for r in records]
-        dropped = [unit_interval(self.seed, "dropout", r["id"]) < self.metadata_dropout for r in records]
-        poems = self.encode([r["text"] for r in records])
-        titles = self.encode([str(m.get("title") or "") for m in metas])
-        authors = self.encode_repeated([str(m.get("author") or "") for m in metas])
-        dynasties = self.encode_repeated([DYNASTY_NAMES.get(m.get("dynasty"), str(m.get("dynasty") or ""))
+        dropped = np.array([unit_interval(self.seed, "dropout", r["id"]) < self.metadata_dropout for r in records],
+                           dtype=bool)
+        shown = ~dropped
+        authors = self.encode_distinct([str(m.get("author") or "") for m in metas])
+        dynasties = self.encode_distinct([DYNASTY_NAMES.get(m.get("dynasty"), str(m.get("dynasty") or ""))
                                           for m in metas])
-        start, content, eos = (np.array([s[t]]) for t in ("<s>", "<|content|>", "</s>"))
-        title, author, dynasty = (np.array([s[t]]) for t in ("<|title|>", "<|author|>", "<|dynasty|>"))
-        dropped_prefix = np.array([s["<s>"], s["<|content|>"]])
-        documents = []
-        for k in range(len(records)):
-            if dropped[k]:
-                prefix = [(dropped_prefix, 0)]
-            else:
-                prefix = [(start, 0), (title, 0), (titles[k], 0), (author, 0), (authors[k], 0), (dynasty, 0),
-                          (dynasties[k], 0), (content, 0)]
-            documents.append(prefix + [(poems[k], 1), (eos, 1)])
-        return _assemble(documents, dropped)
-
-
+        pieces = Pieces(len(records))
+        pieces.token(s["<s>"], False)
+        pieces.token(s["<|title|>"], False, shown)
+        pieces.texts(self.encode([str(m.get("title") or "") for m in metas]), False, shown)
+        pieces.token(s["<|author|>"], False, shown)
+        pieces.texts(authors[0], False, shown, which=authors[1])
+        pieces.token(s["<|dynasty|>"], False, shown)
+        pieces.texts(dynasties[0], False, shown, which=dynasties[1])
+        pieces.token(s["<|content|>"], False)
+        pieces.texts(self.encode([r["text"] for r in records]), True)
+        pieces.token(s["</s>"], True)
+        return pieces.assemble(dropped)
 
 
 class ChatPackTemplate(Template):

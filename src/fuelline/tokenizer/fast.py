@@ -94,12 +94,13 @@ class EncodedBatch:
         """Per text: ids, or (ids, offsets relative to the text's start)."""
         if not len(self.counts):
             return []
-        bounds = np.cumsum(self.counts)[:-1]
-        ids = np.split(self.ids, bounds)
+        ends = np.cumsum(self.counts).tolist()
+        spans = list(zip([0, *ends[:-1]], ends))
+        ids = [self.ids[a:b] for a, b in spans]  # slices: several times faster than np.split
         if self.offsets is None:
             return ids
-        offsets = np.split(self.offsets - np.repeat(self.text_starts, self.counts)[:, None], bounds)
-        return list(zip(ids, offsets))
+        offsets = self.offsets - np.repeat(self.text_starts, self.counts)[:, None]
+        return list(zip(ids, [offsets[a:b] for a, b in spans]))
 
 
 class FastEncoder:
@@ -155,13 +156,14 @@ class FastEncoder:
         step = max(1, -(-len(texts) // self.threads))
         chunks = [texts[i:i + step] for i in range(0, len(texts), step)]
         with ThreadPoolExecutor(self.threads) as pool:  # tiktoken releases the GIL while it encodes
-            lists = [ids for part in pool.map(self._encode_tiktoken, chunks) for ids in part]
-        counts = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
-        ids = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.int32, count=int(counts.sum()))
+            arrays = [ids for part in pool.map(self._encode_tiktoken, chunks) for ids in part]
+        counts = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
+        ids = np.concatenate(arrays).astype(np.int32) if arrays else np.zeros(0, np.int32)
         return EncodedBatch(ids, counts, text_starts, self._offsets("".join(texts), ids) if offsets else None)
 
-    def _encode_tiktoken(self, texts: Sequence[str]) -> list[list[int]]:
-        encode, allowed = self._tiktoken.encode, self._allowed
+    def _encode_tiktoken(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Each text's ids as a uint32 array (no Python ints: ~25% faster than lists)."""
+        encode, allowed = self._tiktoken.encode_to_numpy, self._allowed
         return [encode(text, allowed_special=allowed) for text in texts]
 
     def _encode_tokenizers(self, texts: Sequence[str], offsets: bool, text_starts: np.ndarray) -> EncodedBatch:
@@ -192,7 +194,7 @@ class FastEncoder:
         self._checked = True
         reference = self.tokenizer.encode_batch(list(texts), add_special_tokens=False)
         for k, (text, expected) in enumerate(zip(texts, reference)):
-            if self._encode_tiktoken([text])[0] != expected.ids:
+            if self._encode_tiktoken([text])[0].tolist() != expected.ids:
                 self._tiktoken = None
                 self.reason = (f"tokenizers: tiktoken's ids differed from the tokenizer's on text {k} of the first "
                                f"batch, so the tokenizer's own encoder is used")
