@@ -336,15 +336,17 @@ chat.add_command(_stage_command("chat-from-poetry", "from-poetry"))
 @click.option("--dtype", type=click.Choice(["auto", "uint16", "uint32"]), default="auto", show_default=True,
               help="token id type on disk; auto: uint16 when the vocabulary fits, else uint32")
 @click.option("--threads", type=int, default=None, help="tokenizer threads per worker (default: the library's own)")
+@click.option("--shard-size", type=int, default=50_000, show_default=True,
+              help="records per shard: the unit of work of a worker and of resume")
 def pack(inputs, tokenizer_dir, output, template, chat_template, max_length, min_loss_tokens, metadata_dropout,
-         val_fraction, seed, dtype, threads, workers, restart, quiet):
+         val_fraction, seed, dtype, threads, shard_size, workers, restart, quiet):
     """Tokenize documents (or chat records) into train/ and val/ token datasets with a loss mask."""
     from fuelline.pack.packer import PackConfig
     from fuelline.pack.packer import pack as run_pack
 
     config = PackConfig(template=template, metadata_dropout=metadata_dropout, val_fraction=val_fraction,
                         seed=seed, dtype=dtype, chat_template=chat_template, max_length=max_length,
-                        min_loss_tokens=min_loss_tokens)
+                        min_loss_tokens=min_loss_tokens, shard_size=shard_size)
     stats = run_pack(list(inputs), tokenizer_dir, output, config, workers=workers, threads=threads,
                      restart=restart, progress=not quiet)
     for split, numbers in stats["splits"].items():

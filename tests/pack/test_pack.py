@@ -84,6 +84,36 @@ def test_an_interrupted_pack_resumes_without_redoing_shards(poems, tokenizer_dir
     assert not (tmp_path / "out" / "_work").exists()
 
 
+def test_a_pack_killed_after_its_stats_leaves_no_work_or_temp_files_once_rerun(poems, tokenizer_dir, tmp_path,
+                                                                               monkeypatch):
+    reference = packed(poems, tokenizer_dir, tmp_path / "reference")
+    monkeypatch.setattr(packer, "_remove_leftovers", lambda output: None)  # killed right after stats.json
+    out = packed(poems, tokenizer_dir, tmp_path / "out")
+    monkeypatch.undo()
+    stale = [out / "train" / ".tokens.bin.tmp-1-dead", out / "val" / ".docs.idx.tmp-2-dead"]
+    for path in stale:
+        path.write_bytes(b"half written")
+    assert (out / "_work").is_dir()
+    packed(poems, tokenizer_dir, out)  # the same command again
+    assert not (out / "_work").exists() and not any(path.exists() for path in stale)
+    for split in ("train", "val"):
+        assert (out / split / "tokens.bin").read_bytes() == (reference / split / "tokens.bin").read_bytes()
+
+
+def test_shard_size_from_the_command_line_splits_small_inputs(poems, tokenizer_dir, tmp_path):
+    from click.testing import CliRunner
+
+    from fuelline.cli import main
+
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["pack", "-i", str(poems[0]), "--tokenizer", str(tokenizer_dir), "-o", str(out),
+                                       "--shard-size", "500", "-w", "1", "-q"])
+    assert result.exit_code == 0, result.output
+    stats = orjson.loads((out / "stats.json").read_bytes())
+    assert sum(stats["encoder"].values()) == -(-DOCS // 500)  # one encoder entry per shard
+    assert stats["identity"]["config"]["shard_size"] == 500
+
+
 def test_resuming_with_another_tokenizer_is_refused(poems, tokenizer_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(packer, "merge_split", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):

@@ -27,7 +27,7 @@ import numpy as np
 import orjson
 
 from fuelline.formats.tokens import DTYPES, TokenDatasetWriter, check_dtype, dtype_for
-from fuelline.io.atomic import atomic_write, write_bytes_atomic
+from fuelline.io.atomic import atomic_write, remove_temp_files, write_bytes_atomic
 from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import STAGE_PART_PREFIX, expand_inputs
 from fuelline.io.readers import RecordError, iter_file_records
@@ -235,7 +235,9 @@ def _pack(files, tokenizer, tokenizer_dir: Path, output: Path, config: PackConfi
     if stats_path.exists():
         finished = orjson.loads(stats_path.read_bytes())
         _refuse_other_run(finished["identity"], identity, output)
+        _remove_leftovers(output)  # a run killed between stats.json and its cleanup
         return resumed(finished, started)  # packed already
+    remove_temp_files(output)  # of writes a killed run left half done (we hold the output's lock)
     if plan_path.exists() and not any(workdir.glob(f"{STAGE_PART_PREFIX}*.json")):
         shutil.rmtree(output)  # nothing encoded yet (e.g. it stopped on bad input): other options are fine
     if plan_path.exists():
@@ -279,5 +281,11 @@ def _pack(files, tokenizer, tokenizer_dir: Path, output: Path, config: PackConfi
         "wall_seconds": round(time.perf_counter() - started, 3),
     }
     write_bytes_atomic(stats_path, orjson.dumps(stats, option=orjson.OPT_INDENT_2) + b"\n")
-    shutil.rmtree(workdir)
+    _remove_leftovers(output)
     return stats
+
+
+def _remove_leftovers(output: Path) -> None:
+    """The shard arrays (~4x the size of tokens.bin) and temp files of killed writes, once stats.json is written."""
+    shutil.rmtree(output / "_work", ignore_errors=True)
+    remove_temp_files(output)
