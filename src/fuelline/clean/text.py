@@ -40,6 +40,14 @@ def words(text: str) -> list[str]:
     return WORD.findall(text)
 
 
+def is_spaced_word(token: str) -> bool:
+    """Whether a `words` token is a word of a script written with spaces (Latin, Cyrillic, …).
+
+    It holds a letter and no CJK character: "GPU" and "naïve" are, "2026", "。" and "江" are not.
+    """
+    return not CJK.search(token) and any(c.isalpha() for c in token)
+
+
 def normalize_text(text: str, form: str | None = "NFKC") -> str:
     """Unicode normalization, control characters removed, spaces collapsed, lines stripped.
 

@@ -2,8 +2,17 @@
 
 Thresholds follow the published Gopher (Rae et al. 2021) and C4 (Raffel et al. 2020) rules,
 with every count made CJK-aware through `text.words`: a line of Han characters has as many
-words as characters, so Chinese pages are not dropped as "too few words" or "no stop words".
-Stop-word and mean-word-length rules only apply to text that is mostly non-CJK.
+words as characters, so Chinese pages are not dropped as "too few words".
+
+The mean-word-length and stop-word rules judge the spaced words only (`text.is_spaced_word`:
+English and other space-separated words, not Han characters, digits or punctuation). Counted
+together with one-character Han words, the English of a bilingual page would pull the mean
+under 3 and the page would be dropped though both halves are fine. The two rules apply once
+spaced words are `min_spaced_word_share` (30%) of all words: an English page is judged as
+before (its numbers and lone symbols no longer count in the mean), a Chinese one (0%) is not,
+nor Chinese prose dotted with English terms such as PyTorch or GPU (~20%), which has no stop
+words to find, while a page of English and Chinese sentences in turn (~35-40%) has its
+English judged.
 """
 
 from __future__ import annotations
@@ -11,12 +20,12 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from fuelline.clean.text import cjk_share, normalize_text, words
+from fuelline.clean.text import is_spaced_word, normalize_text, words
 from fuelline.pipeline.stage import Drop
 
 TERMINAL = tuple('.!?"”」』。！？…') + ("'",)
 BULLETS = ("•", "·", "-", "*", "●", "▪", "–", "—", "►")
-STOP_WORDS = frozenset("the be to of and that have with".split())
+STOP_WORDS = frozenset({"the", "be", "to", "of", "and", "that", "have", "with"})
 C4_LINE_BANS = ("javascript", "cookie", "terms of use", "privacy policy")
 C4_DOC_BANS = ("lorem ipsum",)
 
@@ -33,6 +42,7 @@ class WebRules:
     max_bullet_lines: float = 0.9
     max_ellipsis_lines: float = 0.3
     min_alpha_words: float = 0.8
+    min_spaced_word_share: float = 0.3
     min_stop_words: int = 2
     max_duplicate_lines: float = 0.3
     max_duplicate_line_chars: float = 0.2
@@ -89,12 +99,12 @@ def repetition_reason(text: str, tokens: list[str], rules: WebRules) -> str | No
 def quality_reason(text: str, tokens: list[str], rules: WebRules) -> str | None:
     if not rules.min_words <= len(tokens) <= rules.max_words:
         return "word_count"
-    latin = cjk_share(text) < 0.5
-    if latin:
-        mean_length = sum(map(len, tokens)) / len(tokens)
+    spaced = [t for t in tokens if is_spaced_word(t)]
+    if spaced and len(spaced) >= rules.min_spaced_word_share * len(tokens):
+        mean_length = sum(map(len, spaced)) / len(spaced)
         if not rules.min_mean_word_length <= mean_length <= rules.max_mean_word_length:
             return "mean_word_length"
-        if sum(1 for t in tokens if t.lower() in STOP_WORDS) < rules.min_stop_words:
+        if sum(1 for t in spaced if t.lower() in STOP_WORDS) < rules.min_stop_words:
             return "stop_words"
     if (text.count("#") + text.count("...") + text.count("…")) / len(tokens) > rules.max_symbol_ratio:
         return "symbol_ratio"
