@@ -1,12 +1,16 @@
 import os
 import pickle
+import struct
+import subprocess
+import sys
+import textwrap
+import warnings
 
 import orjson
 import pytest
 import zstandard
 
-from fuelline.io import JsonlIndex, read_records
-from fuelline.io import jsonl_index
+from fuelline.io import JsonlIndex, jsonl_index, read_records
 
 from ..conftest import shared_file
 
@@ -36,7 +40,7 @@ def test_pickled_index_reopens_lazily(gsm8k_plain):
     index = JsonlIndex(gsm8k_plain)
     first = index[0]  # opens the mmap, which must not travel in the pickle
     clone = pickle.loads(pickle.dumps(index))
-    assert clone._maps == [None]
+    assert clone._handles == [None]
     assert clone[0] == first and clone[4321] == index[4321]
 
 
@@ -95,3 +99,110 @@ def test_compressed_files_get_a_clear_error(tmp_path):
     path.write_bytes(zstandard.ZstdCompressor().compress(b'{"k": 0}\n'))
     with pytest.raises(ValueError, match=r"needs a plain \.jsonl file.*zstd -d"):
         JsonlIndex(path)
+
+
+def _records(n: int) -> bytes:
+    return b"".join(orjson.dumps({"k": k, "text": "x" * (k % 97)}) + b"\n" for k in range(n))
+
+
+@pytest.mark.parametrize("when", ["after the first read", "before the first read"])
+def test_a_file_truncated_after_indexing_is_a_clear_error_not_sigbus(tmp_path, when):
+    """In a subprocess: a SIGBUS (an mmap read past the new end) would kill it, not pytest."""
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(_records(2_000))  # ~130 KB: the last record is many pages past the cut
+    script = textwrap.dedent(f"""
+        import os
+        from fuelline.io import JsonlIndex
+        index = JsonlIndex({str(path)!r}, cache_dir={str(tmp_path / "cache")!r})
+        if {when == "after the first read"!r}:
+            assert index[0] == {{"k": 0, "text": ""}}
+        os.truncate({str(path)!r}, 100)
+        try:
+            index[len(index) - 1]
+        except RuntimeError as e:
+            print("refused:", e)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                            check=False)
+    assert result.returncode == 0, f"exit {result.returncode} (-7 is SIGBUS): {result.stderr}"
+    size = len(_records(2_000))
+    assert f"refused: {path}: file changed since it was indexed (size 100, was {size:,}): re-open the JsonlIndex " \
+           "to re-index it" in result.stdout
+
+
+def test_a_file_modified_in_place_after_indexing_is_refused(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'{"k": 0}\n{"k": 1}\n')
+    index = JsonlIndex(path, cache_dir=tmp_path / "cache")
+    path.write_bytes(b'{"k": 7}\n{"k": 8}\n')  # same size
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1_000_000))
+    with pytest.raises(jsonl_index.FileChangedError, match=r"file changed since it was indexed \(same size, "
+                                                            r"modified since\)"):
+        index[1]
+
+
+def _corrupt(cache, how: str) -> None:
+    data = bytearray(cache.read_bytes())
+    if how == "a flipped offset byte":
+        data[jsonl_index.CACHE_HEADER.size + 37] ^= 0x10
+    elif how == "a flipped count byte":
+        data[24] ^= 0x01  # n - 1 or n + 1 records: once silently a shorter index
+    elif how == "a flipped checksum byte":
+        data[40] ^= 0xFF
+    elif how == "truncated":
+        data = data[:-16]
+    elif how == "truncated and the count lowered to match":
+        n = int.from_bytes(data[24:32], "little")
+        data[24:32] = (n - 1).to_bytes(8, "little")
+        data = data[:-16]
+    elif how == "only a header":
+        data = data[:jsonl_index.CACHE_HEADER.size]
+    elif how == "short header":
+        data = data[:20]
+    elif how == "empty":
+        data = bytearray()
+    elif how == "the old format":
+        data = bytearray(struct.pack("<8sQqQ", b"FLJSIDX1", *struct.unpack("<QqQ", data[8:32]))) + \
+            data[jsonl_index.CACHE_HEADER.size:]
+    if how == "a directory":
+        cache.unlink()
+        cache.mkdir()
+        (cache / "something").write_bytes(b"x")
+    else:
+        cache.write_bytes(bytes(data))
+
+
+CACHE_DAMAGE = ["a flipped offset byte", "a flipped count byte", "a flipped checksum byte", "truncated",
+                "truncated and the count lowered to match", "only a header", "short header", "empty",
+                "the old format", "a directory"]
+
+
+@pytest.mark.parametrize("how", CACHE_DAMAGE)
+def test_a_damaged_cache_falls_back_to_a_full_index(tmp_path, monkeypatch, how):
+    path, cache_dir = tmp_path / "d.jsonl", tmp_path / "cache"
+    path.write_bytes(_records(300))
+    expected = list(read_records(path))
+    scans = []
+    real_scan = jsonl_index.scan_line_offsets
+    monkeypatch.setattr(jsonl_index, "scan_line_offsets", lambda p: scans.append(p) or real_scan(p))
+    assert len(JsonlIndex(path, cache_dir=cache_dir)) == 300
+    cache = jsonl_index._cache_path(path, cache_dir)
+    _corrupt(cache, how)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the fallback is silent
+        index = JsonlIndex(path, cache_dir=cache_dir)
+    assert len(scans) == 2  # the damaged cache was not used
+    assert len(index) == 300 and [index[k] for k in range(300)] == expected
+    assert [p.name for p in cache_dir.iterdir()] == [cache.name]  # no temp file left behind
+    if how == "a directory":
+        assert cache.is_dir()  # left alone: not cached, not crashed
+    else:
+        assert len(JsonlIndex(path, cache_dir=cache_dir)) == 300 and len(scans) == 2  # replaced with a good cache
+
+
+def test_an_unusable_cache_directory_only_costs_a_rescan(tmp_path):
+    path, not_a_directory = tmp_path / "d.jsonl", tmp_path / "cache"
+    path.write_bytes(_records(10))
+    not_a_directory.write_bytes(b"a file where the cache directory should be")
+    assert [JsonlIndex(path, cache_dir=not_a_directory)[k]["k"] for k in range(10)] == list(range(10))
+    assert [JsonlIndex(path, cache_dir=not_a_directory / "sub")[k]["k"] for k in range(10)] == list(range(10))
