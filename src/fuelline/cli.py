@@ -34,8 +34,10 @@ class Interrupted(KeyboardInterrupt):
 class FuellineGroup(click.Group):
     """`fuelline`: turns an expected mistake into one line, and keeps tracebacks for bugs.
 
-    A USER_ERRORS exception from any subcommand prints `error: MESSAGE` on stderr and exits 2;
-    any other exception is a bug and shows its traceback, as does every error under `--debug`.
+    A USER_ERRORS exception from any subcommand prints `error: MESSAGE` on stderr and exits 2,
+    as does a full disk (`DiskFull`, or any OSError that says ENOSPC): "no space left on device
+    while writing FILE; free space and re-run the same command to resume". Any other exception
+    is a bug and shows its traceback, as does every error under `--debug`.
     Ctrl-C prints `interrupted: …` (how to resume) and exits 130, the shell's code for SIGINT.
     """
 
@@ -49,6 +51,14 @@ class FuellineGroup(click.Group):
             if debug:
                 raise
             click.echo(f"error: {e}", err=True)
+            ctx.exit(2)
+        except OSError as e:  # a full disk is no bug: say which file, and that a rerun resumes
+            from fuelline.io.atomic import DiskFull, is_disk_full
+
+            if debug or not is_disk_full(e):
+                raise
+            message = str(e) if isinstance(e, DiskFull) else DiskFull(e.filename or "the output").strerror
+            click.echo(f"error: {message}", err=True)
             ctx.exit(2)
         except KeyboardInterrupt as e:
             if debug:

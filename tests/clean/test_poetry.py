@@ -87,7 +87,7 @@ def test_bad_records_never_stop_a_skip_run_and_are_reported_with_file_and_line(t
     ]) + b"\n")
     stats = run_stage(CleanStage(), source, tmp_path / "out", RunOptions(workers=1, on_error="skip", progress=False))
     assert stats["records_in"] == 7 and stats["records_out"] == 3
-    assert stats["dropped"] == {"malformed_record": 2, "malformed_json": 2}
+    assert stats["dropped"] == {"malformed_record": 2, "malformed_json": 1, "invalid_utf8": 1}
     rejects = {r["line"]: r for r in read_records(tmp_path / "out" / "_rejects")}
     assert sorted(rejects) == [2, 4, 5, 6]
     assert rejects[2]["detail"] == "missing 'paragraphs'" and rejects[2]["source"] == str(source)

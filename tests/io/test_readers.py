@@ -191,3 +191,45 @@ def test_a_mislabelled_file_names_itself_and_the_suffix(kind, tmp_path):
     path.write_bytes(JSONL[:1000])
     with pytest.raises(DamagedInput, match=rf"plain.jsonl.{kind}: cannot be read as .{kind} .*suffix right"):
         list(read_records(path))
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 4096])
+def test_line_ranges_and_size_limits_agree_with_a_plain_split(tmp_path, monkeypatch, chunk):
+    """The block reader (lines over many blocks, long lines read past) against splitting the whole file."""
+    import random
+
+    monkeypatch.setattr("fuelline.io.readers.CHUNK_BYTES", chunk)
+    rng = random.Random(chunk)
+    lines = []
+    for i in range(120):
+        kind = rng.random()
+        lines.append(b"" if kind < 0.1 else b"{oops" if kind < 0.15 else orjson.dumps({"n": i, "t": "w" * rng.randint(0, 300)}))
+    data = b"\xef\xbb\xbf" + b"\n".join(lines) + (b"\n" if chunk % 2 else b"")
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(data)
+    limit = 200
+    for start, stop in [(0, None), (0, 50), (13, 77), (119, None), (200, None)]:
+        expected, refused = [], []
+        for lineno, line in enumerate(lines, 1):
+            if not start < lineno <= (stop if stop is not None else len(lines)):
+                continue
+            if len(line) > limit:
+                refused.append((lineno, "record_too_large"))
+            elif line.startswith(b"{oops"):
+                refused.append((lineno, "malformed_json"))
+            elif line:
+                expected.append((lineno, orjson.loads(line)))
+        rejects = Rejects(tmp_path / f"r-{start}.jsonl.zst")
+        got = list(iter_file_records(path, start=start, stop=stop, on_error="skip", rejects=rejects,
+                                     max_record_bytes=limit))
+        rejects.close()
+        assert got == expected
+        kept = list(read_records(rejects.path)) if rejects.written else []
+        assert [(r["line"], r["reason"]) for r in kept] == refused
+        assert all(r["record"] == lines[r["line"] - 1].decode() for r in kept)
+
+
+def test_max_record_bytes_must_be_positive(tmp_path):
+    (tmp_path / "a.jsonl").write_bytes(b'{"a": 1}\n')
+    with pytest.raises(ValueError, match="max_record_bytes must be at least 1"):
+        list(iter_file_records(tmp_path / "a.jsonl", max_record_bytes=0))

@@ -40,3 +40,26 @@ def test_atomic_write_keeps_the_old_file_until_commit(tmp_path):
 def test_unknown_output_format_is_refused(tmp_path):
     with pytest.raises(ValueError, match="unknown output format 'csv'"):
         open_writer(tmp_path / "x", "csv")
+
+
+def test_a_failed_close_leaves_no_temp_file(tmp_path):
+    writer = open_writer(tmp_path / "mixed", "parquet")
+    writer.write({"a": 1})
+    writer.write({"a": "not a number"})  # pyarrow refuses the column when the file is finished
+    import pyarrow as pa
+
+    with pytest.raises((pa.ArrowInvalid, pa.ArrowTypeError)):
+        writer.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_record_orjson_cannot_write_is_refused_before_any_byte_is_written(tmp_path):
+    deep = 1
+    for _ in range(300):
+        deep = [deep]
+    with JsonlZstWriter(tmp_path / "out.jsonl.zst") as writer:
+        with pytest.raises(TypeError):
+            writer.write({"deep": deep})
+        writer.write(RECORDS[0])
+    assert writer.count == 1
+    assert list(read_records(writer.path)) == [RECORDS[0]]

@@ -3,17 +3,69 @@
 Every file goes to a hidden temp name in the same directory, is fsynced, then renamed over the
 final name, and the directory entry is fsynced too. A crash leaves at most a `.NAME.tmp-*` file,
 which directory listings of fuelline ignore and the stage runner deletes on resume.
+
+A full disk is reported as `DiskFull`, naming the file that was being written (its final name):
+the temp file is removed, what was committed before stays, and running the same command again
+once there is space resumes.
 """
 
 from __future__ import annotations
 
+import errno
+import io
 import os
+import re
 import secrets
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Iterator
 
 TEMP_MARK = ".tmp-"
+# numpy's tofile (np.save to a real file) reports a full disk as a short write, with no errno.
+_SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")
+
+
+class DiskFull(OSError):
+    """No space left on the device while writing `path`; the message says how to go on."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+        super().__init__(errno.ENOSPC, f"no space left on device while writing {self.path}; "
+                                       "free space and re-run the same command to resume", self.path)
+
+    def __str__(self) -> str:
+        return self.strerror
+
+    def __reduce__(self):  # travels intact from a worker process to the parent
+        return type(self), (self.path,)
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """Whether `error` says the disk is full: ENOSPC, or a short write that reports no errno."""
+    if not isinstance(error, OSError):
+        return False
+    if error.errno == errno.ENOSPC:
+        return True
+    return error.errno is None and bool(_SHORT_WRITE.fullmatch(str(error)))
+
+
+def as_disk_full(error: BaseException, path: str | os.PathLike) -> BaseException:
+    """`DiskFull(path)` for a disk-full error that names no file yet, else `error` itself."""
+    if isinstance(error, DiskFull) or not is_disk_full(error):
+        return error
+    return DiskFull(path)
+
+
+@contextmanager
+def naming_disk_full(path: str | os.PathLike) -> Iterator[None]:
+    """Turn a disk-full error raised inside the block into `DiskFull(path)`."""
+    try:
+        yield
+    except OSError as e:
+        full = as_disk_full(e, path)
+        if full is e:
+            raise
+        raise full from e
 
 
 def is_temp_name(name: str) -> bool:
@@ -28,38 +80,84 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+class _TempFile(io.BufferedWriter):
+    """The temp file of an AtomicFile: a disk-full error while writing it names the final path.
+
+    A plain buffered file otherwise (numpy, pyarrow and zstandard write to it as to any file).
+    """
+
+    def __init__(self, temp_path: Path, final_path: Path):
+        super().__init__(io.FileIO(temp_path, "wb"))
+        self.final_path = final_path
+
+    def write(self, data) -> int:
+        try:
+            return super().write(data)
+        except OSError as e:
+            full = as_disk_full(e, self.final_path)
+            if full is e:
+                raise
+            raise full from e
+
+    def flush(self) -> None:  # also what close() calls
+        try:
+            super().flush()
+        except OSError as e:
+            full = as_disk_full(e, self.final_path)
+            if full is e:
+                raise
+            raise full from e
+
+
 class AtomicFile:
     """A binary file open under a temp name until `commit()` moves it to its final path."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.temp_path = self.path.with_name(
             f".{self.path.name}{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
         )
-        self.file: IO[bytes] = open(self.temp_path, "wb")
+        with naming_disk_full(self.path):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.file: IO[bytes] = _TempFile(self.temp_path, self.path)
 
     def commit(self) -> None:
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.file.close()
-        os.replace(self.temp_path, self.path)
+        """Move the file to its final name; if that fails (a full disk), the temp file is removed."""
+        try:
+            with naming_disk_full(self.path):
+                self.file.flush()
+                os.fsync(self.file.fileno())
+                self.file.close()
+                os.replace(self.temp_path, self.path)
+        except BaseException:
+            self.abort()
+            raise
         fsync_dir(self.path.parent)
 
     def abort(self) -> None:
-        self.file.close()
-        self.temp_path.unlink(missing_ok=True)
+        try:
+            self.file.close()  # flushes what is buffered; on a full disk that fails, and does not matter
+        except OSError:
+            pass
+        finally:
+            self.temp_path.unlink(missing_ok=True)
 
 
 @contextmanager
 def atomic_write(path: str | os.PathLike) -> Iterator[IO[bytes]]:
-    """Write a binary file atomically: committed on clean exit, removed on any exception."""
+    """Write a binary file atomically: committed on clean exit, removed on any exception.
+
+    A disk-full error inside the block (numpy's np.save included) becomes `DiskFull(path)`.
+    """
     target = AtomicFile(path)
     try:
         yield target.file
-    except BaseException:
+    except BaseException as e:
         target.abort()
-        raise
+        full = as_disk_full(e, target.path)
+        if full is e:
+            raise
+        raise full from e
     target.commit()
 
 

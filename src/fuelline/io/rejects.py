@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import os
+import reprlib
 from collections import Counter
 from typing import Any
 
+import orjson
+
 from fuelline.io.writers import JsonlZstWriter
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist, _SHORT.maxdict = 12, 4096, 4096, 100, 100
 
 
 class Rejects:
     """Counts rejected records by reason and, given a path, writes each one to a JSONL.zst file.
 
     Each line is `{"reason", "source", "line", "detail", "record"}`; `record` holds the parsed
-    record, or the raw text when it could not be parsed. The file is created only when the
-    first record is rejected, and committed atomically by `close()`.
+    record, or the raw text when it could not be parsed. A record that cannot be written as JSON
+    (nested deeper than orjson writes, a non-string key) is kept as its raw line, if given, else as
+    a shortened repr, and `detail` says so: a reject never stops a run. The file is created only
+    when the first record is rejected, and committed atomically by `close()`.
     """
 
     def __init__(self, path: str | os.PathLike | None = None):
@@ -23,7 +31,8 @@ class Rejects:
         self._writer: JsonlZstWriter | None = None
 
     def add(self, reason: str, record: Any, *, source: str | None = None, line: int | None = None,
-            detail: str | None = None) -> None:
+            detail: str | None = None, raw: bytes | None = None) -> None:
+        """Count `record` under `reason` and keep it; `raw` (its line as read) is kept if it cannot be written."""
         self.counts[reason] += 1
         if self.path is None:
             return
@@ -31,7 +40,16 @@ class Rejects:
             self._writer = JsonlZstWriter(self.path)
         if isinstance(record, (bytes, bytearray)):
             record = bytes(record).decode("utf-8", errors="replace")
-        self._writer.write({"reason": reason, "source": source, "line": line, "detail": detail, "record": record})
+        entry = {"reason": reason, "source": source, "line": line, "detail": detail, "record": record}
+        try:
+            self._writer.write(entry)
+        except orjson.JSONEncodeError as e:
+            if raw is not None:
+                entry["record"], kept = bytes(raw).decode("utf-8", errors="replace"), "its raw line"
+            else:
+                entry["record"], kept = _SHORT.repr(record), "a shortened repr"
+            entry["detail"] = f"{detail + '; ' if detail else ''}record kept as {kept}: it cannot be written as JSON ({e})"
+            self._writer.write(entry)
 
     @property
     def written(self) -> bool:

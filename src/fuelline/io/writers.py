@@ -3,6 +3,9 @@
 A writer is used as a context manager: leaving the block normally commits the file under its
 final name, an exception deletes the temp file. Output bytes depend only on the records written
 (zstd level and Parquet options are fixed), which makes stage output reproducible.
+
+A full disk raises `DiskFull` (an OSError) naming the file being written, from `write` or
+`close`; the temp file is gone by then, and files committed earlier stay as they are.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 import orjson
 import zstandard
 
-from fuelline.io.atomic import AtomicFile, atomic_write
+from fuelline.io.atomic import AtomicFile, as_disk_full, atomic_write, naming_disk_full
 
 ZSTD_LEVEL = 3
 
@@ -36,7 +39,13 @@ class RecordWriter:
         """Flush whatever the format buffers into the temp file."""
 
     def close(self) -> None:
-        self._finish()
+        """Commit the file; if that fails (a full disk), the temp file is removed and the error raised."""
+        try:
+            with naming_disk_full(self.path):
+                self._finish()
+        except BaseException:
+            self.abort()
+            raise
         self._target.commit()
 
     def abort(self) -> None:
@@ -60,7 +69,14 @@ class JsonlZstWriter(RecordWriter):
         self._stream = zstandard.ZstdCompressor(level=level).stream_writer(self._target.file, closefd=False)
 
     def write(self, record: dict[str, Any]) -> None:
-        self._stream.write(orjson.dumps(record) + b"\n")
+        line = orjson.dumps(record) + b"\n"  # a record orjson cannot write raises here, before any byte is written
+        try:
+            self._stream.write(line)
+        except OSError as e:
+            full = as_disk_full(e, self.path)
+            if full is e:
+                raise
+            raise full from e
         self.count += 1
 
     def _finish(self) -> None:
