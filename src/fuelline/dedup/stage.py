@@ -1,44 +1,70 @@
-"""The dedup stage: exact duplicates first, then near-duplicates by MinHash + LSH + Jaccard.
+"""The dedup stage: exact duplicates first, then near-duplicates by MinHash or SimHash + Jaccard.
 
 `prepare` does the corpus-level work, resumably, under `_prepare/`:
 
 1. per shard, on the workers (`hash_shard`): normalize each text, its 128-bit exact key, its
-   shingles (kept on disk for verification) and its LSH band hashes; one directory per shard,
-   written atomically, so an interrupted run keeps the finished shards;
-2. in the parent (`decide`): one document per exact key; LSH candidate pairs among those,
-   band by band; true Jaccard of every pair; union-find over the verified pairs; one document
-   per cluster; a keep/drop code per document, per shard; `clusters.jsonl.zst` (the audit);
-   `summary.json` (the numbers for stats.json).
+   shingles (kept on disk for verification) and its near-duplicate keys: LSH band hashes of its
+   MinHash signature (`method = "minhash"`) or its 64-bit SimHash (`"simhash"`, see
+   `fuelline.dedup.simhash`); one directory per shard, written atomically, so an interrupted
+   run keeps the finished shards;
+2. in the parent (`decide`): one document per exact key; candidate pairs among those (LSH
+   buckets band by band, or the SimHash block tables); true Jaccard of every pair, whichever
+   method found it; union-find over the verified pairs; one document per cluster; a keep/drop
+   code per document, per shard; `clusters.jsonl.zst` (the audit); `summary.json` (the numbers
+   for stats.json, with the method). The method is an option, so it is part of the stage's
+   identity: a rerun into the same directory with the other method is refused (or, with
+   --restart, starts over), never mixed with this one's hashes.
 
 Then the shards run as usual and drop what was decided (`exact_duplicate`, `near_duplicate`).
 
 Memory in the parent, per document: exact key 16 B + length 8 B + one band column and its
-sort order 16 B + union-find labels and keepers 24 B + decision 1 B ≈ 65 B, plus 16 B per
-candidate pair; shingles stay on disk (memory-mapped). 10 M documents: ~0.65 GB + pairs.
+sort order 16 B + union-find labels and keepers 24 B + decision 1 B ≈ 65 B (SimHash: the hashes
+and one table's copies instead of the band column, ≈ 90 B), plus 16 B per candidate pair;
+shingles stay on disk (memory-mapped). 10 M documents: ~0.65 GB + pairs.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import shutil
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import numpy as np
 import orjson
 
 from fuelline.dedup.clusters import connected_components, jaccard_pairs, keepers
 from fuelline.dedup.exact import exact_keys, group_labels
-from fuelline.dedup.lsh import band_hashes, bucket_pairs, candidate_probability, choose_bands, unique_pairs
+from fuelline.dedup.lsh import (
+    band_hashes,
+    bucket_pairs,
+    candidate_probability,
+    choose_bands,
+    unique_pairs,
+)
 from fuelline.dedup.minhash import MinHasher
 from fuelline.dedup.normalize import Normalizer
+from fuelline.dedup.simhash import (
+    choose_blocks,
+    choose_hamming,
+    find_probability,
+    hamming_pairs,
+    simhashes,
+)
 from fuelline.io.atomic import atomic_write, write_bytes_atomic
 from fuelline.io.readers import RecordError, iter_file_records
 from fuelline.io.writers import JsonlZstWriter
 from fuelline.pipeline.shards import InputShard
-from fuelline.pipeline.stage import Location, PrepareContext, ShardContext, Stage, StageConfig
+from fuelline.pipeline.stage import (
+    Location,
+    PrepareContext,
+    ShardContext,
+    Stage,
+    StageConfig,
+)
 from fuelline.records import user_turns
 
 KEEP, EXACT, NEAR = 0, 1, 2
@@ -49,6 +75,13 @@ AUDIT_FILE = "clusters.jsonl.zst"
 @dataclass
 class DedupConfig(StageConfig):
     threshold: float = field(default=0.85, metadata={"help": "Jaccard similarity at which documents are duplicates"})
+    method: str = field(default="minhash", metadata={
+        "help": "how near-duplicate candidates are found (both verified by Jaccard): MinHash + LSH bands, or "
+                "64-bit SimHash within a Hamming distance", "choices": ["minhash", "simhash"]})
+    hamming: int | None = field(default=None, metadata={
+        "help": "simhash: most bits a candidate pair may differ in (default: from the threshold, 10 at 0.85)"})
+    blocks: int = field(default=0, metadata={
+        "help": "simhash: blocks of the search tables (0: the fastest for the corpus size); changes time, not results"})
     shingle: str = field(default="auto", metadata={
         "help": "char n-grams, word n-grams, or auto: char for mostly-CJK documents", "choices": ["auto", "char", "word"]})
     ngram: int = field(default=5, metadata={"help": "shingle length (characters or words)"})
@@ -75,9 +108,18 @@ class DedupConfig(StageConfig):
             raise ValueError("shingle must be auto, char or word; keep must be first or longest")
         if self.compare not in ("text", "user_turns"):
             raise ValueError(f"compare must be text or user_turns, not {self.compare!r}")
+        if self.method not in ("minhash", "simhash"):
+            raise ValueError(f"method must be minhash or simhash, not {self.method!r}")
+        if self.hamming is not None and not 0 <= self.hamming < 64:
+            raise ValueError(f"hamming must be between 0 and 63, not {self.hamming}")
+        if self.blocks and not self.max_hamming() < self.blocks <= 64:
+            raise ValueError(f"blocks must be more than hamming ({self.max_hamming()}) and at most 64, not {self.blocks}")
 
     def band_layout(self) -> tuple[int, int]:
         return (self.bands, self.rows) if self.bands else choose_bands(self.threshold, self.num_perm)
+
+    def max_hamming(self) -> int:
+        return self.hamming if self.hamming is not None else choose_hamming(self.threshold)
 
     def normalizer(self) -> Normalizer:
         return Normalizer(lowercase=self.lowercase, punctuation=self.ignore_punctuation)
@@ -96,7 +138,7 @@ def compared_text(record: dict, compare: str) -> str | None:
 
 
 def hash_shard(shard: InputShard, config: DedupConfig, workdir: Path) -> int:
-    """Step 1 for one shard: exact keys, lengths, band hashes, shingles, ids. Returns its size."""
+    """Step 1 for one shard: exact keys, lengths, band hashes or SimHashes, shingles, ids. Returns its size."""
     target = workdir / "shards" / shard.part_name
     if (target / "done.json").exists():
         return orjson.loads((target / "done.json").read_bytes())["documents"]
@@ -112,13 +154,14 @@ def hash_shard(shard: InputShard, config: DedupConfig, workdir: Path) -> int:
         lengths.append(len(text))
     normalize = config.normalizer()
     normalized = [normalize(t) for t in texts]
-    hasher = MinHasher(config.num_perm, config.ngram, config.shingle, config.seed)
+    # SimHash needs only the shingle hashes: one permutation is the least a MinHasher computes.
+    hasher = MinHasher(config.num_perm if config.method == "minhash" else 1, config.ngram, config.shingle, config.seed)
     signatures, shingles, offsets = hasher.signatures_and_shingles(normalized)
-    bands, rows = config.band_layout()
+    near = (("bands", band_hashes(signatures, *config.band_layout())) if config.method == "minhash"
+            else ("simhash", simhashes(shingles, offsets)))
     target.mkdir(parents=True, exist_ok=True)
-    for name, array in (("exact", exact_keys(normalized)), ("lengths", np.array(lengths, dtype=np.int64)),
-                        ("bands", band_hashes(signatures, bands, rows)), ("shingles", shingles),
-                        ("shingle_offsets", offsets)):
+    for name, array in (("exact", exact_keys(normalized)), ("lengths", np.array(lengths, dtype=np.int64)), near,
+                        ("shingles", shingles), ("shingle_offsets", offsets)):
         with atomic_write(target / f"{name}.npy") as f:
             np.save(f, array)
     write_bytes_atomic(target / "ids.json", orjson.dumps(ids))
@@ -150,6 +193,26 @@ def near_duplicate_pairs(dirs: list[Path], eligible: np.ndarray, num_docs: int, 
         column = np.concatenate([np.load(d / "bands.npy", mmap_mode="r")[:, band] for d in dirs])
         found.append(bucket_pairs(column[eligible], eligible))
     return unique_pairs(np.concatenate(found) if found else np.empty((0, 2), dtype=np.int64), num_docs)
+
+
+def candidate_pairs(dirs: list[Path], eligible: np.ndarray, num_docs: int, config: DedupConfig) -> tuple[np.ndarray, dict]:
+    """Distinct candidate pairs among `eligible` documents by the configured method, and its layout
+    for the summary, with the chance that a pair of a given Jaccard similarity becomes a candidate."""
+    if config.method == "minhash":
+        bands, rows = config.band_layout()
+        layout = {"bands": bands, "rows": rows}
+        pairs = near_duplicate_pairs(dirs, eligible, num_docs, bands)
+        chance = functools.partial(candidate_probability, bands=bands, rows=rows)
+    else:
+        hamming = config.max_hamming()
+        blocks = config.blocks or choose_blocks(hamming, len(eligible))
+        layout = {"hamming": hamming, "blocks": blocks, "tables": math.comb(blocks, hamming)}
+        values = np.concatenate([np.load(d / "simhash.npy") for d in dirs])[eligible]
+        pairs = hamming_pairs(values, eligible, hamming, blocks)
+        chance = functools.partial(find_probability, hamming=hamming)
+    layout["candidate_probability"] = {f"{s:.2f}": round(float(chance(s)), 4)
+                                       for s in (0.5, 0.7, config.threshold, 0.9, 0.95)}
+    return pairs, layout
 
 
 class Stopwatch:
@@ -185,9 +248,8 @@ def decide(dirs: list[Path], config: DedupConfig, shingles: np.ndarray, offsets:
     codes = np.where(exact_keeper != index, EXACT, KEEP).astype(np.uint8)
     eligible = np.flatnonzero(codes == KEEP)
     clock.lap("exact")
-    bands, rows = config.band_layout()
-    candidates = near_duplicate_pairs(dirs, eligible, n, bands)
-    clock.lap("lsh")
+    candidates, layout = candidate_pairs(dirs, eligible, n, config)
+    clock.lap("candidates")
     if config.verify:
         verified = candidates[jaccard_pairs(shingles, offsets, candidates) >= config.threshold]
     else:
@@ -199,9 +261,7 @@ def decide(dirs: list[Path], config: DedupConfig, shingles: np.ndarray, offsets:
     clock.lap("cluster")
     cluster_sizes = np.bincount(labels, minlength=n)
     summary = {
-        "bands": bands, "rows": rows,
-        "candidate_probability": {f"{s:.2f}": round(float(candidate_probability(s, bands, rows)), 4)
-                                  for s in (0.5, 0.7, config.threshold, 0.9, 0.95)},
+        "method": config.method, **layout,
         "exact_duplicates": int((codes == EXACT).sum()),
         "candidate_pairs": len(candidates),
         "verified_pairs": len(verified),
@@ -249,7 +309,7 @@ def write_audit(path: Path, ids: IdLookup, decision: Decision, shingles: np.ndar
 
 class DedupStage(Stage):
     name = "dedup"
-    description = "Remove exact duplicates, then near-duplicates (MinHash + LSH, verified by Jaccard)."
+    description = "Remove exact duplicates, then near-duplicates (MinHash + LSH or SimHash, verified by Jaccard)."
     Config = DedupConfig
 
     def __init__(self, config: DedupConfig | None = None):
