@@ -1,0 +1,680 @@
+"""Reliability harness: kills, damaged files, bad corpora and a full disk, each trial ending in a named outcome.
+
+    python benchmarks/reliability.py [--reduced] [--trials N] [--seed S] [--json PATH]
+
+Four families of scenarios (issue 15):
+
+(a) kill: a command runs on a subset of the real poetry corpus (`clean`, `boilerplate`, `dedup`,
+    `tokenizer train`, `pack`, `chat prepare`, and in the full run `chat regenerate` against echo
+    servers and `cache build` of a tiny local model); it is SIGKILLed with its whole process group
+    at a random moment of its reference duration, run again, and every output file compared with
+    an uninterrupted run's, and no temp or work file may be left.
+(b) fuzz: every reader of our formats (token dataset: manifest.json, tokens.bin, docs.idx,
+    mask.bin; the JsonlIndex cache; the target cache) gets damaged files drawn by hypothesis
+    (truncations, flipped bytes, lying manifest fields, swapped offsets), then is verified and read.
+(c) bad corpora: nesting 20,000 and 100,000 deep, a record nested 300 deep, a JSON array cut in the
+    middle, invalid UTF-8, an 80 MB line, truncated and mislabelled compressed files; `fuelline
+    clean` under `--on-error skip` and `raise`, in a 3 GiB address space.
+(d) disk full (root only: a tmpfs): `clean` and `pack` into a disk too small, then the same command
+    again with room.
+
+Outcomes of a trial:
+- ok: the result is proven equal to the reference (same bytes after a resume; damaged data read
+  back equal to the original; every good record kept and every bad one counted);
+- clear_error: the format's own error, or a CLI exit with a message naming the file and no
+  traceback;
+- silent_wrong: different data, or records lost without a count, and no error;
+- crash: a traceback, a signal, an unexpected exception type, a hang, or an error that names no file;
+- leftover: the resumed output is right but temp or work files were left behind.
+
+`--reduced` (CI, under 5 minutes) runs fewer trials on a smaller subset; tests/test_reliability.py
+runs it and fails on any silent_wrong, crash or leftover. Results: benchmarks/results/reliability.json
+(full runs) and the table in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import random
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+import zstandard
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import SHARED_DATA, write_result  # noqa: E402
+
+OUTCOMES = ("ok", "clear_error", "silent_wrong", "crash", "leftover")
+BOOKKEEPING = {"stats.json", "_plan.json", "summary.json", "training_report.json"}  # they hold seconds
+TIMEOUT_S = 600
+ADDRESS_SPACE = 3 << 30  # bad corpora: a parser that balloons is killed, and counted as a crash
+
+
+@dataclass
+class Tally:
+    """One scenario's outcomes, and a note for every trial that did not end well."""
+
+    scenario: str
+    counts: Counter = field(default_factory=Counter)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, outcome: str, note: str = "") -> None:
+        assert outcome in OUTCOMES, outcome
+        self.counts[outcome] += 1
+        if outcome not in ("ok", "clear_error") and note:
+            self.notes.append(note[-600:])
+
+    def row(self) -> dict:
+        return {"scenario": self.scenario, "trials": sum(self.counts.values()),
+                **{o: self.counts[o] for o in OUTCOMES}, "notes": self.notes[:5]}
+
+
+def cli(*args) -> list[str]:
+    return [sys.executable, "-m", "fuelline.cli", *map(str, args)]
+
+
+def run(argv: list[str], *, limit_memory: bool = False, timeout: float = TIMEOUT_S, env=None):
+    """A command to its end: (returncode, stderr); returncode None when it hung."""
+    def preexec():
+        if limit_memory:
+            resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
+
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, preexec_fn=preexec, env=env)
+    except subprocess.TimeoutExpired:
+        return None, f"hung for {timeout:.0f} s"
+    return done.returncode, done.stderr
+
+
+def failure_outcome(returncode: int | None, stderr: str, names: str) -> str:
+    """A failed command: a clear error names `names` and shows no traceback; anything else crashed."""
+    if returncode is None or returncode < 0 or "Traceback" in stderr or names not in stderr:
+        return "crash"
+    return "clear_error"
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    """Every data file under `directory` (bookkeeping with timings and output locks left out)."""
+    return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*"))
+            if p.is_file() and p.name not in BOOKKEEPING and not p.name.endswith(".lock")
+            and "_done" not in p.parts and ".build" not in p.parts}
+
+
+def leftovers(directory: Path) -> list[str]:
+    return [p.relative_to(directory).as_posix() for p in directory.rglob("*")
+            if ".tmp-" in p.name or p.name in ("_work", ".build")]
+
+
+# --- (a) kill and resume ----------------------------------------------------------------------------
+
+@dataclass
+class Job:
+    """A command writing into one output directory; `resume` is what re-running it adds."""
+
+    name: str
+    argv: Callable[[Path], list[str]]
+    resume: tuple[str, ...] = ()
+    lines_in_any_order: bool = False  # regenerate: answers land as servers reply
+
+
+def kill_trial(job: Job, out: Path, reference: dict[str, bytes], duration: float, rng: random.Random,
+               tally: Tally) -> None:
+    proc = subprocess.Popen(job.argv(out / "o"), start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    try:
+        proc.wait(timeout=rng.uniform(0.05, 0.95) * duration)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    code, stderr = run(job.argv(out / "o") + list(job.resume))
+    if code != 0:
+        tally.add("crash", f"resume failed ({code}): {stderr}")
+        return
+    got = snapshot(out)
+    if job.lines_in_any_order:
+        got, reference = ({k: sorted(v.splitlines()) for k, v in files.items()} for files in (got, reference))
+    if got != reference:
+        differing = sorted(k for k in got.keys() | reference.keys() if got.get(k) != reference.get(k))
+        tally.add("silent_wrong", f"resumed output differs: {differing[:5]}")
+    elif leftovers(out):
+        tally.add("leftover", f"left behind: {leftovers(out)[:5]}")
+    else:
+        tally.add("ok")
+
+
+def kill_scenarios(work: Path, jobs: list[Job], trials: int, rng: random.Random) -> list[Tally]:
+    tallies = []
+    for job in jobs:
+        tally = Tally(f"kill -9 and resume: {job.name}")
+        reference_dir = work / f"ref-{job.name}"
+        started = time.perf_counter()
+        code, stderr = run(job.argv(reference_dir / "o"))
+        duration = time.perf_counter() - started
+        if code != 0:
+            sys.exit(f"{job.name}: the uninterrupted run failed: {stderr[-2000:]}")
+        reference = snapshot(reference_dir)
+        for trial in range(trials):
+            kill_trial(job, work / f"kill-{job.name}-{trial}", reference, duration, rng, tally)
+        print(f"  {tally.scenario}: {dict(tally.counts)} (reference {duration:.1f} s)", flush=True)
+        tallies.append(tally)
+    return tallies
+
+
+def poem_subset(work: Path, count: int) -> Path:
+    """The first `count` raw poems of the real corpus as a .jsonl.zst."""
+    from fuelline.io import read_records
+
+    path = work / "poems.jsonl.zst"
+    with zstandard.ZstdCompressor().stream_writer(open(path, "wb")) as f:
+        for _, record in zip(range(count), read_records(SHARED_DATA / "chinese-poetry.jsonl.zst")):
+            f.write(orjson.dumps(record) + b"\n")
+    return path
+
+
+def pipeline_jobs(work: Path, raw: Path, full: bool) -> list[Job]:
+    """The commands of both pipelines, their inputs prepared once (uninterrupted)."""
+    cleaned, tokenizer = work / "in-clean", work / "in-tokenizer"
+    for argv in (cli("clean", "-i", raw, "-o", cleaned, "-w", 2, "--shard-size", 4000, "-q"),
+                 cli("tokenizer", "train", "-i", cleaned, "-o", tokenizer, "--vocab-size", 1000)):
+        code, stderr = run(argv)
+        if code != 0:
+            sys.exit(f"setup failed: {stderr[-2000:]}")
+    chats = SHARED_DATA / "chat" / "sharegpt_zh_1K.jsonl.zst"
+    shards = ("-w", 2, "--shard-size", 4000, "-q")
+    jobs = [
+        Job("clean", lambda o: cli("clean", "-i", raw, "-o", o, *shards)),
+        Job("boilerplate", lambda o: cli("boilerplate", "-i", cleaned, "-o", o, *shards)),
+        Job("dedup", lambda o: cli("dedup", "-i", cleaned, "-o", o, *shards)),
+        Job("tokenizer train", lambda o: cli("tokenizer", "train", "-i", cleaned, "-o", o, "--vocab-size", 1000)),
+        Job("pack", lambda o: cli("pack", "-i", cleaned, "--tokenizer", tokenizer, "-o", o, "--threads", 1,
+                                  *shards)),
+        Job("chat prepare", lambda o: cli("chat", "prepare", "-i", chats, "--train-output", o / "train",
+                                          "--eval-output", o / "eval", "-w", 2, "--shard-size", 200, "-q")),
+    ]
+    if full:
+        jobs += full_only_jobs(work, chats)
+    return jobs
+
+
+def full_only_jobs(work: Path, chats: Path) -> list[Job]:
+    """Regeneration against two echo servers, and a cache build of a tiny local Qwen3."""
+    from fuelline.models import tiny_chat_model
+
+    prepared = work / "in-chats"
+    code, stderr = run(cli("chat", "prepare", "-i", chats, "--train-output", prepared, "--eval-output",
+                           work / "in-eval", "-q"))
+    if code != 0:
+        sys.exit(f"setup failed: {stderr[-2000:]}")
+    ports = [free_port(), free_port()]
+    for port in ports:  # they live as long as this process (see main)
+        subprocess.Popen([sys.executable, "-m", "fuelline.serve.echo", "--port", str(port), "--delay", "0.005"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    servers = [arg for port in ports for arg in ("--server", f"127.0.0.1:{port}")]
+    from fuelline.io import read_records
+
+    texts = [turn["content"] for record in read_records(prepared) for turn in record["conversations"]]
+    model = tiny_chat_model(work / "model", texts[:2000])
+    return [
+        Job("chat regenerate", lambda o: cli("chat", "regenerate", "-i", prepared, "-o", o / "out.jsonl", *servers,
+                                             "--preset", "none", "--concurrency", 8, "-q"),
+            resume=("--resume",), lines_in_any_order=True),
+        Job("cache build", lambda o: cli("cache", "build", "--model", model, "-i", prepared, "-o", o,
+                                         "--layers", "0,1", "--max-length", 256)),
+    ]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# --- (c) bad corpora --------------------------------------------------------------------------------
+
+def nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+def bad_corpora(good: list[bytes], full: bool) -> dict[str, tuple[str, bytes, int]]:
+    """name → (file suffix, content, bad records in it) around the good records (JSONL lines)."""
+    jsonl = b"".join(line + b"\n" for line in good)
+    array = b"[" + b",".join(good) + b"]"
+    half = len(good) // 2
+    middle = lambda bad: b"".join(line + b"\n" for line in good[:half]) + bad + b"\n" + jsonl[  # noqa: E731
+        sum(len(line) + 1 for line in good[:half]):]
+    cases = {
+        "json array element nested 20,000 deep": (".json", array[:-1] + b"," + nested(20_000) + b"]", 1),
+        "jsonl record nested 300 deep": (".jsonl", middle(b'{"title": ' + nested(300) + b"}"), 1),
+        "json array cut in the middle": (".json", array[:-1] + b',{"title": "cut', 1),
+        "invalid UTF-8 in a line": (".jsonl", middle(b'{"title": "\xff\xfe", "paragraphs": ["x"]}'), 1),
+        "an 80 MB line": (".jsonl", middle(b'{"title": "' + b"a" * (80 << 20) + b'"}'), 1),
+        "zstd cut in a frame": (".jsonl.zst", zstandard.ZstdCompressor().compress(jsonl)[:-100], 1),
+        "gzip cut": (".jsonl.gz", gzip.compress(jsonl)[:-100], 1),
+        "plain JSONL named .zst": (".jsonl.zst", jsonl, 1),
+        "plain JSONL named .gz": (".jsonl.gz", jsonl, 1),
+        "plain JSONL named .bz2": (".jsonl.bz2", jsonl, 1),
+        "plain JSONL named .xz": (".jsonl.xz", jsonl, 1),
+    }
+    if full:
+        cases["json array element nested 100,000 deep"] = (".json", array[:-1] + b"," + nested(100_000) + b"]", 1)
+    return cases
+
+
+def clean_stats(out: Path) -> dict:
+    return orjson.loads((out / "stats.json").read_bytes())
+
+
+def bad_corpus_scenarios(work: Path, raw: Path, full: bool) -> list[Tally]:
+    """Each bad file through `clean` with skip (all good records kept, the bad counted) and raise."""
+    from fuelline.io import read_records
+
+    good = [orjson.dumps(r) for _, r in zip(range(400), read_records(raw))]
+    (work / "good.jsonl").write_bytes(b"".join(line + b"\n" for line in good))
+    code, stderr = run(cli("clean", "-i", work / "good.jsonl", "-o", work / "good-out", "-w", 1, "-q"))
+    if code != 0:
+        sys.exit(f"setup failed: {stderr[-2000:]}")
+    expected = clean_stats(work / "good-out")
+    tallies = []
+    for k, (name, (suffix, content, bad)) in enumerate(bad_corpora(good, full).items()):
+        tally = Tally(f"bad corpus: {name}")
+        path = work / f"bad-{k}{suffix}"
+        path.write_bytes(content)
+        for mode in ("skip", "raise"):
+            out = work / f"bad-{k}-{mode}"
+            code, stderr = run(cli("clean", "-i", path, "-o", out, "-w", 1, "-q", "--on-error", mode),
+                               limit_memory=True)
+            if code != 0:
+                tally.add(failure_outcome(code, stderr, path.name), f"{mode}: exit {code}: {stderr}")
+                continue
+            stats = clean_stats(out)
+            counted = sum(stats["dropped"].values()) - sum(expected["dropped"].values())
+            if stats["records_out"] == expected["records_out"] and counted >= bad:
+                tally.add("ok")
+            else:
+                tally.add("silent_wrong", f"{mode}: kept {stats['records_out']} of {expected['records_out']}, "
+                                          f"{counted} counted as dropped of {bad} bad")
+        path.unlink()
+        print(f"  {tally.scenario}: {dict(tally.counts)}", flush=True)
+        tallies.append(tally)
+    return tallies
+
+
+# --- (d) disk full ----------------------------------------------------------------------------------
+
+def can_mount() -> bool:
+    return os.geteuid() == 0 and shutil.which("mount") is not None
+
+
+def mount_tmpfs(directory: Path, size: int) -> bool:
+    directory.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
+                          capture_output=True).returncode == 0
+
+
+def disk_full_scenarios(work: Path, jobs: list[Job], fractions: tuple[float, ...]) -> list[Tally]:
+    """Each job into a tmpfs of `fraction` of its output's size, then again with room: the same bytes."""
+    tallies = []
+    for job in jobs:
+        error, resume = Tally(f"disk full: {job.name} (the error)"), Tally(f"disk full: {job.name} (then resumed)")
+        reference_dir = work / f"ref-{job.name}"
+        reference = snapshot(reference_dir)
+        size = sum(p.stat().st_size for p in reference_dir.rglob("*") if p.is_file())
+        for k, fraction in enumerate(fractions):
+            disk = work / f"disk-{job.name.replace(' ', '-')}-{k}"
+            if not mount_tmpfs(disk, max(64 << 10, int(size * fraction))):
+                error.add("crash", "mount failed")
+                continue
+            try:
+                code, stderr = run(job.argv(disk / "o"))
+                if code == 0:
+                    error.add("silent_wrong" if snapshot(disk) != reference else "ok", "finished on a full disk")
+                elif "no space left on device while writing" in stderr:
+                    error.add(failure_outcome(code, stderr, str(disk)), stderr)
+                else:
+                    error.add("crash", f"exit {code}: {stderr}")
+                subprocess.run(["mount", "-o", f"remount,size={4 * size + (16 << 20)}", str(disk)], check=True)
+                code, stderr = run(job.argv(disk / "o"))
+                if code != 0:
+                    resume.add("crash", f"exit {code}: {stderr}")
+                elif snapshot(disk) != reference:
+                    resume.add("silent_wrong", "resumed output differs")
+                else:
+                    resume.add("leftover" if leftovers(disk) else "ok", f"left behind: {leftovers(disk)[:5]}")
+            finally:
+                subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+        for tally in (error, resume):
+            print(f"  {tally.scenario}: {dict(tally.counts)}", flush=True)
+        tallies += [error, resume]
+    return tallies
+
+
+# --- (b) fuzzed readers -----------------------------------------------------------------------------
+
+def isolated(fn: Callable[[], str], timeout: float = 60) -> tuple[str, str]:
+    """fn() in a forked child, so that a segfault, SIGBUS or hang is an outcome, not the harness's end."""
+    import multiprocessing
+    import traceback
+
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+
+    def child() -> None:
+        try:
+            send.send((fn(), ""))
+        except BaseException:  # noqa: BLE001 - everything unexpected is the finding
+            send.send(("crash", traceback.format_exc()))
+
+    proc = context.Process(target=child)
+    proc.start()
+    send.close()
+    result = receive.recv() if receive.poll(timeout) else ("crash", f"hung for {timeout:.0f} s")
+    proc.join(5)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+    if proc.exitcode and proc.exitcode < 0 and result[0] != "crash":
+        result = ("crash", f"died of signal {-proc.exitcode}")
+    return result
+
+
+def judged(read: Callable[[], object], original: object, error_type: type, names: str) -> str:
+    """ok when `read()` equals `original`; clear_error for `error_type` naming `names`; else the finding."""
+    import numpy as np
+
+    try:
+        got = read()
+    except error_type as e:
+        if names not in str(e):
+            raise AssertionError(f"the error names no file: {e}") from e
+        return "clear_error"
+    same = got.keys() == original.keys() and all(np.array_equal(got[k], original[k]) for k in got)
+    return "ok" if same else "silent_wrong"
+
+
+def damage_file(path: Path, kind: str, where: float, value: int) -> None:
+    data = bytearray(path.read_bytes())
+    at = min(int(where * len(data)), max(len(data) - 1, 0))
+    if kind == "truncate":
+        del data[at:]
+    elif data:
+        data[at] ^= value
+    path.write_bytes(bytes(data))
+
+
+LIES = [None, -1, 0, 1, "12", 12.5, [], {}, "uint8", ["uint16"], 2**70]
+TOKEN_FIELDS = ["format", "version", "dtype", "vocab_size", "num_documents", "num_tokens", "mask", "files"]
+
+
+def token_dataset_reader(directory: Path):
+    """What a training run reads after `fuelline verify`: every window, its labels and positions."""
+    import numpy as np
+
+    from fuelline.formats.tokens import verify_token_dataset
+    from fuelline.loader.dataset import TokenDataset
+
+    def read() -> dict:
+        verify_token_dataset(directory)
+        dataset = TokenDataset(directory, seq_len=32, document_aware=True)
+        batch = dataset.__getitems__(list(range(len(dataset))))
+        return {k: np.asarray(v) for k, v in batch.items()}
+    return read
+
+
+def fuzz_token_dataset(work: Path, source: Path, examples: int, seed: int) -> Tally:
+    from hypothesis import given, settings, strategies as st
+    from hypothesis import seed as hypothesis_seed
+
+    from fuelline.formats.tokens import TokenFormatError
+
+    original_dir = source / "train"
+    original = token_dataset_reader(original_dir)()
+    tally = Tally("fuzz: token dataset (manifest.json, tokens.bin, docs.idx, mask.bin)")
+    names = ["manifest.json", "tokens.bin", "docs.idx", "mask.bin"]
+    damage = st.one_of(
+        st.tuples(st.just("truncate"), st.sampled_from(names), st.floats(0, 1), st.just(0)),
+        st.tuples(st.just("flip"), st.sampled_from(names), st.floats(0, 1), st.integers(1, 255)),
+        st.tuples(st.just("lie"), st.sampled_from([*TOKEN_FIELDS, "(whole manifest)"]), st.integers(0, len(LIES)),
+                  st.just(0)),
+        st.tuples(st.just("swap offsets"), st.just("docs.idx"), st.floats(0, 1), st.floats(0, 1)),
+    )
+
+    @hypothesis_seed(seed)
+    @settings(max_examples=examples, deadline=None, database=None)
+    @given(damage)
+    def trial(case) -> None:
+        directory = work / "fuzz-tokens"
+        shutil.rmtree(directory, ignore_errors=True)
+        shutil.copytree(original_dir, directory)
+        kind, name, a, b = case
+        if kind == "lie":
+            apply_lie(directory / "manifest.json", name, a)
+            name = "manifest.json"
+        elif kind == "swap offsets":
+            swap_offsets(directory / "docs.idx", a, b)
+        elif (directory / name).exists():
+            damage_file(directory / name, kind, a, b)
+        outcome, note = isolated(lambda: judged(token_dataset_reader(directory), original, TokenFormatError, name))
+        tally.add(outcome, f"{case}: {note}")
+
+    trial()
+    return tally
+
+
+def apply_lie(manifest: Path, field_name: str, which: int) -> None:
+    """Replace a manifest field by a wrong value (which == len(LIES): remove it), or the whole manifest."""
+    data = orjson.loads(manifest.read_bytes())
+    lie = LIES[which] if which < len(LIES) else "(removed)"
+    if field_name == "(whole manifest)":
+        data = lie if lie != "(removed)" else None
+    elif lie == "(removed)":
+        data.pop(field_name, None)
+    else:
+        data[field_name] = lie
+    manifest.write_bytes(orjson.dumps(data))
+
+
+def swap_offsets(path: Path, a: float, b: float) -> None:
+    import numpy as np
+
+    offsets = np.fromfile(path, dtype="<u8")
+    i, j = (min(int(x * len(offsets)), len(offsets) - 1) for x in (a, b))
+    offsets[[i, j]] = offsets[[j, i]]
+    offsets.tofile(path)
+
+
+def fuzz_jsonl_index(work: Path, cleaned: Path, examples: int, seed: int) -> list[Tally]:
+    """A damaged index cache must be rebuilt (ok); a data file cut after indexing, a clear error."""
+    from hypothesis import given, settings, strategies as st
+    from hypothesis import seed as hypothesis_seed
+
+    from fuelline.io import read_records
+    from fuelline.io.jsonl_index import FileChangedError, JsonlIndex
+
+    data = work / "index.jsonl"
+    data.write_bytes(b"".join(orjson.dumps(r) + b"\n" for _, r in zip(range(3000), read_records(cleaned))))
+    cache = work / "index-cache"
+
+    def read_all() -> dict:
+        import numpy as np
+
+        index = JsonlIndex(data, cache_dir=cache)
+        return {"records": np.array([orjson.dumps(index[k]) for k in range(len(index))], dtype=object)}
+
+    original = read_all()
+    cache_tally, data_tally = Tally("fuzz: JsonlIndex cache"), Tally("fuzz: JsonlIndex data file cut after indexing")
+
+    @hypothesis_seed(seed)
+    @settings(max_examples=examples, deadline=None, database=None)
+    @given(st.sampled_from(["truncate", "flip", "directory", "empty"]), st.floats(0, 1), st.integers(1, 255))
+    def cache_trial(kind, where, value) -> None:
+        shutil.rmtree(cache, ignore_errors=True)
+        read_all()
+        (entry,) = list(cache.iterdir())
+        if kind == "directory":
+            entry.unlink()
+            entry.mkdir()
+        elif kind == "empty":
+            entry.write_bytes(b"")
+        else:
+            damage_file(entry, kind, where, value)
+        outcome, note = isolated(lambda: judged(read_all, original, ValueError, entry.name))
+        cache_tally.add(outcome, f"{kind} {where:.3f}: {note}")
+
+    cache_trial()
+    content = data.read_bytes()
+    for where in random.Random(seed).sample(range(1, len(content)), max(1, examples // 4)):
+        shutil.rmtree(cache, ignore_errors=True)
+        data.write_bytes(content)
+        index = JsonlIndex(data, cache_dir=cache)
+        data.write_bytes(content[:where])
+
+        def read_cut(index=index) -> dict:
+            import numpy as np
+
+            return {"records": np.array([orjson.dumps(index[k]) for k in range(len(index))], dtype=object)}
+        outcome, note = isolated(lambda read_cut=read_cut: judged(read_cut, original, FileChangedError, data.name))
+        data_tally.add(outcome, f"cut at {where}: {note}")
+    data.write_bytes(content)
+    return [cache_tally, data_tally]
+
+
+def fuzz_target_cache(work: Path, cache_dir: Path, examples: int, seed: int) -> Tally:
+    """A damaged target cache: `verify_cache` lists a problem, or every sample reads back equal."""
+    import numpy as np
+    import torch
+    from hypothesis import given, settings, strategies as st
+    from hypothesis import seed as hypothesis_seed
+
+    from fuelline.cache.dataset import CacheDataset
+    from fuelline.cache.inspect import verify_cache
+    from fuelline.formats.target_cache import CacheFormatError
+
+    def reader(directory: Path):
+        def read() -> dict:
+            problems = verify_cache(directory)
+            if problems:
+                raise CacheFormatError(directory, problems[0])
+            dataset = CacheDataset(directory)
+            return {f"{k}.{name}": np.array(value) if isinstance(value, str)
+                    else value.contiguous().view(torch.uint8).numpy()  # bf16, fp8: compared by their bytes
+                    for k in range(len(dataset)) for name, value in dataset[k].items()}
+        return read
+
+    original = reader(cache_dir)()
+    names = sorted(p.relative_to(cache_dir).as_posix() for p in cache_dir.rglob("*") if p.is_file())
+    tally = Tally("fuzz: target cache (manifest, index, shards)")
+
+    @hypothesis_seed(seed)
+    @settings(max_examples=examples, deadline=None, database=None)
+    @given(st.sampled_from(["truncate", "flip"]), st.sampled_from(names), st.floats(0, 1), st.integers(1, 255))
+    def trial(kind, name, where, value) -> None:
+        directory = work / "fuzz-cache"
+        shutil.rmtree(directory, ignore_errors=True)
+        shutil.copytree(cache_dir, directory)
+        damage_file(directory / name, kind, where, value)
+        outcome, note = isolated(lambda: judged(reader(directory), original, CacheFormatError, str(directory)))
+        tally.add(outcome, f"{kind} {name} {where:.3f}: {note}")
+
+    trial()
+    return tally
+
+
+def build_target_cache(work: Path) -> Path:
+    """A small real cache: a tiny local chat model over 40 conversations of the ShareGPT sample."""
+    from fuelline.io import read_records
+    from fuelline.models import tiny_chat_model
+
+    chats = work / "cache-chats"
+    code, stderr = run(cli("chat", "prepare", "-i", SHARED_DATA / "chat" / "sharegpt_zh_1K.jsonl.zst",
+                           "--train-output", chats, "--eval-output", work / "cache-eval", "-q"))
+    if code != 0:
+        sys.exit(f"setup failed: {stderr[-2000:]}")
+    records = [r for _, r in zip(range(40), read_records(chats))]
+    (work / "cache-in.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    model = tiny_chat_model(work / "cache-model", [t["content"] for r in records for t in r["conversations"]])
+    code, stderr = run(cli("cache", "build", "--model", model, "-i", work / "cache-in.jsonl", "-o", work / "cache",
+                           "--layers", "0,1", "--max-length", 128, "--hidden-dtype", "fp8", "--no-progress"))
+    if code != 0:
+        sys.exit(f"setup failed: {stderr[-2000:]}")
+    return work / "cache"
+
+
+# --- the run ----------------------------------------------------------------------------------------
+
+def table(rows: list[dict]) -> str:
+    lines = ["| scenario | trials | ok | clear error | silent wrong | crash | leftover |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines += [f"| {r['scenario']} | {r['trials']} | {r['ok']} | {r['clear_error']} | {r['silent_wrong']} | "
+              f"{r['crash']} | {r['leftover']} |" for r in rows]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reduced", action="store_true", help="the CI run: fewer trials, a smaller subset")
+    parser.add_argument("--trials", type=int, default=None, help="kill trials per command (default 5; reduced 1)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None, help="write the rows here (default for full runs: "
+                                                                "benchmarks/results/reliability.json)")
+    args = parser.parse_args()
+    if not (SHARED_DATA / "chinese-poetry.jsonl.zst").exists():
+        sys.exit(f"{SHARED_DATA} has no chinese-poetry.jsonl.zst: the harness needs the shared corpus")
+    full = not args.reduced
+    trials = args.trials or (5 if full else 1)
+    examples = 200 if full else 40
+    rng = random.Random(args.seed)
+    started = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix="fuelline-reliability-"))
+    os.environ["FUELLINE_CACHE_DIR"] = str(work / "fuelline-cache")
+    os.setpgrp()  # the echo servers of the full run end with this process group
+    try:
+        raw = poem_subset(work, 60_000 if full else 12_000)
+        print(f"(a) kill -9 at a random moment, then resume ({trials} per command)", flush=True)
+        jobs = pipeline_jobs(work, raw, full)
+        tallies = kill_scenarios(work, jobs, trials, rng)
+        print(f"(b) fuzzed readers ({examples} cases each)", flush=True)
+        tallies.append(fuzz_token_dataset(work, work / "ref-pack" / "o", examples, args.seed))
+        tallies += fuzz_jsonl_index(work, work / "in-clean", examples, args.seed)
+        tallies.append(fuzz_target_cache(work, build_target_cache(work), examples, args.seed))
+        for tally in tallies[-4:]:
+            print(f"  {tally.scenario}: {dict(tally.counts)}", flush=True)
+        print("(c) bad corpora through clean --on-error skip|raise", flush=True)
+        tallies += bad_corpus_scenarios(work, raw, full)
+        print("(d) disk full", flush=True)
+        if can_mount():
+            by_name = {job.name: job for job in jobs}
+            tallies += disk_full_scenarios(work, [by_name["clean"], by_name["pack"]],
+                                           (0.3, 0.7) if full else (0.5,))
+        else:
+            print("  skipped: mounting a tmpfs needs root", flush=True)
+    finally:
+        subprocess.run(["umount", "-l", *map(str, work.glob("disk-*"))], capture_output=True)
+        shutil.rmtree(work, ignore_errors=True)
+    rows = [t.row() for t in tallies]
+    print(table(rows))
+    result = {"reduced": args.reduced, "seed": args.seed, "kill_trials": trials, "fuzz_examples": examples,
+              "seconds": round(time.perf_counter() - started, 1), "scenarios": rows,
+              "totals": {o: sum(r[o] for r in rows) for o in OUTCOMES}}
+    print(f"totals: {result['totals']} in {result['seconds']} s")
+    if args.json:
+        args.json.write_text(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
+    elif full:
+        print(f"wrote {write_result('reliability', result)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""The reliability harness's reduced run (benchmarks/reliability.py --reduced): kills, fuzzed
+readers, bad corpora and a full disk end in the right data or a clear error, never in wrong data,
+a crash or files left behind."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+
+from .conftest import shared_file
+
+HARNESS = Path(__file__).resolve().parents[1] / "benchmarks" / "reliability.py"
+
+
+def test_the_reduced_harness_finds_no_silent_wrong_result_no_crash_and_no_leftover(tmp_path):
+    shared_file("chinese-poetry.jsonl.zst")
+    result_path = tmp_path / "reliability.json"
+    done = subprocess.run([sys.executable, str(HARNESS), "--reduced", "--json", str(result_path)],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = orjson.loads(result_path.read_bytes())
+    bad = [row for row in result["scenarios"] if row["silent_wrong"] or row["crash"] or row["leftover"]]
+    assert not bad, orjson.dumps(bad, option=orjson.OPT_INDENT_2).decode()
+    scenarios = {row["scenario"].split(":")[0] for row in result["scenarios"]}
+    assert {"kill -9 and resume", "fuzz", "bad corpus"} <= scenarios
+    fuzzed = sum(row["trials"] for row in result["scenarios"] if row["scenario"].startswith("fuzz"))
+    assert fuzzed >= 100 and result["totals"]["clear_error"] > 0  # the damage was real, and was caught
