@@ -5,12 +5,13 @@ temporary directory; every step below reads those document records ({"id", "text
 
 1. `train_tokenizer` (vocab 4096) for each pre-tokenization: its train seconds, its tokens per
    character on a 50k sample, and tokens per character over the whole corpus (encode_batch here).
-2. Raw `Tokenizer.encode_batch` of the poem texts with the han-chars tokenizer, in batches of
-   4096 texts (pack's batch size), with RAYON_NUM_THREADS=1 and =2: tokens/s, best of 2.
+2. Raw encoding of the poem texts with the han-chars tokenizer, in batches of 4096 texts (pack's
+   batch size), with 1 and 2 threads, best of 2: HF `Tokenizer.encode_batch`, and fuelline's
+   `FastEncoder.encode_batch` (tiktoken's BPE core on the same ranks, what pack uses).
 3. `pack` end to end (poetry template, metadata dropout 0.25, val 0.05, han-chars tokenizer) in
-   workers x threads 1x1, 1x2, 2x1 (fastest of 2 runs): wall seconds, output tokens/s (both
-   splits), the ratio to the best raw encode_batch, and peak memory of the parent and of the
-   largest worker. Pack's tokens include the metadata and special tokens (about 21% more than
+   workers x threads 1x1, 1x2, 2x1 (fastest of 2 runs), and 2x1 with FUELLINE_ENCODER=tokenizers
+   (pack before tiktoken): wall seconds, output tokens/s (both splits), the encoder stats.json
+   names, the ratio to the best raw encoding, and peak memory of the parent and of the largest worker. Pack's tokens include the metadata and special tokens (about 21% more than
    the poems' own), so the ratio of documents/s to raw encoding's is given as well. When a
    configuration is below 0.9 of raw, one shard's `encode_shard` is profiled (one thread).
 4. Peak memory against corpus size: pack of 1x, 2x and 4x the corpus (copies of the cleaned
@@ -52,7 +53,7 @@ CORPUS = SHARED_DATA / "chinese-poetry.jsonl.zst"
 MODES = ("han-chars", "han-pairs", "bytelevel")
 VOCAB = 4096
 BATCH = 4096  # texts per encode_batch call: PackConfig.batch_size
-PACK_CONFIGS = ((1, 1), (1, 2), (2, 1))  # workers x threads
+PACK_CONFIGS = ((1, 1, None), (1, 2, None), (2, 1, None), (2, 1, "tokenizers"))  # workers x threads, FUELLINE_ENCODER
 SIZES = (1, 2, 4)
 SCALE_WORKERS = 2
 IDLE_CORES = 0.25  # other processes using more than this many cores: wait (before) or repeat (after)
@@ -154,12 +155,16 @@ def fastest(fn, what: str, repeats: int) -> dict:
     return {**best, "seconds_all": [r["seconds"] for r in runs]}
 
 
-def in_child(*args: str, threads: int | None) -> dict:
-    """Run this script with `args` in a fresh process; RAYON_NUM_THREADS=threads (None: unset)."""
+def in_child(*args: str, threads: int | None, engine: str | None = None) -> dict:
+    """Run this script with `args` in a fresh process; RAYON_NUM_THREADS=threads (None: unset),
+    FUELLINE_ENCODER=engine (None: unset, so pack uses tiktoken where it converts)."""
     env = dict(os.environ)
     env.pop("RAYON_NUM_THREADS", None)
+    env.pop("FUELLINE_ENCODER", None)
     if threads is not None:
         env["RAYON_NUM_THREADS"] = str(threads)
+    if engine is not None:
+        env["FUELLINE_ENCODER"] = engine
     child = subprocess.run([sys.executable, __file__, *map(str, args)], env=env, capture_output=True, text=True)
     if child.returncode:
         sys.exit(f"child {args} failed:\n{child.stderr[-4000:]}")
@@ -178,10 +183,13 @@ def read_texts(texts_dir: Path) -> list[str]:
 
 def child_encode(texts_dir: Path, tokenizer_json: Path) -> dict:
     """encode_batch over every text, BATCH at a time: best of 2; then once more taking the ids out
-    as Python lists (what a packer has to do with each Encoding)."""
+    as Python lists (what a packer has to do with each Encoding); then FastEncoder (tiktoken), best of 2."""
     from tokenizers import Tokenizer
 
+    from fuelline.tokenizer.fast import FastEncoder
+
     tokenizer = Tokenizer.from_file(str(tokenizer_json))
+    fast = FastEncoder(tokenizer)
     texts = read_texts(texts_dir)
     batches = [texts[i:i + BATCH] for i in range(0, len(texts), BATCH)]
     tokenizer.encode_batch(batches[0], add_special_tokens=False)  # starts the thread pool
@@ -192,9 +200,13 @@ def child_encode(texts_dir: Path, tokenizer_json: Path) -> dict:
     def with_ids() -> int:
         return sum(sum(len(e.ids) for e in tokenizer.encode_batch(b, add_special_tokens=False)) for b in batches)
 
+    def fast_encode() -> int:
+        return sum(len(fast.encode_batch(b).ids) for b in batches)
+
     result = {"documents": len(texts), "characters": sum(map(len, texts)),
-              "threads_env": os.environ.get("RAYON_NUM_THREADS")}
-    for name, fn, repeats in (("encode_batch", encode_only, 2), ("encode_batch_ids", with_ids, 1)):
+              "threads_env": os.environ.get("RAYON_NUM_THREADS"), "fast_engine": fast.reason}
+    for name, fn, repeats in (("encode_batch", encode_only, 2), ("encode_batch_ids", with_ids, 1),
+                              ("fast_encode_batch", fast_encode, 2)):
         best, tokens = float("inf"), 0
         for _ in range(repeats):
             started = time.perf_counter()
@@ -217,7 +229,8 @@ def child_pack(inputs: list[Path], tokenizer_dir: Path, out: Path, workers: int,
     tokens = sum(s["tokens"] for s in splits.values())
     documents = sum(s["documents"] for s in splits.values())
     return {
-        "workers": workers, "threads": threads, "seconds": round(seconds, 2), "stage_seconds": stats["seconds"],
+        "workers": workers, "threads": threads, "encoder": stats["encoder"], "seconds": round(seconds, 2),
+        "stage_seconds": stats["seconds"],
         "documents": documents, "tokens": tokens, "tokens_per_s": round(tokens / seconds),
         "docs_per_s": round(documents / seconds),
         # poem tokens: the supervised ones less one "</s>" per document
@@ -403,28 +416,32 @@ def run_all(args, base: Path) -> dict:
         raw[threads] = measured(lambda t=threads: in_child("--encode", base / "texts", "--tokenizer", tokenizer_json,
                                                           threads=t), f"encode {threads} threads")
         print(f"encode_batch, {threads} thread(s): {raw[threads]['encode_batch']['tokens_per_s']:,} tokens/s "
-              f"({raw[threads]['encode_batch_ids']['tokens_per_s']:,} with the ids as lists)", flush=True)
-    best_raw = max(r["encode_batch"]["tokens_per_s"] for r in raw.values())
-    best_raw_docs = max(r["documents"] / r["encode_batch"]["seconds"] for r in raw.values())
+              f"({raw[threads]['encode_batch_ids']['tokens_per_s']:,} with the ids as lists); FastEncoder "
+              f"{raw[threads]['fast_encode_batch']['tokens_per_s']:,} tokens/s", flush=True)
+    # pack's own encoder is the reference: what pack keeps of raw encoding's speed
+    best_raw = max(r["fast_encode_batch"]["tokens_per_s"] for r in raw.values())
+    best_raw_docs = max(r["documents"] / r["fast_encode_batch"]["seconds"] for r in raw.values())
     result["raw_encode"] = {"batch_texts": BATCH, "threads": {str(t): r for t, r in raw.items()},
                             "best_tokens_per_s": best_raw, "best_docs_per_s": round(best_raw_docs)}
 
     # 3. pack: workers x threads
     configs = {}
-    for workers, threads in PACK_CONFIGS:
+    for workers, threads, engine in PACK_CONFIGS:
         out = base / "pack-out"
-        row = fastest(lambda w=workers, t=threads: in_child(
-            "--pack", clean, "--tokenizer", tokenizer_dir, "--out", out, "--workers", w, "--threads", t, threads=t),
-            f"pack {workers}x{threads}", REPEATS)
+        name = f"{workers}x{threads}" + (f" {engine}" if engine else "")
+        row = fastest(lambda w=workers, t=threads, e=engine: in_child(
+            "--pack", clean, "--tokenizer", tokenizer_dir, "--out", out, "--workers", w, "--threads", t, threads=t,
+            engine=e), f"pack {name}", REPEATS)
         shutil.rmtree(out, ignore_errors=True)
         row["ratio_to_best_raw"] = round(row["tokens_per_s"] / best_raw, 3)
         row["docs_per_s_ratio_to_best_raw"] = round(row["docs_per_s"] / best_raw_docs, 3)
-        configs[f"{workers}x{threads}"] = row
-        print(f"pack {workers}x{threads}: {row['seconds']:.1f} s, {row['tokens_per_s']:,} tokens/s, ratio "
+        configs[name] = row
+        print(f"pack {name}: {row['seconds']:.1f} s, {row['tokens_per_s']:,} tokens/s, ratio "
               f"{row['ratio_to_best_raw']:.2f}; peak anon parent {row['peak_parent_anon_mib']} MiB, worker "
               f"{row['peak_worker_anon_mib']} MiB", flush=True)
     result["pack"] = {"template": "poetry", "metadata_dropout": 0.25, "val_fraction": 0.05, "configs": configs}
     best = max(configs.values(), key=lambda r: r["tokens_per_s"])
+    before = configs["2x1 tokenizers"]
 
     # where pack's time goes, when it is well below raw encoding
     if args.profile or min(r["ratio_to_best_raw"] for r in configs.values()) < 0.9:
@@ -467,6 +484,7 @@ def run_all(args, base: Path) -> dict:
             "tokens_per_s": round(best["tokens_per_s"] / best_peer["tokens_per_s"], 3),
             "docs_per_s": round(best["docs_per_s"] / best_peer["docs_per_s"], 3),
             "seconds": round(best_peer["seconds"] / best["seconds"], 3)},
+        "fuelline_tokenizers_engine_over_datatrove": {"seconds": round(best_peer["seconds"] / before["seconds"], 3)},
     }
     return result
 
@@ -476,19 +494,20 @@ def table(result: dict) -> None:
     print(f"{'pretokenize':<11} {'train s':>8} {'tok/char':>9} {'(sample)':>9}")
     for mode, r in result["training"].items():
         print(f"{mode:<11} {r['train_seconds']:8.1f} {r['tokens_per_char_corpus']:9.4f} {r['tokens_per_char']:9.4f}")
-    print(f"\n== raw encode_batch (han-chars, {BATCH} texts a call)")
+    print(f"\n== raw encoding (han-chars, {BATCH} texts a call)")
     for t, r in result["raw_encode"]["threads"].items():
-        print(f"{t} thread(s): {r['encode_batch']['tokens_per_s']:>12,} tokens/s  "
-              f"({r['encode_batch_ids']['tokens_per_s']:,} with ids as lists)")
+        print(f"{t} thread(s): HF encode_batch {r['encode_batch']['tokens_per_s']:>12,} tokens/s  "
+              f"({r['encode_batch_ids']['tokens_per_s']:,} with ids as lists); FastEncoder "
+              f"{r['fast_encode_batch']['tokens_per_s']:,} tokens/s")
     print("\n== pack (poetry template)")
-    print(f"{'config':<8} {'s':>7} {'tokens/s':>11} {'ratio':>6} {'docs':>5} {'parent anon/rss MiB':>20} "
-          f"{'worker anon/rss MiB':>20}   (ratio: tokens/s, docs: documents/s, to raw encode_batch's best)")
+    print(f"{'config':<15} {'s':>7} {'tokens/s':>11} {'ratio':>6} {'docs':>5} {'parent anon/rss MiB':>20} "
+          f"{'worker anon/rss MiB':>20}   (ratio: tokens/s, docs: documents/s, to raw FastEncoder's best)")
     rows = [(k, r) for k, r in result["pack"]["configs"].items()]
     rows += [(f"2x1 {k}", r) for k, r in result["scale"]["sizes"].items()]
     for name, r in rows:
         ratio = (f"{r['ratio_to_best_raw']:6.2f} {r['docs_per_s_ratio_to_best_raw']:5.2f}" if "ratio_to_best_raw" in r
                  else " " * 12)
-        print(f"{name:<8} {r['seconds']:7.1f} {r['tokens_per_s']:11,} {ratio} "
+        print(f"{name:<15} {r['seconds']:7.1f} {r['tokens_per_s']:11,} {ratio} "
               f"{r['peak_parent_anon_mib']:>9,}/{r['peak_parent_rss_mib']:<10,} "
               f"{r['peak_worker_anon_mib']:>9,}/{r['peak_worker_rss_mib']:<10,}")
     print("\n== datatrove DocumentTokenizer (text only), tasks=2 workers=2")
