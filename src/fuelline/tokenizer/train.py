@@ -20,10 +20,12 @@ import unicodedata
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 import orjson
 
 from fuelline.io import read_records
 from fuelline.io.atomic import write_bytes_atomic
+from fuelline.tokenizer.fast import fast_encoder
 
 # The poetry template's markers, then ChatML's, so the same tokenizer packs poetry instruction data
 # (`fuelline chat from-poetry`, `pack --template chat --chat-template chatml`) with single-id markers.
@@ -81,16 +83,15 @@ def is_punctuation(text: str) -> bool:
     return len(text) == 1 and unicodedata.category(text).startswith("P")
 
 
-def punctuation_report(tokenizer, texts: list[str]) -> dict:
-    """How many punctuation marks (Unicode category P*) of `texts` are a token of their own.
+def punctuation_report(tokenizer, texts: list[str], ids: np.ndarray) -> dict:
+    """How many punctuation marks (Unicode category P*) of `texts` (encoded: `ids`) are a token of their own.
 
     A mark inside a multi-character token (`。\n`, `，「`) is not isolated, and neither is one
     split into byte pieces; a model then has to learn each such combination separately.
     """
-    alone = {i for i in range(tokenizer.get_vocab_size()) if is_punctuation(tokenizer.decode([i]))}
+    alone = [i for i in range(tokenizer.get_vocab_size()) if is_punctuation(tokenizer.decode([i]))]
     marks = sum(1 for text in texts for char in text if is_punctuation(char))
-    isolated = sum(1 for encoding in tokenizer.encode_batch(texts, add_special_tokens=False)
-                   for i in encoding.ids if i in alone)
+    isolated = int(np.isin(ids, alone).sum())
     return {"punctuation_marks": marks, "isolated": isolated, "isolated_share": round(isolated / max(1, marks), 4)}
 
 
@@ -118,14 +119,14 @@ def train_tokenizer(inputs, output_dir: str | os.PathLike, *, vocab_size: int = 
     output = Path(output_dir)
     save_for_transformers(tokenizer, output)
     sample = [t for _, t in zip(range(REPORT_SAMPLE), document_texts(inputs, text_key))]
-    encoded = tokenizer.encode_batch(sample, add_special_tokens=False)
+    ids = fast_encoder(tokenizer).encode_batch(sample).ids
     report = {
         "documents": documents, "vocab_size": tokenizer.get_vocab_size(), "pretokenize": pretokenize,
         "train_seconds": round(seconds, 2),
         "special_tokens": {t: tokenizer.token_to_id(t) for t in SPECIAL_TOKENS},
         "sample_documents": len(sample),
-        "tokens_per_char": round(sum(len(e.ids) for e in encoded) / max(1, sum(map(len, sample))), 4),
-        **punctuation_report(tokenizer, sample),
+        "tokens_per_char": round(len(ids) / max(1, sum(map(len, sample))), 4),
+        **punctuation_report(tokenizer, sample, ids),
         "fingerprint": tokenizer_fingerprint(output),
         "warnings": [f"the vocabulary has {tokenizer.get_vocab_size():,} tokens, fewer than the {vocab_size:,} asked: "
                      f"{documents:,} documents hold no more merges of frequency ≥ {min_frequency}"]
