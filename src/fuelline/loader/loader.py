@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fuelline.loader.dataset import widen
+from fuelline.loader.dataset import as_tensors, widen
 from fuelline.loader.sampler import WindowSampler
 
 
@@ -23,7 +23,8 @@ class ResumableLoader:
     with the next one, whatever the number of workers or how far they had prefetched.
 
     With workers, the dataset gathers compact batches (`TokenDataset(compact=True)`: 3 bytes a
-    token cross from the worker instead of 16) and the loader widens them in the main process,
+    token, as numpy arrays, cross from the worker instead of two int64 tensors) and the loader
+    widens them in the main process,
     so the batches it yields are the usual int64 ones. `defer_widening = True` yields them
     compact instead: `CUDAPrefetcher` sets it, copies the compact batch and widens on the GPU."""
 
@@ -50,7 +51,7 @@ class ResumableLoader:
             for batch in self._loader:
                 delivered += 1
                 self.sampler.position = start + delivered * self.sampler.batch_size
-                yield batch if self.defer_widening else widen(batch)
+                yield as_tensors(batch) if self.defer_widening else widen(batch)
         finally:
             # Workers may have drawn batches that were never delivered: they come again.
             self.sampler.position = start + delivered * self.sampler.batch_size
