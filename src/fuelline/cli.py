@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from fuelline import __version__
+from fuelline.pipeline.executor import EXECUTORS
 from fuelline.pipeline.registry import STAGES, stage_class
 from fuelline.cache.cli import cache as cache_group
 from fuelline.serve.cli import serve_command
@@ -34,7 +35,7 @@ class Interrupted(KeyboardInterrupt):
 class FuellineGroup(click.Group):
     """`fuelline`: turns an expected mistake into one line, and keeps tracebacks for bugs.
 
-    A USER_ERRORS exception from any subcommand prints `error: MESSAGE` on stderr and exits 2,
+    A USER_ERRORS exception from any subcommand prints `error: MESSAGE` (and its notes) on stderr and exits 2,
     as does a full disk (`DiskFull`, or any OSError that says ENOSPC): "no space left on device
     while writing FILE; free space and re-run the same command to resume". Any other exception
     is a bug and shows its traceback, as does every error under `--debug`.
@@ -51,6 +52,8 @@ class FuellineGroup(click.Group):
             if debug:
                 raise
             click.echo(f"error: {e}", err=True)
+            for note in getattr(e, "__notes__", ()):  # e.g. the shard a Ray task failed on
+                click.echo(f"  {note}", err=True)
             ctx.exit(2)
         except OSError as e:  # a full disk is no bug: say which file, and that a rerun resumes
             from fuelline.io.atomic import DiskFull, is_disk_full
@@ -128,6 +131,10 @@ def _run_params() -> list[click.Option]:
         click.Option(["--workers", "-w"], type=int, default=None, help="processes (default: all cores)"),
         click.Option(["--restart"], is_flag=True, help="discard existing output and start over"),
         click.Option(["--quiet", "-q"], is_flag=True, help="no progress bar"),
+        click.Option(["--executor"], type=click.Choice(EXECUTORS), default=None,
+                     help="local: processes on this machine (default); ray: Ray tasks, same output (docs/ray.md)"),
+        click.Option(["--ray-address"], default=None, metavar="auto|HOST:PORT",
+                     help="--executor ray: the running cluster to use (default: start one here for the run)"),
     ]
 
 
@@ -135,12 +142,13 @@ def _run_params() -> list[click.Option]:
 @click.argument("pipeline_file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--run-dir", "-o", required=True, type=click.Path(file_okay=False), help="where stage outputs go")
 @click.option("--input", "-i", "inputs", multiple=True, help="input of the first stage (files, dirs, globs)")
-def run(pipeline_file, run_dir, inputs, workers, restart, quiet):
+def run(pipeline_file, run_dir, inputs, workers, restart, quiet, executor, ray_address):
     """Run a pipeline file (TOML); running it again resumes."""
     from fuelline.pipeline.config import load_pipeline, run_pipeline
 
     steps = load_pipeline(pipeline_file)
-    all_stats = run_pipeline(steps, run_dir, input=list(inputs), workers=workers, restart=restart, progress=not quiet)
+    all_stats = run_pipeline(steps, run_dir, input=list(inputs), workers=workers, executor=executor,
+                             ray_address=ray_address, restart=restart, progress=not quiet)
     _print_stats(all_stats, _step_dirs(run_dir, len(all_stats)))
 
 
@@ -190,8 +198,9 @@ def _stage_options(cls) -> list[click.Option]:
     return params
 
 
-def _run_from_cli(name: str, cls, inputs, output, *, workers, restart, quiet, shard_size, output_format, on_error,
-                  no_rejects, config_file, explain=None, output_locations=None, **values) -> dict | None:
+def _run_from_cli(name: str, cls, inputs, output, *, workers, restart, quiet, executor, ray_address, shard_size,
+                  output_format, on_error, no_rejects, config_file, explain=None, output_locations=None,
+                  **values) -> dict | None:
     """Build the stage's config (TOML file, then options given) and run it; None after --explain."""
     from fuelline.pipeline.config import build_dataclass, read_toml
     from fuelline.pipeline.executor import RunOptions, run_stage
@@ -203,7 +212,8 @@ def _run_from_cli(name: str, cls, inputs, output, *, workers, restart, quiet, sh
         click.echo(cls.explain_report(list(inputs), config, explain))
         return None
     options = RunOptions(workers=workers, shard_size=shard_size, output_format=output_format, on_error=on_error,
-                         keep_rejects=not no_rejects, restart=restart, progress=not quiet)
+                         keep_rejects=not no_rejects, restart=restart, progress=not quiet,
+                         executor=executor or "local", ray_address=ray_address)
     return run_stage(cls(config), list(inputs), output, options, output_locations)
 
 
@@ -349,7 +359,7 @@ chat.add_command(_stage_command("chat-from-poetry", "from-poetry"))
 @click.option("--shard-size", type=int, default=50_000, show_default=True,
               help="records per shard: the unit of work of a worker and of resume")
 def pack(inputs, tokenizer_dir, output, template, chat_template, max_length, min_loss_tokens, metadata_dropout,
-         val_fraction, seed, dtype, threads, shard_size, workers, restart, quiet):
+         val_fraction, seed, dtype, threads, shard_size, workers, restart, quiet, executor, ray_address):
     """Tokenize documents (or chat records) into train/ and val/ token datasets with a loss mask."""
     from fuelline.pack.packer import PackConfig
     from fuelline.pack.packer import pack as run_pack
@@ -358,7 +368,7 @@ def pack(inputs, tokenizer_dir, output, template, chat_template, max_length, min
                         seed=seed, dtype=dtype, chat_template=chat_template, max_length=max_length,
                         min_loss_tokens=min_loss_tokens, shard_size=shard_size)
     stats = run_pack(list(inputs), tokenizer_dir, output, config, workers=workers, threads=threads,
-                     restart=restart, progress=not quiet)
+                     restart=restart, progress=not quiet, executor=executor or "local", ray_address=ray_address)
     for split, numbers in stats["splits"].items():
         click.echo(f"{split:<6} {numbers['documents']:>9,} documents {numbers['tokens']:>12,} tokens  "
                    f"supervised {numbers['supervised_share']:.2%}  metadata dropped {numbers['metadata_dropout_share']:.2%}")

@@ -1,9 +1,10 @@
 """The parallel packer: document records → `train/` and `val/` token datasets.
 
-1. Shards (fixed line ranges, as for every stage) are rendered on the workers by the template:
-   each writes its ids, lengths, mask and split flags under `_work/` atomically, with a marker,
-   so an interrupted run keeps finished shards. Each worker runs the tokenizer's own thread
-   pool too (`threads`); see benchmarks/bench_pack.py for the processes × threads measured.
+1. Shards (fixed line ranges, as for every stage) are rendered by the template on the workers
+   (local processes, or Ray tasks: `executor`): each writes its ids, lengths, mask and split
+   flags under `_work/` atomically, with a marker, so an interrupted run keeps finished shards.
+   Each worker runs the tokenizer's own thread pool too (`threads`); see
+   benchmarks/bench_pack.py for the processes × threads measured.
 2. The parent merges the shards in order into the two splits, streaming one shard at a time,
    so memory stays flat in corpus size and the bytes do not depend on the number of workers.
 
@@ -32,7 +33,7 @@ from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import STAGE_PART_PREFIX, expand_inputs
 from fuelline.io.readers import RecordError, iter_file_records
 from fuelline.pack.templates import TEMPLATES
-from fuelline.pipeline.executor import RunOptions, WorkerPool
+from fuelline.pipeline.executor import RunOptions, open_executor
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.pipeline.task import resumed
 from fuelline.records import unit_interval
@@ -201,9 +202,15 @@ def split_stats(manifest: dict, lengths: np.ndarray, dropped: int) -> dict:
 
 
 def pack(inputs, tokenizer_dir: str | os.PathLike, output: str | os.PathLike, config: PackConfig | None = None, *,
-         workers: int | None = None, threads: int | None = None, restart: bool = False, progress: bool = True) -> dict:
-    """Pack document records into OUTPUT/train and OUTPUT/val; return (and write) stats.json."""
+         workers: int | None = None, threads: int | None = None, restart: bool = False, progress: bool = True,
+         executor: str = "local", ray_address: str | None = None) -> dict:
+    """Pack document records into OUTPUT/train and OUTPUT/val; return (and write) stats.json.
+
+    `executor` and `ray_address` choose where the shards are tokenized (`RunOptions`); the bytes
+    are the same on either.
+    """
     config = config or PackConfig()
+    run_options = RunOptions(workers=workers, executor=executor, ray_address=ray_address)
     output, tokenizer_dir = Path(output), Path(tokenizer_dir)
     started = time.perf_counter()
     from tokenizers import Tokenizer
@@ -218,12 +225,12 @@ def pack(inputs, tokenizer_dir: str | os.PathLike, output: str | os.PathLike, co
     # without the template's special tokens, before anything is written
     files = expand_inputs(inputs)
     with exclusive_output(output):
-        return _pack(files, tokenizer, tokenizer_dir, output, config, dtype, workers, threads, restart, progress,
+        return _pack(files, tokenizer, tokenizer_dir, output, config, dtype, run_options, threads, restart, progress,
                      started)
 
 
-def _pack(files, tokenizer, tokenizer_dir: Path, output: Path, config: PackConfig, dtype: str, workers, threads,
-          restart: bool, progress: bool, started: float) -> dict:
+def _pack(files, tokenizer, tokenizer_dir: Path, output: Path, config: PackConfig, dtype: str, run_options: RunOptions,
+          threads, restart: bool, progress: bool, started: float) -> dict:
     """`pack`, once the output's lock is held."""
     tokenizer_path = tokenizer_dir / "tokenizer.json"
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
@@ -251,8 +258,8 @@ def _pack(files, tokenizer, tokenizer_dir: Path, output: Path, config: PackConfi
         write_bytes_atomic(plan_path, orjson.dumps({"identity": identity, "shards": [s.to_json() for s in shards]}))
     encode = functools.partial(encode_shard, tokenizer_path=str(tokenizer_path), config=config, workdir=workdir,
                                threads=threads)
-    with WorkerPool(RunOptions(workers=workers).resolved_workers(len(shards))) as pool:
-        markers = pool.map(encode, shards, "pack: tokenizing", progress=progress)
+    with open_executor(run_options, len(shards)) as executor:
+        markers = executor.map(encode, shards, "pack: tokenizing", progress=progress)
     encoded = time.perf_counter()
     for name in TOKENIZER_FILES:  # the output carries its tokenizer (inspect, training scripts)
         if (tokenizer_dir / name).exists():

@@ -29,8 +29,10 @@ class PackTask(Task):
     name = "pack"
     description = "Tokenize documents into train/ and val/ token datasets."
     Config = PackStepConfig
+    parallel = True
 
-    def run(self, inputs, output: Path, *, workers, steps, restart, progress) -> dict:
+    def run(self, inputs, output: Path, *, workers, steps, restart, progress, executor, ray_address) -> dict:
         cfg = self.config
         return pack(inputs, resolve_step(cfg.tokenizer, steps), output, options_for(PackConfig, cfg), workers=workers,
-                    threads=cfg.threads or None, restart=restart, progress=progress)
+                    threads=cfg.threads or None, restart=restart, progress=progress, executor=executor,
+                    ray_address=ray_address)

@@ -3,6 +3,8 @@
     [defaults]              # run options for every stage (each may override them)
     workers = 2
     on_error = "skip"
+    executor = "ray"        # optional: Ray tasks instead of local processes (docs/ray.md)
+    ray_address = "auto"    #   on the cluster at this address (none: one started for the run)
 
     [[stage]]
     use = "ingest"          # a registered stage
@@ -135,28 +137,36 @@ def load_pipeline(path: str | os.PathLike) -> list[PipelineStep]:
 
 
 def run_pipeline(steps: list[PipelineStep], run_dir: str | os.PathLike, *, input: list[str] | None = None,
-                 workers: int | None = None, restart: bool = False, progress: bool = True) -> list[dict]:
+                 workers: int | None = None, executor: str | None = None, ray_address: str | None = None,
+                 restart: bool = False, progress: bool = True) -> list[dict]:
     """Run the steps in order; return their stats.
 
     A step reads its `input` (paths, or `@NAME` for an earlier step's output), else the output of
     the last step that produced records (so `pack` after `tokenizer` still reads documents); the
-    first step reads `--input` when given.
+    first step reads `--input` when given. `workers`, `executor` and `ray_address` (the command
+    line's) override the file's; an executor given as local drops the file's Ray address.
     """
     run_dir = Path(run_dir)
     first_inputs = list(input or []) or [i for i in (steps[0].input if steps else []) if not i.startswith("@")]
     if first_inputs:
         expand_inputs(first_inputs)  # a missing input stops the run before it creates anything
+    given = {"workers": workers, "executor": executor, "ray_address": ray_address}
+    overrides = {key: value for key, value in given.items() if value is not None}
+    if executor == "local":
+        overrides.setdefault("ray_address", None)
+    options = [dataclasses.replace(step.run_options, restart=restart, progress=progress, **overrides)
+               for step in steps]  # a contradiction (a Ray address for local) stops the run before it starts
     with exclusive_output(run_dir):
         run_dir.mkdir(parents=True, exist_ok=True)
-        return _run_steps(steps, run_dir, input, workers, restart, progress)
+        return _run_steps(steps, options, run_dir, input)
 
 
-def _run_steps(steps: list[PipelineStep], run_dir: Path, input: list[str] | None, workers: int | None,
-               restart: bool, progress: bool) -> list[dict]:
+def _run_steps(steps: list[PipelineStep], step_options: list[RunOptions], run_dir: Path,
+               input: list[str] | None) -> list[dict]:
     outputs: dict[str, Path] = {}
     last_records: list[str] = []
     all_stats, layout = [], []
-    for i, step in enumerate(steps, start=1):
+    for i, (step, options) in enumerate(zip(steps, step_options), start=1):
         if i == 1 and input:
             inputs = list(input)
         elif step.input:
@@ -166,13 +176,13 @@ def _run_steps(steps: list[PipelineStep], run_dir: Path, input: list[str] | None
         if not inputs and getattr(step.stage, "needs_input", True):
             raise ValueError(f"stage {step.name!r} has no input: give --input or set 'input' in the pipeline file")
         out = run_dir / f"{i:02d}-{step.name}"
-        options = dataclasses.replace(step.run_options, restart=restart, progress=progress,
-                                      workers=workers or step.run_options.workers)
         layout.append({"name": step.name, "stage": step.stage.name, "dir": out.name})
         write_bytes_atomic(run_dir / "pipeline.json", orjson.dumps({"stages": layout}, option=orjson.OPT_INDENT_2) + b"\n")
         if isinstance(step.stage, Task):
-            stats = step.stage.run(inputs, out, workers=options.workers, steps=outputs, restart=restart,
-                                   progress=progress)
+            executor = ({"executor": options.executor, "ray_address": options.ray_address}
+                        if step.stage.parallel else {})
+            stats = step.stage.run(inputs, out, workers=options.workers, steps=outputs, restart=options.restart,
+                                   progress=options.progress, **executor)
         else:
             stats = run_stage(step.stage, inputs, out, options)
         all_stats.append(stats)

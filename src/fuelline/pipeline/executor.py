@@ -1,4 +1,4 @@
-"""The local executor: runs a stage over input shards on N processes, resumably.
+"""Running a stage over input shards, resumably, on an executor: local processes or Ray tasks.
 
 Layout of a stage's output directory:
 
@@ -17,6 +17,11 @@ Re-running over a directory made from other options or inputs is refused once a 
 finished (before that, e.g. after a stop on bad input, the new options simply replace the old);
 `restart` discards whatever the directory holds and starts over. A run holds the directory's lock
 (`fuelline.io.lock`) for its whole life, so a second run into it is refused at once.
+
+The executor only runs functions on items: `WorkerPool` here (processes on this machine) and
+`RayExecutor` in `ray_executor` (Ray tasks on a cluster) run the same shard function over the
+same shards, so which one ran, like how many workers, changes nothing on disk and is no part of
+`_plan.json`: a run begun on one may be resumed on the other.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Protocol, Self, Sequence
 
 import orjson
 from tqdm import tqdm
@@ -43,12 +48,14 @@ from fuelline.io.readers import READ_ERROR_REASONS, iter_file_records
 from fuelline.io.rejects import Rejects
 from fuelline.io.writers import OUTPUT_FORMATS, RecordWriter, open_writer
 from fuelline.pipeline.lifetime import die_with_parent
+from fuelline.pipeline.ray_executor import RayExecutor  # imports Ray itself only when it is opened
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.pipeline.stage import Location, PrepareContext, ShardContext, Stage
 
 PLAN_VERSION = 1
 DONE_DIR, REJECTS_DIR, PREPARE_DIR, STATS_FILE = "_done", "_rejects", "_prepare", "stats.json"
 PROGRESS_EVERY = 4096
+EXECUTORS = ("local", "ray")
 
 
 class StageOutputMismatch(RuntimeError):
@@ -66,6 +73,15 @@ class RunOptions:
     keep_rejects: bool = True
     restart: bool = False  # discard what the output directory holds
     progress: bool = True
+    executor: str = "local"  # local: processes on this machine; ray: Ray tasks (`ray_executor`)
+    ray_address: str | None = None  # executor ray: "auto" or HOST:PORT; None starts a cluster here for the run
+
+    def __post_init__(self):
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor must be {' or '.join(EXECUTORS)}, not {self.executor!r}")
+        if self.ray_address is not None and self.executor != "ray":
+            raise ValueError(f"ray_address {self.ray_address!r} is for the ray executor, but executor is "
+                             f"{self.executor!r}: set executor to \"ray\" (--executor ray) or drop the address")
 
     def resolved_workers(self, pending: int) -> int:
         workers = self.workers or len(os.sched_getaffinity(0))
@@ -230,6 +246,32 @@ def _prepare_output(stage: Stage, inputs: list[Path], output_dir: Path, options:
     return shards
 
 
+class Executor(Protocol):
+    """What runs a stage's work: `WorkerPool` (processes here) or `RayExecutor` (Ray tasks).
+
+    Opened as a context manager; leaving it ends its workers. The first error a task raises is
+    re-raised by `map` or `run_shards` once the tasks not yet started are cancelled.
+    """
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(self, *exc) -> None: ...
+
+    def map(self, fn: Callable, items: Sequence, desc: str, *, progress: bool) -> list:
+        """`[fn(x) for x in items]` on the workers (`fn` picklable), with a progress bar of items."""
+
+    def run_shards(self, run: Callable[..., dict], shards: list[InputShard], bar: tqdm) -> None:
+        """`run(shard, progress=…)` for every shard (`progress` optional), counting records on `bar`."""
+
+
+def open_executor(options: RunOptions, tasks: int) -> Executor:
+    """The executor `options` ask for, with at most `tasks` workers where it starts them."""
+    workers = options.resolved_workers(tasks)
+    if options.executor == "ray":
+        return RayExecutor(options.ray_address, workers)
+    return WorkerPool(workers)
+
+
 class WorkerPool:
     """The processes of one stage run: started on first use, shared by `prepare` and the shards.
 
@@ -291,14 +333,13 @@ class WorkerPool:
             self._gather({self._executor().submit(fn, item): i for i, item in enumerate(items)}, store, None)
         return results
 
-    def run_shards(self, stage: Stage, pending: list[InputShard], output_dir: Path, options: RunOptions,
-                   bar: tqdm, targets: dict[str, Path]) -> None:
+    def run_shards(self, run: Callable[..., dict], shards: list[InputShard], bar: tqdm) -> None:
+        """`run(shard, progress=…)` for every shard; a worker's progress reaches `bar` through a queue."""
         if self.workers == 1:
-            for shard in pending:
-                run_shard(stage, shard, output_dir, options, bar.update, targets)
+            for shard in shards:
+                run(shard, progress=bar.update)
             return
-        pool = self._executor()
-        futures = {pool.submit(_run_shard_in_worker, stage, s, output_dir, options, targets): s for s in pending}
+        futures = {self._executor().submit(_run_in_worker, run, s): s for s in shards}
         self._gather(futures, lambda shard, marker: None, bar)
         _drain(self._updates, bar)
 
@@ -312,9 +353,8 @@ def _init_worker(updates, parent_pid: int) -> None:
     _worker_updates = updates
 
 
-def _run_shard_in_worker(stage: Stage, shard: InputShard, output_dir: Path, options: RunOptions,
-                         targets: dict[str, Path]) -> dict:
-    return run_shard(stage, shard, output_dir, options, _worker_updates.put, targets)
+def _run_in_worker(run: Callable[..., dict], shard: InputShard) -> dict:
+    return run(shard, progress=_worker_updates.put)
 
 
 def _drain(updates, bar: tqdm) -> None:
@@ -371,11 +411,14 @@ def _run_locked(stage: Stage, files: list[Path], output_dir: Path, options: RunO
     pending = [s for s in shards if _finished_marker(output_dir, s) is None]
     total = None if any(s.units is None for s in pending) else sum(s.units for s in pending)
     if pending:
-        with WorkerPool(options.resolved_workers(len(shards))) as pool:
+        with open_executor(options, len(shards)) as executor:
             stage.prepare(PrepareContext(files, shards, output_dir / PREPARE_DIR,
-                                         functools.partial(pool.map, progress=options.progress)))
+                                         functools.partial(executor.map, progress=options.progress)))
+            run = functools.partial(run_shard, stage, output_dir=output_dir, options=options, targets=targets)
             with tqdm(total=total, desc=stage.name, unit="rec", disable=not options.progress, leave=False) as bar:
-                pool.run_shards(stage, pending, output_dir, options, bar, targets)
+                executor.run_shards(run, pending, bar)
+        for directory in [output_dir, *_outside_targets(targets, output_dir)]:
+            remove_temp_files(directory)  # of a try whose worker died (Ray tries the shard again)
     markers = []
     for shard in shards:
         marker = _finished_marker(output_dir, shard)

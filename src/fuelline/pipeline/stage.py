@@ -58,8 +58,9 @@ class ShardContext:
 class PrepareContext:
     """What `Stage.prepare` may use: the inputs, the shard plan, a directory, and parallel map.
 
-    `map(fn, items, desc)` runs a picklable `fn` over `items` on the executor's workers and
-    returns the results in the order of `items`; the stage never sees processes.
+    `map(fn, items, desc)` runs a picklable `fn` over `items` on the executor's workers (local
+    processes or Ray tasks) and returns the results in the order of `items`; the stage never sees
+    processes. What `fn` writes goes under `workdir`, which every worker sees.
     """
 
     files: list[Path]

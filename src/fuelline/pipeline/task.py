@@ -26,6 +26,7 @@ class Task:
     Config: ClassVar[type[StageConfig]] = StageConfig
     produces_records: ClassVar[bool] = False  # True: later steps read its output by default
     needs_input: ClassVar[bool] = True
+    parallel: ClassVar[bool] = False  # True: runs on an executor; `run` takes `executor` and `ray_address` too
 
     def __init__(self, config: StageConfig | None = None):
         self.config = config if config is not None else self.Config()
@@ -45,6 +46,8 @@ class Task:
 
     def run(self, inputs: list[str], output: Path, *, workers: int | None, steps: dict[str, Path],
             restart: bool, progress: bool) -> dict:
+        """Write `output` and its stats.json; a `parallel` task also takes `executor=` and `ray_address=`
+        (`RunOptions`), which change how it runs, never what it writes."""
         raise NotImplementedError
 
 
