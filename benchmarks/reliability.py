@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import os
 import random
 import resource
@@ -60,6 +61,7 @@ OUTCOMES = ("ok", "clear_error", "silent_wrong", "crash", "leftover")
 BOOKKEEPING = {"stats.json", "_plan.json", "summary.json", "training_report.json"}  # they hold seconds
 TIMEOUT_S = 600
 ADDRESS_SPACE = 3 << 30  # bad corpora: a parser that balloons is killed, and counted as a crash
+SERVERS: list[subprocess.Popen] = []  # the echo servers of the full run
 
 
 @dataclass
@@ -108,7 +110,7 @@ def failure_outcome(returncode: int | None, stderr: str, names: str) -> str:
 def snapshot(directory: Path) -> dict[str, bytes]:
     """Every data file under `directory` (bookkeeping with timings and output locks left out)."""
     return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*"))
-            if p.is_file() and p.name not in BOOKKEEPING and not p.name.endswith(".lock")
+            if p.is_file() and p.name not in BOOKKEEPING and not p.name.endswith((".lock", ".stats.json"))
             and "_done" not in p.parts and ".build" not in p.parts}
 
 
@@ -218,9 +220,9 @@ def full_only_jobs(work: Path, chats: Path) -> list[Job]:
     if code != 0:
         sys.exit(f"setup failed: {stderr[-2000:]}")
     ports = [free_port(), free_port()]
-    for port in ports:  # they live as long as this process (see main)
-        subprocess.Popen([sys.executable, "-m", "fuelline.serve.echo", "--port", str(port), "--delay", "0.005"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    for port in ports:  # stopped by main when the harness ends
+        SERVERS.append(subprocess.Popen([sys.executable, "-m", "fuelline.serve.echo", "--port", str(port),
+                                         "--delay", "0.005"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     servers = [arg for port in ports for arg in ("--server", f"127.0.0.1:{port}")]
     from fuelline.io import read_records
 
@@ -228,7 +230,7 @@ def full_only_jobs(work: Path, chats: Path) -> list[Job]:
     model = tiny_chat_model(work / "model", texts[:2000])
     return [
         Job("chat regenerate", lambda o: cli("chat", "regenerate", "-i", prepared, "-o", o / "out.jsonl", *servers,
-                                             "--preset", "none", "--concurrency", 8, "-q"),
+                                             "--model", "echo", "--preset", "none", "--concurrency", 8, "-q"),
             resume=("--resume",), lines_in_any_order=True),
         Job("cache build", lambda o: cli("cache", "build", "--model", model, "-i", prepared, "-o", o,
                                          "--layers", "0,1", "--max-length", 256)),
@@ -484,7 +486,7 @@ def apply_lie(manifest: Path, field_name: str, which: int) -> None:
         data.pop(field_name, None)
     else:
         data[field_name] = lie
-    manifest.write_bytes(orjson.dumps(data))
+    manifest.write_bytes(json.dumps(data).encode())  # json: orjson refuses the 2**70 lie
 
 
 def swap_offsets(path: Path, a: float, b: float) -> None:
@@ -640,7 +642,6 @@ def main() -> None:
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="fuelline-reliability-"))
     os.environ["FUELLINE_CACHE_DIR"] = str(work / "fuelline-cache")
-    os.setpgrp()  # the echo servers of the full run end with this process group
     try:
         raw = poem_subset(work, 60_000 if full else 12_000)
         print(f"(a) kill -9 at a random moment, then resume ({trials} per command)", flush=True)
@@ -662,6 +663,8 @@ def main() -> None:
         else:
             print("  skipped: mounting a tmpfs needs root", flush=True)
     finally:
+        for server in SERVERS:
+            server.kill()
         subprocess.run(["umount", "-l", *map(str, work.glob("disk-*"))], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
     rows = [t.row() for t in tallies]
