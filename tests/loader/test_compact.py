@@ -17,15 +17,15 @@ def test_a_compact_batch_widens_to_the_same_batch(packed_poems, document_aware):
     compact = TokenDataset(packed_poems / "train", 128, document_aware=document_aware, compact=True)
     indices = [5, 0, 17, 3]
     small = compact.__getitems__(indices)
-    assert small["input_ids"].dtype == np.uint16 and small["label_mask"].dtype == np.uint8
+    assert small["input_ids"].dtype == np.uint16 and small["label_bits"].shape == (4, 16)  # 128 bits a window
     assert "labels" not in small
     assert all(isinstance(v, np.ndarray) for v in small.values())  # pickled through the pipe, not shared tensors
-    per_token = sum(v.itemsize for k, v in small.items() if k not in ("cu_seqlens", "position_ids"))
-    assert per_token == 3
-    expected, got = wide.__getitems__(indices), widen(small)
-    assert set(got) == set(expected)
-    for key in expected:
-        assert got[key].dtype == expected[key].dtype and torch.equal(got[key], expected[key]), key
+    expected = wide.__getitems__(indices)
+    on_device = {k: torch.from_numpy(v) for k, v in small.items()}  # the prefetcher's path, after the copy
+    for got in (widen(small), widen(on_device)):
+        assert set(got) == set(expected)
+        for key in expected:
+            assert got[key].dtype == expected[key].dtype and torch.equal(got[key], expected[key]), key
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -44,4 +44,4 @@ def test_workers_deliver_what_the_main_process_delivers(packed_poems, workers):
 def test_the_prefetcher_without_cuda_sees_widened_batches(packed_poems):
     loader = make_loader(TokenDataset(packed_poems / "train", 64), 4, seed=0, num_workers=1)
     batch = next(iter(CUDAPrefetcher(loader, device="cpu")))
-    assert batch["input_ids"].dtype == torch.int64 and "labels" in batch and "label_mask" not in batch
+    assert batch["input_ids"].dtype == torch.int64 and "labels" in batch and "label_bits" not in batch

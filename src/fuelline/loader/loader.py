@@ -22,7 +22,7 @@ class ResumableLoader:
     """Iterates batches; `state_dict()` says how many were delivered, so a resumed run continues
     with the next one, whatever the number of workers or how far they had prefetched.
 
-    With workers, the dataset gathers compact batches (`TokenDataset(compact=True)`: 3 bytes a
+    With workers, the dataset gathers compact batches (`TokenDataset(compact=True)`: ~2 bytes a
     token, as numpy arrays, cross from the worker instead of two int64 tensors) and the loader
     widens them in the main process,
     so the batches it yields are the usual int64 ones. `defer_widening = True` yields them
@@ -72,9 +72,13 @@ def make_loader(dataset, batch_size: int, *, shuffle: bool = True, seed: int = 0
 
 
 def _dataloader_options(num_workers: int, pin_memory: bool | None, prefetch_factor: int | None) -> dict:
+    """Workers persist from epoch to epoch: starting them again costs ~0.2 s, an eighth of an epoch
+    of the packed poetry corpus at 32 x 1024. The order stays the main process's (the sampler)."""
     options = {"num_workers": num_workers, "pin_memory": accelerator_present() if pin_memory is None else pin_memory}
-    if num_workers > 0 and prefetch_factor is not None:
-        options["prefetch_factor"] = prefetch_factor
+    if num_workers > 0:
+        options["persistent_workers"] = True
+        if prefetch_factor is not None:
+            options["prefetch_factor"] = prefetch_factor
     return options
 
 
