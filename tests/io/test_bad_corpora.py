@@ -35,16 +35,20 @@ def skip_read(path, **options):
 
 
 def run_measured(code: str, limit_bytes: int = 2 << 30, timeout: float = 120) -> tuple[subprocess.CompletedProcess, float]:
-    """Run `code` in a child Python under RLIMIT_AS; return the result and its peak RSS in MB."""
+    """Run `code` in a child Python under RLIMIT_AS; return the result and its peak RSS in MB.
+
+    The peak is VmHWM, not getrusage's ru_maxrss: Linux keeps ru_maxrss across exec, so a child
+    forked from a large pytest process would report the parent's size."""
 
     def limit():
         resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
 
-    script = code + "\nimport resource, sys\nprint('maxrss_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    script = code + ("\nimport re\nprint('peak_kb', re.search(r'VmHWM:\\s+(\\d+)', "
+                     "open('/proc/self/status').read()).group(1))\n")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout,
                             preexec_fn=limit, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
-    kb = int(result.stdout.split("maxrss_kb")[-1])
+    kb = int(result.stdout.split("peak_kb")[-1])
     return result, kb / 1024
 
 
