@@ -517,11 +517,13 @@ def fuzz_jsonl_index(work: Path, cleaned: Path, examples: int, seed: int) -> lis
     data.write_bytes(b"".join(orjson.dumps(r) + b"\n" for _, r in zip(range(3000), read_records(cleaned))))
     cache = work / "index-cache"
 
-    def read_all() -> dict:
+    def records(index: JsonlIndex) -> dict:
         import numpy as np
 
-        index = JsonlIndex(data, cache_dir=cache)
         return {"records": np.array([orjson.dumps(index[k]) for k in range(len(index))], dtype=object)}
+
+    def read_all() -> dict:
+        return records(JsonlIndex(data, cache_dir=cache))
 
     original = read_all()
     cache_tally, data_tally = Tally("fuzz: JsonlIndex cache"), Tally("fuzz: JsonlIndex data file cut after indexing")
@@ -550,12 +552,8 @@ def fuzz_jsonl_index(work: Path, cleaned: Path, examples: int, seed: int) -> lis
         data.write_bytes(content)
         index = JsonlIndex(data, cache_dir=cache)
         data.write_bytes(content[:where])
-
-        def read_cut(index=index) -> dict:
-            import numpy as np
-
-            return {"records": np.array([orjson.dumps(index[k]) for k in range(len(index))], dtype=object)}
-        outcome, note = isolated(lambda read_cut=read_cut: judged(read_cut, original, FileChangedError, data.name))
+        outcome, note = isolated(lambda index=index: judged(lambda: records(index), original, FileChangedError,
+                                                            data.name))
         data_tally.add(outcome, f"cut at {where}: {note}")
     data.write_bytes(content)
     return [cache_tally, data_tally]
