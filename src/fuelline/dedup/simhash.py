@@ -172,15 +172,18 @@ def _seen_before(diff, masks, table):
     return False
 
 
-def hamming_pairs(values: np.ndarray, docs: np.ndarray, hamming: int, blocks: int = 0) -> np.ndarray:
+def hamming_pairs(values: np.ndarray, docs: np.ndarray, hamming: int, blocks: int = 0,
+                  tables: range | None = None) -> np.ndarray:
     """Every pair [m, 2] (smaller document first, sorted) of `docs` whose `values` are within `hamming` bits.
 
     `blocks`: 0 chooses it (`choose_blocks`); the pairs found never depend on it, only the time.
+    `tables`: only the pairs first found by these of the C(blocks, hamming) tables; the pairs of
+    disjoint table ranges are disjoint, and all ranges together give every pair once.
     """
     masks = table_masks(blocks or choose_blocks(hamming, len(values)), hamming)
     bucket_bits = max(1, min(MAX_BUCKET_BITS, len(values).bit_length() - 2))  # 2 to 4 documents a bucket
     docs, out, count = np.asarray(docs, dtype=np.int64), np.empty((1024, 2), dtype=np.int64), 0
-    for table in range(len(masks)):
+    for table in tables if tables is not None else range(len(masks)):
         out, count = _table_pairs(values, docs, masks, table, hamming, bucket_bits, out, count)
     pairs = out[:count]
     return pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]

@@ -1,0 +1,352 @@
+"""Dedup's decision as phases of independent tasks, so that no node holds every document's hashes.
+
+Hashing (one task per input shard, `fuelline.dedup.stage.hash_shard`) leaves, per shard, the
+exact keys and the band hashes as spill files (`fuelline.dedup.spill`), the SimHashes, the
+lengths and the shingles. Then, each phase a map over tasks on the stage's executor:
+
+1. exact: a task per range of key partitions groups equal keys and names each group's keeper;
+   the driver marks the duplicates in a bitmap, one bit per document;
+2. candidates: a task per band and range of band-hash partitions (MinHash), or per range of the
+   SimHash tables, pairs the documents the bitmap leaves and spills its pairs by the range of the
+   pair's first document;
+3. verify: a task per range of first documents reads those pairs from every candidate task,
+   removes repeats and keeps the pairs whose true Jaccard similarity reaches the threshold,
+   reading only the shingles of its own pairs' documents;
+4. components, in the driver: union-find over the documents of verified pairs only;
+5. decisions, in the driver: a keep/drop code per document, one shard at a time, and the audit.
+
+Each task writes its result atomically and then a marker holding what it returned, so an
+interrupted run redoes only unfinished tasks. Tasks are cut by row counts, never by the number of
+workers, and what a phase finds never depends on the cut (equal keys and equal band hashes share
+a partition; pairs are made unique within their first document's range): the bytes are the same
+on any executor and any cluster.
+
+Memory. A task holds its rows, at most about ROWS_PER_TASK of 16–32 B (one partition may hold
+more). The driver holds one bit per document, the exact duplicates and verified pairs (16 B each)
+and one shard's decisions at a time. SimHash's candidate tasks are cut by tables, not documents:
+each holds every document's 8-byte SimHash.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import orjson
+
+from fuelline.dedup.clusters import connected_components, jaccard_pairs, keepers
+from fuelline.dedup.exact import group_labels
+from fuelline.dedup.lsh import bucket_pairs, candidate_probability, unique_pairs
+from fuelline.dedup.simhash import choose_blocks, find_probability, hamming_pairs
+from fuelline.dedup.spill import PARTITIONS, group_ranges, range_partition, read_spill, spill_counts, write_spill
+from fuelline.io.atomic import atomic_write, write_bytes_atomic
+from fuelline.io.writers import JsonlZstWriter
+
+if TYPE_CHECKING:
+    from fuelline.dedup.stage import DedupConfig
+
+KEEP, EXACT, NEAR = 0, 1, 2
+ROWS_PER_TASK = 8_000_000  # exact keys (32 B) or band hashes (16 B) a task holds
+PAIRS_PER_TASK = 2_000_000
+MIN_VERIFY_TASKS = 8  # verification is the slow phase: spread it even on a small corpus
+SIMHASH_TASKS = 8
+
+
+def save_array(path: Path, array: np.ndarray) -> None:
+    with atomic_write(path) as f:
+        np.save(f, array)
+
+
+def run_once(marker: Path, work: Callable[[], dict]) -> dict:
+    """`work()` unless an earlier run finished it: its marker, written last, holds what it returned."""
+    if marker.exists():
+        return orjson.loads(marker.read_bytes())
+    result = work()
+    write_bytes_atomic(marker, orjson.dumps(result))
+    return result
+
+
+@dataclass(frozen=True)
+class HashedShards:
+    """What hashing left: one directory per input shard, and the global index of each shard's
+    first document (then the total), so a task can find any document's rows."""
+
+    dirs: tuple[Path, ...]
+    starts: tuple[int, ...]
+
+    @property
+    def documents(self) -> int:
+        return self.starts[-1]
+
+    def prefixes(self, name: str) -> list[Path]:
+        return [d / name for d in self.dirs]
+
+    def by_shard(self, docs: np.ndarray):
+        """(shard, positions in `docs`, local indices) for each shard holding some of `docs`."""
+        shard = np.searchsorted(np.asarray(self.starts), docs, side="right") - 1
+        for k in np.unique(shard).tolist():
+            where = np.flatnonzero(shard == k)
+            yield k, where, docs[where] - self.starts[k]
+
+    def gather(self, name: str, docs: np.ndarray) -> np.ndarray:
+        """Per-document values of the shards' NAME.npy (lengths, simhash) for `docs`."""
+        out = None
+        for k, where, local in self.by_shard(docs):
+            values = np.load(self.dirs[k] / f"{name}.npy", mmap_mode="r")[local]
+            out = np.empty(len(docs), dtype=values.dtype) if out is None else out
+            out[where] = values
+        return out if out is not None else np.empty(0, dtype=np.int64)
+
+    def shingles(self, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The shingles of `docs` (increasing) in one array, and offsets: document i's are
+        shingles[offsets[i]:offsets[i + 1]]."""
+        pieces, counts = [], []
+        for k, _, local in self.by_shard(docs):
+            offsets = np.load(self.dirs[k] / "shingle_offsets.npy", mmap_mode="r")
+            begin, count = offsets[local], offsets[local + 1] - offsets[local]
+            ends = np.cumsum(count)
+            index = np.repeat(begin - (ends - count), count) + np.arange(int(ends[-1]) if len(ends) else 0)
+            pieces.append(np.load(self.dirs[k] / "shingles.npy", mmap_mode="r")[index])
+            counts.append(count)
+        offsets = np.concatenate(([0], np.cumsum(np.concatenate(counts)))) if counts else np.zeros(1, np.int64)
+        return (np.concatenate(pieces) if pieces else np.empty(0, dtype=np.uint64)), offsets.astype(np.int64)
+
+    def jaccard(self, pairs: np.ndarray) -> np.ndarray:
+        """True Jaccard similarity of each pair of documents, reading only their shingles."""
+        docs = np.unique(pairs)
+        shingles, offsets = self.shingles(docs)
+        return jaccard_pairs(shingles, offsets, np.searchsorted(docs, pairs))
+
+
+def is_dropped(bits: np.ndarray, docs: np.ndarray) -> np.ndarray:
+    """Whether each document's bit is set in a bitmap from `np.packbits` (first document: high bit)."""
+    return ((bits[docs >> 3] >> (7 - (docs & 7)).astype(np.uint8)) & 1).astype(bool)
+
+
+def _pairs_or_empty(arrays: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(arrays) if arrays else np.empty((0, 2), dtype=np.int64)
+
+
+# Phase 1: exact duplicates.
+
+def find_exact(task: tuple[int, int, int], shards: HashedShards, keep: str, directory: Path) -> dict:
+    """Groups of equal keys in key partitions [lo, hi); writes (duplicate, keeper) pairs."""
+    i, lo, hi = task
+    path = directory / f"task-{i:05d}.npy"
+
+    def work() -> dict:
+        rows = read_spill(shards.prefixes("exact"), lo, hi, ("key0", "key1", "doc", "length"), shards.starts)
+        # Equal keys share a partition and come in document order, so positions order like documents.
+        winner = keepers(group_labels(np.stack([rows["key0"], rows["key1"]], axis=1)), rows["length"], keep)
+        duplicate = np.flatnonzero(winner != np.arange(len(winner)))
+        save_array(path, np.stack([rows["doc"][duplicate], rows["doc"][winner[duplicate]]], axis=1))
+        return {"duplicates": len(duplicate)}
+
+    return run_once(path.with_suffix(".json"), work)
+
+
+# Phase 2: candidate pairs.
+
+def _spill_pairs(prefix: Path, pairs: np.ndarray, documents: int) -> dict:
+    pairs = unique_pairs(pairs, documents)
+    write_spill(prefix, range_partition(pairs[:, 0], documents), PARTITIONS, {"a": pairs[:, 0], "b": pairs[:, 1]})
+    return {"pairs": len(pairs)}
+
+
+def band_candidates(task: tuple[int, int, int, int], shards: HashedShards, dropped: Path, directory: Path) -> dict:
+    """Pairs sharing a hash in band `band`, partitions [lo, hi), among documents not dropped."""
+    i, band, lo, hi = task
+    prefix = directory / f"task-{i:05d}"
+
+    def work() -> dict:
+        first = band * PARTITIONS
+        rows = read_spill(shards.prefixes("bands"), first + lo, first + hi, ("hash", "doc"), shards.starts)
+        kept = ~is_dropped(np.load(dropped, mmap_mode="r"), rows["doc"])
+        return _spill_pairs(prefix, bucket_pairs(rows["hash"][kept], rows["doc"][kept]), shards.documents)
+
+    return run_once(prefix.with_suffix(".json"), work)
+
+
+def simhash_candidates(task: tuple[int, int, int], shards: HashedShards, dropped: Path, directory: Path,
+                       hamming: int, blocks: int) -> dict:
+    """Pairs within `hamming` bits first found by tables [lo, hi), among documents not dropped."""
+    i, lo, hi = task
+    prefix = directory / f"task-{i:05d}"
+
+    def work() -> dict:
+        values = np.concatenate([np.load(d / "simhash.npy") for d in shards.dirs])
+        eligible = np.flatnonzero(np.unpackbits(np.load(dropped), count=shards.documents) == 0)
+        pairs = hamming_pairs(values[eligible], eligible, hamming, blocks, range(lo, hi))
+        return _spill_pairs(prefix, pairs, shards.documents)
+
+    return run_once(prefix.with_suffix(".json"), work)
+
+
+# Phase 3: verification.
+
+def verify_pairs(task: tuple[int, int, int], shards: HashedShards, candidates: list[Path], directory: Path,
+                 threshold: float | None) -> dict:
+    """The distinct candidate pairs whose first document is in range partitions [lo, hi), and
+    those of them at Jaccard ≥ threshold (all of them when threshold is None)."""
+    i, lo, hi = task
+    path = directory / f"task-{i:05d}.npy"
+
+    def work() -> dict:
+        rows = read_spill(candidates, lo, hi, ("a", "b"))
+        pairs = unique_pairs(np.stack([rows["a"], rows["b"]], axis=1).astype(np.int64), shards.documents)
+        verified = pairs if threshold is None else pairs[shards.jaccard(pairs) >= threshold]
+        save_array(path, verified)
+        return {"candidates": len(pairs), "verified": len(verified)}
+
+    return run_once(path.with_suffix(".json"), work)
+
+
+# The driver.
+
+@dataclass
+class Decision:
+    """Documents dropped, with the one kept in their place, sorted by document."""
+
+    exact: np.ndarray  # [m, 2]: exact duplicate, its group's keeper
+    near: np.ndarray  # [m, 2]: near duplicate (never an exact one), its cluster's keeper
+    summary: dict
+
+
+def _tasks(ranges: list[tuple]) -> list[tuple]:
+    return [(i, *r) for i, r in enumerate(ranges)]
+
+
+def _layout(config: DedupConfig, eligible: int) -> dict:
+    if config.method == "minhash":
+        bands, rows = config.band_layout()
+        layout = {"bands": bands, "rows": rows}
+        chance = functools.partial(candidate_probability, bands=bands, rows=rows)
+    else:
+        hamming = config.max_hamming()
+        blocks = config.blocks or choose_blocks(hamming, eligible)
+        layout = {"hamming": hamming, "blocks": blocks, "tables": math.comb(blocks, hamming)}
+        chance = functools.partial(find_probability, hamming=hamming)
+    layout["candidate_probability"] = {f"{s:.2f}": round(float(chance(s)), 4)
+                                       for s in (0.5, 0.7, config.threshold, 0.9, 0.95)}
+    return layout
+
+
+def decide(shards: HashedShards, config: DedupConfig, workdir: Path, map_tasks: Callable, laps) -> Decision:
+    """Run phases 1–4 over hashed shards with `map_tasks(fn, items, desc)`; `laps(name)` times each."""
+    n = shards.documents
+    for name in ("exact", "candidates", "verify"):
+        (workdir / name).mkdir(parents=True, exist_ok=True)
+
+    exact_ranges = group_ranges(spill_counts(shards.prefixes("exact")), ROWS_PER_TASK)
+    exact_tasks = _tasks(exact_ranges)
+    map_tasks(functools.partial(find_exact, shards=shards, keep=config.keep, directory=workdir / "exact"),
+              exact_tasks, "dedup: exact")
+    exact = _pairs_or_empty([np.load(workdir / "exact" / f"task-{i:05d}.npy") for i, *_ in exact_tasks])
+    exact = exact[np.argsort(exact[:, 0], kind="stable")]
+    dropped = np.zeros(n, dtype=bool)
+    dropped[exact[:, 0]] = True
+    bitmap = workdir / "exact" / "dropped.npy"
+    save_array(bitmap, np.packbits(dropped))
+    del dropped
+    laps("exact")
+
+    layout = _layout(config, n - len(exact))
+    if config.method == "minhash":
+        counts = spill_counts(shards.prefixes("bands")).reshape(layout["bands"], PARTITIONS)
+        candidate_tasks = _tasks([(band, lo, hi) for band in range(layout["bands"])
+                                  for lo, hi in group_ranges(counts[band], ROWS_PER_TASK)])
+        find = functools.partial(band_candidates, shards=shards, dropped=bitmap, directory=workdir / "candidates")
+    else:
+        step = -(-layout["tables"] // SIMHASH_TASKS)
+        candidate_tasks = _tasks([(lo, min(lo + step, layout["tables"])) for lo in range(0, layout["tables"], step)])
+        find = functools.partial(simhash_candidates, shards=shards, dropped=bitmap, directory=workdir / "candidates",
+                                 hamming=layout["hamming"], blocks=layout["blocks"])
+    map_tasks(find, candidate_tasks, "dedup: candidates")
+    laps("candidates")
+
+    candidates = [workdir / "candidates" / f"task-{i:05d}" for i, *_ in candidate_tasks]
+    counts = spill_counts(candidates) if candidates else np.zeros(PARTITIONS, dtype=np.int64)
+    per_task = min(PAIRS_PER_TASK, max(1, -(-int(counts.sum()) // MIN_VERIFY_TASKS)))
+    verify_tasks = _tasks(group_ranges(counts, per_task))
+    results = map_tasks(functools.partial(verify_pairs, shards=shards, candidates=candidates,
+                                          directory=workdir / "verify",
+                                          threshold=config.threshold if config.verify else None),
+                        verify_tasks, "dedup: verify")
+    verified = _pairs_or_empty([np.load(workdir / "verify" / f"task-{i:05d}.npy") for i, *_ in verify_tasks])
+    laps("verify")
+
+    nodes = np.unique(verified)
+    labels = connected_components(len(nodes), np.searchsorted(nodes, verified))
+    winner = keepers(labels, shards.gather("lengths", nodes), config.keep)
+    near = np.flatnonzero(winner != np.arange(len(nodes)))
+    laps("cluster")
+    candidate_pairs = sum(r["candidates"] for r in results)
+    summary = {
+        "method": config.method, **layout,
+        "exact_duplicates": len(exact),
+        "candidate_pairs": candidate_pairs,
+        "verified_pairs": len(verified),
+        "rejected_pairs": candidate_pairs - len(verified) if config.verify else None,
+        "clusters": len(np.unique(labels)),
+        "near_duplicates": len(near),
+        "tasks": {"hash": len(shards.dirs), "exact": len(exact_tasks), "candidates": len(candidate_tasks),
+                  "verify": len(verify_tasks)},
+    }
+    return Decision(exact, np.stack([nodes[near], nodes[winner[near]]], axis=1), summary)
+
+
+def shard_codes(decision: Decision, begin: int, end: int) -> np.ndarray:
+    """KEEP, EXACT or NEAR for documents [begin, end)."""
+    codes = np.zeros(end - begin, dtype=np.uint8)
+    for code, dropped in ((EXACT, decision.exact[:, 0]), (NEAR, decision.near[:, 0])):
+        inside = dropped[np.searchsorted(dropped, begin):np.searchsorted(dropped, end)]
+        codes[inside - begin] = code
+    return codes
+
+
+class IdLookup:
+    """Document ids by global index, reading each shard's ids only when first needed."""
+
+    def __init__(self, shards: HashedShards):
+        self.shards, self._loaded = shards, {}
+
+    def __call__(self, docs: np.ndarray) -> list[str]:
+        ids: list[str | None] = [None] * len(docs)
+        for k, where, local in self.shards.by_shard(docs):
+            if k not in self._loaded:
+                self._loaded[k] = orjson.loads((self.shards.dirs[k] / "ids.json").read_bytes())
+            for position, i in zip(where.tolist(), local.tolist()):
+                ids[position] = self._loaded[k][i]
+        return ids
+
+
+def write_audit(path: Path, shards: HashedShards, decision: Decision) -> None:
+    """One row per document of every duplicate cluster, grouped by cluster.
+
+    A cluster is everything that ends with the same kept document (through exact copies, then
+    near-duplicates); `cluster` is that document's id. `removed` says at which level a document
+    went (null: kept), `similarity` is its Jaccard similarity to the kept document.
+    """
+    involved = np.unique(np.concatenate([decision.exact.ravel(), decision.near.ravel()]))
+    exact_keeper, near_keeper, codes = involved.copy(), involved.copy(), np.full(len(involved), KEEP, np.uint8)
+    for keeper, code, dropped in ((exact_keeper, EXACT, decision.exact), (near_keeper, NEAR, decision.near)):
+        where = np.searchsorted(involved, dropped[:, 0])
+        keeper[where], codes[where] = dropped[:, 1], code
+    final = near_keeper[np.searchsorted(involved, exact_keeper)]
+    sizes = np.unique(final, return_counts=True)
+    members = np.flatnonzero(sizes[1][np.searchsorted(sizes[0], final)] > 1)
+    members = members[np.lexsort((involved[members], final[members]))]
+    # An exact copy's similarity is its keeper's: the same text.
+    similarity = np.round(shards.jaccard(np.stack([exact_keeper[members], final[members]], axis=1)), 4)
+    ids = IdLookup(shards)
+    levels = [None, "exact", "near"]
+    with JsonlZstWriter(path) as writer:
+        for doc_id, cluster, code, value in zip(ids(involved[members]), ids(final[members]),
+                                                codes[members].tolist(), similarity.tolist()):
+            writer.write({"id": doc_id, "cluster": cluster, "kept": code == KEEP, "removed": levels[code],
+                          "similarity": value})
