@@ -13,7 +13,8 @@ lengths and the shingles. Then, each phase a map over tasks on the stage's execu
    removes repeats and keeps the pairs whose true Jaccard similarity reaches the threshold,
    reading only the shingles of its own pairs' documents;
 4. components, in the driver: union-find over the documents of verified pairs only;
-5. decisions, in the driver: a keep/drop code per document, one shard at a time, and the audit.
+5. decisions, in the driver: a keep/drop code per document, one shard at a time; and the audit,
+   whose similarities tasks compute, a range of its rows each.
 
 Each task writes its result atomically and then a marker holding what it returned, so an
 interrupted run redoes only unfinished tasks. Tasks are cut by row counts, never by the number of
@@ -22,9 +23,10 @@ a partition; pairs are made unique within their first document's range): the byt
 on any executor and any cluster.
 
 Memory. A task holds its rows, at most about ROWS_PER_TASK of 16–32 B (one partition may hold
-more). The driver holds one bit per document, the exact duplicates and verified pairs (16 B each)
-and one shard's decisions at a time. SimHash's candidate tasks are cut by tables, not documents:
-each holds every document's 8-byte SimHash.
+more). The driver holds one bit per document, 16 B per exact duplicate and per verified pair, ~40 B
+per row of the audit, and one shard's decisions at a time; ids and shingles stay on disk. SimHash's
+candidate tasks are cut by tables, not documents: each holds 17 B per document (every SimHash,
+and which documents are left after the exact level).
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ ROWS_PER_TASK = 8_000_000  # exact keys (32 B) or band hashes (16 B) a task hold
 PAIRS_PER_TASK = 2_000_000
 MIN_VERIFY_TASKS = 8  # verification is the slow phase: spread it even on a small corpus
 SIMHASH_TASKS = 8
+AUDIT_PAIRS_PER_TASK = 200_000
 
 
 def save_array(path: Path, array: np.ndarray) -> None:
@@ -248,11 +251,10 @@ def decide(shards: HashedShards, config: DedupConfig, workdir: Path, map_tasks: 
               exact_tasks, "dedup: exact")
     exact = _pairs_or_empty([np.load(workdir / "exact" / f"task-{i:05d}.npy") for i, *_ in exact_tasks])
     exact = exact[np.argsort(exact[:, 0], kind="stable")]
-    dropped = np.zeros(n, dtype=bool)
-    dropped[exact[:, 0]] = True
+    bits = np.zeros((n + 7) // 8, dtype=np.uint8)  # as np.packbits would make it, without n bytes first
+    np.bitwise_or.at(bits, exact[:, 0] >> 3, (0x80 >> (exact[:, 0] & 7)).astype(np.uint8))
     bitmap = workdir / "exact" / "dropped.npy"
-    save_array(bitmap, np.packbits(dropped))
-    del dropped
+    save_array(bitmap, bits)
     laps("exact")
 
     layout = _layout(config, n - len(exact))
@@ -309,28 +311,32 @@ def shard_codes(decision: Decision, begin: int, end: int) -> np.ndarray:
     return codes
 
 
-class IdLookup:
-    """Document ids by global index, reading each shard's ids only when first needed."""
-
-    def __init__(self, shards: HashedShards):
-        self.shards, self._loaded = shards, {}
-
-    def __call__(self, docs: np.ndarray) -> list[str]:
-        ids: list[str | None] = [None] * len(docs)
-        for k, where, local in self.shards.by_shard(docs):
-            if k not in self._loaded:
-                self._loaded[k] = orjson.loads((self.shards.dirs[k] / "ids.json").read_bytes())
-            for position, i in zip(where.tolist(), local.tolist()):
-                ids[position] = self._loaded[k][i]
-        return ids
+def document_ids(shards: HashedShards, docs: np.ndarray) -> list[str]:
+    """The ids of `docs`, read from the shards' memory-mapped id files (nothing loaded whole)."""
+    ids: list[str | None] = [None] * len(docs)
+    for k, where, local in shards.by_shard(docs):
+        offsets = np.load(shards.dirs[k] / "id_offsets.npy", mmap_mode="r")
+        data = np.memmap(shards.dirs[k] / "ids.bin", dtype=np.uint8, mode="r") if offsets[-1] else None
+        for position, begin, end in zip(where.tolist(), offsets[local].tolist(), offsets[local + 1].tolist()):
+            ids[position] = data[begin:end].tobytes().decode("utf-8") if end > begin else ""
+    return ids
 
 
-def write_audit(path: Path, shards: HashedShards, decision: Decision) -> None:
+def pair_similarity(pairs: np.ndarray, shards: HashedShards) -> np.ndarray:
+    """Jaccard similarity of each pair; 1.0 for a document with itself, without reading it."""
+    similarity = np.ones(len(pairs))
+    other = pairs[:, 0] != pairs[:, 1]
+    similarity[other] = shards.jaccard(pairs[other])
+    return similarity
+
+
+def write_audit(path: Path, shards: HashedShards, decision: Decision, map_tasks: Callable) -> None:
     """One row per document of every duplicate cluster, grouped by cluster.
 
     A cluster is everything that ends with the same kept document (through exact copies, then
     near-duplicates); `cluster` is that document's id. `removed` says at which level a document
-    went (null: kept), `similarity` is its Jaccard similarity to the kept document.
+    went (null: kept), `similarity` is its Jaccard similarity to the kept document, computed by
+    tasks of AUDIT_PAIRS_PER_TASK pairs.
     """
     involved = np.unique(np.concatenate([decision.exact.ravel(), decision.near.ravel()]))
     exact_keeper, near_keeper, codes = involved.copy(), involved.copy(), np.full(len(involved), KEEP, np.uint8)
@@ -342,11 +348,14 @@ def write_audit(path: Path, shards: HashedShards, decision: Decision) -> None:
     members = np.flatnonzero(sizes[1][np.searchsorted(sizes[0], final)] > 1)
     members = members[np.lexsort((involved[members], final[members]))]
     # An exact copy's similarity is its keeper's: the same text.
-    similarity = np.round(shards.jaccard(np.stack([exact_keeper[members], final[members]], axis=1)), 4)
-    ids = IdLookup(shards)
+    pairs = np.stack([exact_keeper[members], final[members]], axis=1)
+    chunks = [pairs[i:i + AUDIT_PAIRS_PER_TASK] for i in range(0, len(pairs), AUDIT_PAIRS_PER_TASK)]
+    similarity = map_tasks(functools.partial(pair_similarity, shards=shards), chunks, "dedup: audit")
+    similarity = np.round(np.concatenate(similarity), 4) if similarity else np.empty(0)
     levels = [None, "exact", "near"]
     with JsonlZstWriter(path) as writer:
-        for doc_id, cluster, code, value in zip(ids(involved[members]), ids(final[members]),
+        for doc_id, cluster, code, value in zip(document_ids(shards, involved[members]),
+                                                document_ids(shards, final[members]),
                                                 codes[members].tolist(), similarity.tolist()):
             writer.write({"id": doc_id, "cluster": cluster, "kept": code == KEEP, "removed": levels[code],
                           "similarity": value})

@@ -167,7 +167,9 @@ def hash_shard(shard: InputShard, config: DedupConfig, workdir: Path) -> int:
         for name, array in (("lengths", np.array(lengths, dtype=np.int64)), ("shingles", shingles),
                             ("shingle_offsets", offsets)):
             save_array(target / f"{name}.npy", array)
-        write_bytes_atomic(target / "ids.json", orjson.dumps(ids))
+        encoded = [i.encode("utf-8") for i in ids]  # memory-mappable: the audit looks ids up one by one
+        save_array(target / "id_offsets.npy", np.cumsum([0] + [len(e) for e in encoded], dtype=np.int64))
+        write_bytes_atomic(target / "ids.bin", b"".join(encoded))
         return {"documents": len(texts)}
 
     return run_once(target / "done.json", work)["documents"]
@@ -206,7 +208,7 @@ class DedupStage(Stage):
         shards = HashedShards(tuple(ctx.workdir / "shards" / s.part_name for s in ctx.shards), tuple(starts.tolist()))
         laps("hash")
         decision = decide(shards, self.config, ctx.workdir, ctx.map, laps)
-        write_audit(ctx.workdir.parent / AUDIT_FILE, shards, decision)
+        write_audit(ctx.workdir.parent / AUDIT_FILE, shards, decision, ctx.map)
         laps("audit")
         for shard, begin, end in zip(ctx.shards, starts[:-1], starts[1:]):
             save_array(ctx.workdir / "decisions" / f"{shard.part_name}.npy", shard_codes(decision, begin, end))
