@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from fuelline import __version__
+from fuelline.io.remote import is_url, refuse_url
 from fuelline.pipeline.executor import EXECUTORS
 from fuelline.pipeline.registry import STAGES, stage_class
 from fuelline.cache.cli import cache as cache_group
@@ -79,7 +80,7 @@ def main(debug: bool) -> None:
     """Turn raw text and chat corpora into training-ready data for LLMs."""
 
 
-def _print_stats(all_stats: list[dict], outputs: list[Path | None] | None = None) -> None:
+def _print_stats(all_stats: list[dict], outputs: list[Path | str | None] | None = None) -> None:
     """One summary line per stage; `outputs` (the stage directories, in order) lets it point at rejects."""
     for stats, output in zip(all_stats, outputs or [None] * len(all_stats)):
         if "report" in stats:
@@ -105,12 +106,32 @@ def _print_stats(all_stats: list[dict], outputs: list[Path | None] | None = None
             click.echo(f"  warning: {warning}", err=True)
 
 
-def _rejects_note(stats: dict, output: Path | None) -> str:
-    from fuelline.pipeline.executor import REJECTS_DIR
+def _rejects_note(stats: dict, output: Path | str | None) -> str:
+    from fuelline.pipeline.output import REJECTS_DIR
 
-    if output is None or not stats.get("dropped") or not (Path(output) / REJECTS_DIR).is_dir():
+    if output is None or not stats.get("dropped"):
+        return ""
+    if is_url(output):  # a stage output at a URL
+        from fuelline.io.remote import filesystem
+
+        fs, path = filesystem(output)
+        rejects = f"{output.rstrip('/')}/{REJECTS_DIR}"
+        return f"  (rejected records in {rejects}/)" if fs.isdir(f"{path.rstrip('/')}/{REJECTS_DIR}") else ""
+    if not (Path(output) / REJECTS_DIR).is_dir():
         return ""
     return f"  (rejected records in {Path(output) / REJECTS_DIR}/)"
+
+
+def _local_only(ctx: click.Context, param: click.Parameter, value):
+    """An option naming a local file or directory: a URL is refused (a `Path` would quietly turn
+    s3://b/x into the local directory s3:/b/x)."""
+    if value is not None:
+        names, level = [], ctx
+        while level.parent is not None:  # the command's words, whatever the program is called
+            names.append(level.info_name)
+            level = level.parent
+        refuse_url(value, f"fuelline {' '.join(reversed(names))} {param.opts[0]}")
+    return value
 
 
 def _step_dirs(run_dir: str, count: int) -> list[Path | None]:
@@ -140,7 +161,8 @@ def _run_params() -> list[click.Option]:
 
 @main.command(params=_run_params())
 @click.argument("pipeline_file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--run-dir", "-o", required=True, type=click.Path(file_okay=False), help="where stage outputs go")
+@click.option("--run-dir", "-o", required=True, type=click.Path(file_okay=False), callback=_local_only,
+              help="where stage outputs go")
 @click.option("--input", "-i", "inputs", multiple=True, help="input of the first stage (files, dirs, globs)")
 def run(pipeline_file, run_dir, inputs, workers, restart, quiet, executor, ray_address):
     """Run a pipeline file (TOML); running it again resumes."""
@@ -224,9 +246,10 @@ def _stage_command(name: str, command_name: str | None = None) -> click.Command:
     def callback(inputs, output, **values):
         stats = _run_from_cli(name, cls, inputs, output, **values)
         if stats is not None:
-            _print_stats([stats], [Path(output)])
+            _print_stats([stats], [output])
 
-    output = click.Option(["--output", "-o"], required=True, type=click.Path(file_okay=False), help="output directory")
+    output = click.Option(["--output", "-o"], required=True, type=click.Path(file_okay=False),
+                          help="output directory: a path, or a URL (s3://…, gs://…; docs/io.md)")
     return click.Command(command_name or name, callback=callback, params=[output, *_stage_options(cls)],
                          help=cls.description, short_help=cls.description)
 
@@ -248,6 +271,19 @@ def _chat_prepare_command() -> click.Command:
     def callback(inputs, train_output, eval_output, work_dir, **values):
         from fuelline.io.writers import write_jsonl_file
 
+        if is_url(train_output) or is_url(eval_output):  # a Path would mangle the URL: the stage directory is it
+            for output in (train_output, eval_output, work_dir):
+                if output is not None and output.endswith(".jsonl"):
+                    raise ValueError(f"{output}: a single .jsonl output is written locally; with URLs, give "
+                                     "directories (--train-output URL --eval-output URL/eval)")
+            if work_dir:
+                raise ValueError("--work-dir is for a .jsonl --train-output; with URLs the stage directory is "
+                                 "--train-output itself")
+            stats = _run_from_cli("chat prepare", cls, inputs, train_output, output_locations={"eval": eval_output},
+                                  **values)
+            if stats is not None:
+                _print_stats([stats], [train_output])
+            return
         train, evals = Path(train_output), Path(eval_output)
         single = {name: path for name, path in (("train", train), ("eval", evals)) if path.suffix == ".jsonl"}
         if "train" not in single:  # the train directory is the stage directory
@@ -284,7 +320,7 @@ chat.add_command(_chat_prepare_command())
 
 @chat.command("regenerate")
 @click.option("--input", "-i", "inputs", multiple=True, required=True, help="chat records (files, dirs, globs)")
-@click.option("--output", "-o", required=True, type=click.Path(),
+@click.option("--output", "-o", required=True, type=click.Path(), callback=_local_only,
               help="OUT.jsonl (errors in OUT.jsonl.errors, stats in OUT.stats.json), or a directory for all three")
 @click.option("--server", "servers", multiple=True, help="HOST:PORT or URL of an OpenAI-compatible server (repeatable)")
 @click.option("--servers-file", type=click.Path(exists=True, dir_okay=False), help="written by `fuelline serve`")
@@ -447,7 +483,8 @@ def tokenizer() -> None:
 
 @tokenizer.command("train")
 @click.option("--input", "-i", "inputs", multiple=True, required=True, help="document records (files, dirs, globs)")
-@click.option("--output", "-o", required=True, type=click.Path(file_okay=False), help="tokenizer directory to write")
+@click.option("--output", "-o", required=True, type=click.Path(file_okay=False), callback=_local_only,
+              help="tokenizer directory to write")
 @click.option("--vocab-size", type=int, default=4096, show_default=True, help="tokens in the vocabulary, merges included")
 @click.option("--pretokenize", type=click.Choice(["han-chars", "han-pairs", "bytelevel"]), default="han-chars",
               show_default=True, help="how text is cut before BPE (see fuelline.tokenizer.train)")
@@ -468,7 +505,8 @@ def train(inputs, output, vocab_size, pretokenize, min_frequency):
 
 @tokenizer.command("from-tiktoken")
 @click.argument("ranks_file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--output", "-o", required=True, type=click.Path(file_okay=False), help="tokenizer directory to write")
+@click.option("--output", "-o", required=True, type=click.Path(file_okay=False), callback=_local_only,
+              help="tokenizer directory to write")
 @click.option("--preset", type=click.Choice(["qwen", "none"]), default="qwen", show_default=True,
               help="pre-tokenization pattern and special tokens of a known model family")
 def from_tiktoken(ranks_file, output, preset):
@@ -486,7 +524,7 @@ def export() -> None:
 
 @export.command("megatron")
 @click.argument("token_dir", metavar="OUT", type=click.Path(exists=True, file_okay=False))
-@click.option("--output", "-o", "prefix", required=True,
+@click.option("--output", "-o", "prefix", required=True, callback=_local_only,
               help="output prefix: PREFIX.bin and PREFIX.idx, or PREFIX_train.* and PREFIX_val.* for a pack output")
 def export_megatron_command(token_dir, prefix):
     """Export token dataset OUT (or a pack output's train/ and val/) to Megatron-LM's indexed dataset

@@ -35,6 +35,7 @@ import xxhash
 
 from fuelline.io.atomic import AtomicFile
 from fuelline.io.paths import split_suffixes
+from fuelline.io.remote import cache_root
 
 SCAN_BLOCK = 8 << 20
 CACHE_MAGIC = b"FLJSIDX2"
@@ -50,9 +51,7 @@ class FileChangedError(RuntimeError):
 
 
 def default_cache_dir() -> Path:
-    env = os.environ.get("FUELLINE_CACHE_DIR")
-    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fuelline"
-    return base / "jsonl-index"
+    return cache_root() / "jsonl-index"
 
 
 def scan_line_offsets(path: str | os.PathLike) -> np.ndarray:

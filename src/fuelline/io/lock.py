@@ -30,8 +30,11 @@ def lock_path(output: str | os.PathLike) -> Path:
 
 
 @contextmanager
-def exclusive_output(output: str | os.PathLike) -> Iterator[None]:
-    """Hold the lock of `output` for the duration of the block; `OutputBusy` if another run holds it."""
+def exclusive_output(output: str | os.PathLike, name: str | None = None) -> Iterator[None]:
+    """Hold the lock of `output` for the duration of the block; `OutputBusy` if another run holds it.
+
+    `name`: what the message calls the output, when it is not `output` itself (a URL whose local
+    staging directory is locked)."""
     path = lock_path(output)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -40,7 +43,7 @@ def exclusive_output(output: str | os.PathLike) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "pid unknown"
-            raise OutputBusy(f"{output} is being written by another fuelline run ({holder})") from None
+            raise OutputBusy(f"{name or output} is being written by another fuelline run ({holder})") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()}, started {datetime.now().isoformat(sep=' ', timespec='seconds')}\n"
                   .encode(), 0)

@@ -1,4 +1,9 @@
-"""Turn what a user typed (files, directories, globs) into an ordered list of input files."""
+"""Turn what a user typed (files, directories, globs) into an ordered list of input files.
+
+Each may be a local path or an fsspec URL (`s3://bucket/corpus/`, `memory://x/*.jsonl`): a local
+file comes back as a `Path`, a file at a URL as its URL (a `str`), which the readers fetch
+through the cache of `fuelline.io.remote` when they open it.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from pathlib import Path
 from typing import Iterable
 
 from fuelline.io.atomic import is_temp_name
+from fuelline.io.remote import filesystem, is_url
 
 COMPRESSIONS = (".gz", ".zst", ".zstd", ".bz2", ".xz")
 LINE_FORMATS = (".jsonl", ".ndjson")
@@ -49,17 +55,71 @@ def _files_in_directory(directory: Path) -> list[Path]:
     return sorted(found)
 
 
-def expand_inputs(sources: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
+def _sort_key(relative: str) -> tuple[str, ...]:
+    return tuple(relative.split("/"))  # the order of sorted local Paths: by component
+
+
+def _files_at_url_directory(fs, directory: str) -> list[str]:
+    """The data files under a directory of an fsspec filesystem, as URLs (see `_files_in_directory`)."""
+    directory = directory.rstrip("/")
+    found = fs.find(directory, detail=True)
+    files = {name[len(directory) + 1:]: name for name, info in found.items()
+             if info["type"] == "file" and name.startswith(directory + "/")}
+    if STAGE_PLAN_FILE in files:
+        chosen = [r for r in files if "/" not in r and r.startswith(STAGE_PART_PREFIX) and is_data_file(r)]
+    else:
+        chosen = [r for r in files if not any(d.startswith((".", "_")) for d in r.split("/")[:-1])
+                  and is_data_file(r) and r.rsplit("/", 1)[-1] not in BOOKKEEPING_FILES]
+    return [fs.unstrip_protocol(files[r]) for r in sorted(chosen, key=_sort_key)]
+
+
+def _url_files(url: str) -> list[str]:
+    """What `expand_inputs` finds for one URL: a file, a directory or a glob."""
+    fs, path = filesystem(url)
+    if glob.has_magic(url):
+        matched = []
+        for hit, info in sorted(fs.glob(path, detail=True).items()):
+            if info["type"] == "directory":
+                matched.extend(_files_at_url_directory(fs, hit))
+            elif is_data_file(hit):
+                matched.append(fs.unstrip_protocol(hit))
+        return matched
+    try:
+        info = fs.info(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{url}: no such file or directory") from None
+    if info["type"] != "directory":
+        _check_data_file(url)
+        return [url]
+    return _files_at_url_directory(fs, path)
+
+
+def _check_data_file(name: str | os.PathLike) -> None:
+    if not is_data_file(name):
+        raise ValueError(
+            f"{name}: unsupported file type; expected one of "
+            f"{', '.join(DATA_SUFFIXES)} (optionally {', '.join(COMPRESSIONS)}, except for parquet)"
+        )
+
+
+def expand_inputs(sources: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path | str]:
     """Files for `sources`, in the order given; directories and globs expand in sorted order.
 
     A file named explicitly must exist and have a supported suffix; a glob or directory that
-    matches nothing is an error, so a typo never turns into an empty run.
+    matches nothing is an error, so a typo never turns into an empty run. A local file is a
+    `Path`; a file at a URL is its URL.
     """
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
-    files: list[Path] = []
+    files: list[Path | str] = []
     for source in sources:
         text = os.fspath(source)
+        if is_url(text):
+            matched = _url_files(text)
+            if not matched:
+                raise FileNotFoundError(f"{text}: matched no data files")
+            files.extend(matched)
+            continue
         path = Path(text)
         if path.is_dir():
             matched = _files_in_directory(path)
@@ -69,11 +129,7 @@ def expand_inputs(sources: str | os.PathLike | Iterable[str | os.PathLike]) -> l
                 hit_path = Path(hit)
                 matched.extend(_files_in_directory(hit_path) if hit_path.is_dir() else [hit_path] if is_data_file(hit_path) else [])
         elif path.exists():
-            if not is_data_file(path):
-                raise ValueError(
-                    f"{path}: unsupported file type; expected one of "
-                    f"{', '.join(DATA_SUFFIXES)} (optionally {', '.join(COMPRESSIONS)}, except for parquet)"
-                )
+            _check_data_file(path)
             matched = [path]
         else:
             raise FileNotFoundError(f"{path}: no such file or directory")

@@ -27,6 +27,7 @@ import orjson
 import zstandard
 
 from fuelline.io.paths import LINE_FORMATS, expand_inputs, split_suffixes
+from fuelline.io.remote import is_url, local_copy
 from fuelline.io.rejects import Rejects
 
 CHUNK_BYTES = 256 << 10  # small blocks stay in cache while split and parsed: ~10% faster than 4 MiB
@@ -140,13 +141,22 @@ def open_binary(path: str | os.PathLike) -> IO[bytes]:
     return open(path, "rb")
 
 
-class _Reporter:
-    """Raises or records a bad record, following `on_error`."""
+def _located(path: str | os.PathLike) -> tuple[Path | str, Path]:
+    """(what messages name, the local file to open): a URL's local copy is fetched through the cache."""
+    if is_url(path):
+        return path, local_copy(path)
+    path = Path(path)
+    return path, path
 
-    def __init__(self, source: Path, on_error: OnError, rejects: Rejects | None):
+
+class _Reporter:
+    """Raises or records a bad record, following `on_error`; `local` is the file read for `source`."""
+
+    def __init__(self, source: Path | str, on_error: OnError, rejects: Rejects | None, local: Path | None = None):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
         self.source, self.on_error, self.rejects = source, on_error, rejects
+        self.local = local if local is not None else Path(source)
 
     def bad(self, line: int, reason: str, what: str, raw: Any) -> None:
         if self.on_error == "raise":
@@ -454,7 +464,7 @@ def _json_array_records(stream: IO[bytes], head: bytes, start: int, stop: int | 
     except ijson.JSONError as e:
         # The array's syntax is broken: nothing after this point can be located. With on_error="skip"
         # the elements before it stay read and the break counts as one unreadable record.
-        reason, what = _array_error(report.source, index + 1, e)
+        reason, what = _array_error(report.local, index + 1, e)
         if report.on_error == "raise":
             raise RecordError(report.source, f"element {index + 1}", what) from None
         if index + 1 > start:
@@ -493,16 +503,17 @@ def iter_file_records(path: str | os.PathLike, *, start: int = 0, stop: int | No
     rows (Parquet); the stage runner uses them to split one big file into shards. A JSONL line
     longer than `max_record_bytes` (a JSON array element with more text than that) is refused as
     `record_too_large`, a record nested deeper than MAX_NESTING_DEPTH as `nesting_too_deep`.
+    `path` may be a URL: its local copy (`fuelline.io.remote.local_copy`) is read, the URL named.
     """
     if max_record_bytes < 1:
         raise ValueError(f"max_record_bytes must be at least 1, not {max_record_bytes}")
-    path = Path(path)
-    report = _Reporter(path, on_error, rejects)
+    path, local = _located(path)
+    report = _Reporter(path, on_error, rejects, local)
     fmt, _ = split_suffixes(path)
     if fmt == ".parquet":
-        yield from _parquet_records(path, start, stop)
+        yield from _parquet_records(local, start, stop)
         return
-    with decompression_errors(path), open_binary(path) as stream:
+    with decompression_errors(path), open_binary(local) as stream:
         head = stream.read(CHUNK_BYTES)
         # A .json file holds either one array or, as often in the wild, one object per line.
         if fmt not in LINE_FORMATS and _first_significant_byte(head) == b"[":
@@ -531,15 +542,15 @@ def count_units(path: str | os.PathLike) -> int | None:
     """Physical lines (JSONL) or rows (Parquet) of a file, or None for a JSON array.
 
     Counting lines decompresses the file once but parses nothing (about 1 GB/s); the stage
-    runner uses it to cut big files into shards of a fixed number of lines.
+    runner uses it to cut big files into shards of a fixed number of lines. A URL is counted in its local copy.
     """
-    path = Path(path)
+    path, local = _located(path)
     fmt, _ = split_suffixes(path)
     if fmt == ".parquet":
         import pyarrow.parquet as pq
 
-        return pq.ParquetFile(path).metadata.num_rows
-    with decompression_errors(path), open_binary(path) as stream:
+        return pq.ParquetFile(local).metadata.num_rows
+    with decompression_errors(path), open_binary(local) as stream:
         head = stream.read(CHUNK_BYTES)
         if fmt not in LINE_FORMATS and _first_significant_byte(head) == b"[":
             return None

@@ -32,6 +32,7 @@ from fuelline.io.atomic import atomic_write, remove_temp_files, write_bytes_atom
 from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import STAGE_PART_PREFIX, expand_inputs
 from fuelline.io.readers import RecordError, iter_file_records
+from fuelline.io.remote import refuse_url
 from fuelline.pack.templates import TEMPLATES
 from fuelline.pipeline.executor import RunOptions, open_executor
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
@@ -209,6 +210,7 @@ def pack(inputs, tokenizer_dir: str | os.PathLike, output: str | os.PathLike, co
     `executor` and `ray_address` choose where the shards are tokenized (`RunOptions`); the bytes
     are the same on either.
     """
+    refuse_url(output, "pack")  # inputs may be URLs (`expand_inputs`)
     config = config or PackConfig()
     run_options = RunOptions(workers=workers, executor=executor, ray_address=ray_address)
     output, tokenizer_dir = Path(output), Path(tokenizer_dir)

@@ -30,6 +30,7 @@ import orjson
 from fuelline.io.atomic import write_bytes_atomic
 from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import expand_inputs
+from fuelline.io.remote import refuse_url
 from fuelline.pipeline.executor import RunOptions, run_stage
 from fuelline.pipeline.registry import stage_class
 from fuelline.pipeline.stage import Stage
@@ -146,6 +147,7 @@ def run_pipeline(steps: list[PipelineStep], run_dir: str | os.PathLike, *, input
     first step reads `--input` when given. `workers`, `executor` and `ray_address` (the command
     line's) override the file's; an executor given as local drops the file's Ray address.
     """
+    refuse_url(run_dir, "a pipeline")  # its steps' inputs may be URLs, and `fuelline <stage>` may write to one
     run_dir = Path(run_dir)
     first_inputs = list(input or []) or [i for i in (steps[0].input if steps else []) if not i.startswith("@")]
     if first_inputs:

@@ -11,6 +11,9 @@ Layout of a stage's output directory:
     NAME/part-*       a further named output of a stage that writes several (Stage.outputs),
                       unless the run puts it elsewhere; the first output stays at the top
 
+The output may be an fsspec URL (`s3://bucket/clean`): `fuelline.pipeline.output` says how its
+files get there.
+
 A shard counts as finished only when its marker exists and the sizes it records match the files
 on disk: a crash before the marker, or a truncated temp file, means the shard is redone.
 Re-running over a directory made from other options or inputs is refused once a shard has
@@ -29,7 +32,6 @@ from __future__ import annotations
 import functools
 import os
 import queue
-import shutil
 import time
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -42,24 +44,27 @@ import orjson
 from tqdm import tqdm
 
 from fuelline.io.atomic import remove_temp_files, write_bytes_atomic
-from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import STAGE_PART_PREFIX, STAGE_PLAN_FILE, expand_inputs
 from fuelline.io.readers import READ_ERROR_REASONS, iter_file_records
 from fuelline.io.rejects import Rejects
 from fuelline.io.writers import OUTPUT_FORMATS, RecordWriter, open_writer
 from fuelline.pipeline.lifetime import die_with_parent
+from fuelline.pipeline.output import (
+    DONE_DIR,
+    PREPARE_DIR,
+    REJECTS_DIR,
+    STATS_FILE,
+    OutputStore,
+    StageOutputMismatch,
+    open_output,
+)
 from fuelline.pipeline.ray_executor import RayExecutor  # imports Ray itself only when it is opened
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.pipeline.stage import Location, PrepareContext, ShardContext, Stage
 
 PLAN_VERSION = 1
-DONE_DIR, REJECTS_DIR, PREPARE_DIR, STATS_FILE = "_done", "_rejects", "_prepare", "stats.json"
 PROGRESS_EVERY = 4096
 EXECUTORS = ("local", "ray")
-
-
-class StageOutputMismatch(RuntimeError):
-    """The output directory holds the result of different options or inputs."""
 
 
 @dataclass
@@ -133,8 +138,10 @@ def _write_shard_outputs(stage: Stage, records: Iterator[tuple[Location, dict]],
 
 
 def run_shard(stage: Stage, shard: InputShard, output_dir: Path, options: RunOptions,
-              progress: Callable[[int], None] = lambda n: None, targets: dict[str, Path] | None = None) -> dict:
-    """Process one shard: write its part files, its rejects and, last, its completion marker."""
+              progress: Callable[[int], None] = lambda n: None, targets: dict[str, Path] | None = None,
+              store: OutputStore | None = None) -> dict:
+    """Process one shard: write its part files, its rejects and, last, its completion marker; then
+    publish them, in that order, to `store` (`output_dir`'s, where it is a URL's staging directory)."""
     targets = targets or output_targets(stage, output_dir)
     started = time.perf_counter()
     rejects_path = output_dir / REJECTS_DIR / f"{shard.part_name}.jsonl.zst" if options.keep_rejects else None
@@ -178,19 +185,21 @@ def run_shard(stage: Stage, shard: InputShard, output_dir: Path, options: RunOpt
         marker["outputs"] = {name: w.count for name, w in writers.items()}
     if rejects.written:
         marker["files"][f"{REJECTS_DIR}/{rejects_path.name}"] = rejects_path.stat().st_size
-    write_bytes_atomic(output_dir / DONE_DIR / f"{shard.part_name}.json", _dumps(marker))
+    marker_name = f"{DONE_DIR}/{shard.part_name}.json"
+    write_bytes_atomic(output_dir / marker_name, _dumps(marker))
+    if store is not None:
+        store.publish([*marker["files"], marker_name])
     return marker
 
 
-def _finished_marker(output_dir: Path, shard: InputShard) -> dict | None:
-    """The shard's marker if the shard is complete on disk, else None."""
+def _finished_marker(output_dir: Path, shard: InputShard, size_of: Callable[[str], int | None]) -> dict | None:
+    """The shard's marker if the shard is complete (`size_of`: the finished files' sizes), else None."""
     try:
         marker = _read_json(output_dir / DONE_DIR / f"{shard.part_name}.json")
     except (FileNotFoundError, orjson.JSONDecodeError):
         return None
     for name, size in marker["files"].items():
-        path = output_dir / name
-        if not path.is_file() or path.stat().st_size != size:
+        if size_of(name) != size:
             return None
     return marker
 
@@ -200,9 +209,11 @@ def _outside_targets(targets: dict[str, Path], output_dir: Path) -> list[Path]:
     return [d for d in targets.values() if not d.resolve().is_relative_to(output_dir.resolve())]
 
 
-def _prepare_output(stage: Stage, inputs: list[Path], output_dir: Path, options: RunOptions,
+def _prepare_output(stage: Stage, inputs: list[Path | str], store: OutputStore, options: RunOptions,
                     targets: dict[str, Path]) -> list[InputShard]:
     """Create or check `_plan.json`; return the shards of this run."""
+    output_dir = store.directory
+    store.pull()
     identity = {
         "version": PLAN_VERSION,
         **stage.fingerprint(),
@@ -220,7 +231,7 @@ def _prepare_output(stage: Stage, inputs: list[Path], output_dir: Path, options:
     # Until a shard has finished (e.g. the run stopped on bad input), other options simply replace the old.
     replaceable = not same and not any((output_dir / DONE_DIR).glob("*.json"))
     if existing is not None and (options.restart or replaceable):
-        shutil.rmtree(output_dir)
+        store.discard()
         for directory in outside:  # only the parts this stage wrote there
             for part in directory.glob(f"{STAGE_PART_PREFIX}*"):
                 part.unlink()
@@ -234,7 +245,7 @@ def _prepare_output(stage: Stage, inputs: list[Path], output_dir: Path, options:
         differing = sorted(k for k in identity.keys() | existing.keys()
                            if k != "shards" and existing.get(k) != identity.get(k))
         raise StageOutputMismatch(
-            f"{output_dir} holds the output of a run with different {', '.join(differing)}; "
+            f"{store} holds the output of a run with different {', '.join(differing)}; "
             "pass --restart to delete it and run again, or choose another output directory"
         )
     for directory in [output_dir, *outside]:
@@ -243,6 +254,7 @@ def _prepare_output(stage: Stage, inputs: list[Path], output_dir: Path, options:
         directory.mkdir(parents=True, exist_ok=True)
     shards = plan_shards(inputs, options.shard_size)
     write_bytes_atomic(plan_path, _dumps({**identity, "shards": [s.to_json() for s in shards]}))
+    store.publish([STAGE_PLAN_FILE])
     return shards
 
 
@@ -391,43 +403,49 @@ def run_stage(stage: Stage, inputs, output_dir: str | os.PathLike, options: RunO
               output_locations: dict[str, str | os.PathLike] | None = None) -> dict:
     """Run `stage` over `inputs` (files, directories, globs) into `output_dir`; return its stats.
 
-    Finished shards of an earlier, interrupted run with the same options are kept. For a stage
-    with several outputs, `output_locations` may put the outputs after the first elsewhere.
+    Inputs and `output_dir` may be local paths or fsspec URLs (`s3://…`, `memory://…`). Finished
+    shards of an earlier, interrupted run with the same options are kept. For a stage with
+    several outputs, `output_locations` may put the outputs after the first elsewhere.
     """
     options = options or RunOptions()
     if options.output_format not in OUTPUT_FORMATS:
         raise ValueError(f"unknown output format {options.output_format!r}; choose one of {sorted(OUTPUT_FORMATS)}")
-    output_dir = Path(output_dir)
+    store = open_output(output_dir)
     started = time.perf_counter()
     files = expand_inputs(inputs)
-    targets = output_targets(stage, output_dir, output_locations)
-    with exclusive_output(output_dir):
-        return _run_locked(stage, files, output_dir, options, targets, started)
+    targets = output_targets(stage, store.directory, store.locations(output_locations))
+    with store.lock():
+        return _run_locked(stage, files, store, options, targets, started)
 
 
-def _run_locked(stage: Stage, files: list[Path], output_dir: Path, options: RunOptions, targets: dict[str, Path],
-                started: float) -> dict:
-    shards = _prepare_output(stage, files, output_dir, options, targets)
-    pending = [s for s in shards if _finished_marker(output_dir, s) is None]
+def _run_locked(stage: Stage, files: list[Path | str], store: OutputStore, options: RunOptions,
+                targets: dict[str, Path], started: float) -> dict:
+    output_dir = store.directory
+    shards = _prepare_output(stage, files, store, options, targets)
+    finished = store.sizes()
+    pending = [s for s in shards if _finished_marker(output_dir, s, finished) is None]
     total = None if any(s.units is None for s in pending) else sum(s.units for s in pending)
     if pending:
         with open_executor(options, len(shards)) as executor:
             stage.prepare(PrepareContext(files, shards, output_dir / PREPARE_DIR,
                                          functools.partial(executor.map, progress=options.progress)))
-            run = functools.partial(run_shard, stage, output_dir=output_dir, options=options, targets=targets)
+            run = functools.partial(run_shard, stage, output_dir=output_dir, options=options, targets=targets,
+                                    store=store)
             with tqdm(total=total, desc=stage.name, unit="rec", disable=not options.progress, leave=False) as bar:
                 executor.run_shards(run, pending, bar)
         for directory in [output_dir, *_outside_targets(targets, output_dir)]:
             remove_temp_files(directory)  # of a try whose worker died (Ray tries the shard again)
     markers = []
+    finished = store.sizes()
     for shard in shards:
-        marker = _finished_marker(output_dir, shard)
+        marker = _finished_marker(output_dir, shard, finished)
         if marker is None:
-            raise RuntimeError(f"{output_dir}: shard {shard.part_name} did not finish")
+            raise RuntimeError(f"{store}: shard {shard.part_name} did not finish")
         markers.append(marker)
     stats = aggregate_stats(stage, markers)
     stats.update(stage.summary(output_dir / PREPARE_DIR, stats))
     stats["resumed_shards"] = len(shards) - len(pending)
     stats["wall_seconds"] = round(time.perf_counter() - started, 3)
     write_bytes_atomic(output_dir / STATS_FILE, _dumps(stats))
+    store.finish()
     return stats

@@ -3,8 +3,9 @@
 It runs the same functions on the same items as the local `WorkerPool` and returns results in
 the order of the items, so the output bytes are the same. A shard task writes its part files
 and, last, its completion marker into the output directory exactly as a local worker does, so
-resume works the same and a directory begun by one executor is finished by the other. In this
-first version that directory is a path every node sees (NFS, Lustre); see docs/ray.md.
+resume works the same and a directory begun by one executor is finished by the other. That
+directory is a path every node sees (NFS, Lustre), or a URL (object storage) the task uploads its
+files to; see docs/ray.md.
 
 Failures. A task whose worker process dies (killed, out of memory, node lost) is retried by Ray
 up to SYSTEM_RETRIES times: the shard is redone from its start and its atomic writes give the

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from fuelline.io.readers import count_units
+from fuelline.io.remote import describe_url, is_url
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class InputShard:
         return asdict(self)
 
 
-def plan_shards(files: list[Path], shard_size: int) -> list[InputShard]:
+def plan_shards(files: list[Path | str], shard_size: int) -> list[InputShard]:
     if shard_size < 1:
         raise ValueError(f"shard_size must be at least 1, not {shard_size}")
     shards: list[InputShard] = []
@@ -47,10 +48,14 @@ def plan_shards(files: list[Path], shard_size: int) -> list[InputShard]:
     return shards
 
 
-def describe_inputs(files: list[Path]) -> list[dict]:
-    """Identity of the input files for the resume check: absolute path, size and mtime."""
+def describe_inputs(files: list[Path | str]) -> list[dict]:
+    """Identity of the input files for the resume check: absolute path, size and mtime; for a URL
+    (`expand_inputs` gives it as a `str`), the URL, size and version its backend reports."""
     described = []
     for path in files:
+        if is_url(path):
+            described.append(describe_url(path))
+            continue
         st = path.stat()
         described.append({"path": os.fspath(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
     return described

@@ -63,7 +63,7 @@ class PrepareContext:
     processes. What `fn` writes goes under `workdir`, which every worker sees.
     """
 
-    files: list[Path]
+    files: list[Path | str]  # a file at a URL is its URL: `iter_file_records` reads it
     shards: list[InputShard]
     workdir: Path
     map: Callable[[Callable[[Any], Any], Sequence[Any], str], list]

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import orjson
 
 from fuelline.io.paths import expand_inputs
+from fuelline.io.remote import is_url
 from fuelline.pipeline.shards import describe_inputs
 from fuelline.pipeline.stage import StageConfig
 
@@ -64,9 +65,9 @@ def resumed(stats: dict, started: float) -> dict:
             "wall_seconds": round(time.perf_counter() - started, 3)}
 
 
-def resolve_step(reference: str, steps: dict[str, Path]) -> Path:
-    """A path, or `@NAME`: the output directory of the pipeline step called NAME, or `@NAME/OUTPUT`:
-    a further named output of that step (e.g. `@chat-prepare/eval`)."""
+def resolve_step(reference: str, steps: dict[str, Path]) -> Path | str:
+    """A path, a URL (kept as it is), or `@NAME`: the output directory of the pipeline step called
+    NAME, or `@NAME/OUTPUT`: a further named output of that step (e.g. `@chat-prepare/eval`)."""
     if reference.startswith("@"):
         name, _, output = reference[1:].partition("/")
         try:
@@ -74,4 +75,6 @@ def resolve_step(reference: str, steps: dict[str, Path]) -> Path:
         except KeyError:
             raise ValueError(f"no earlier step named {name!r} (known: {', '.join(steps) or 'none'})") from None
         return directory / output if output else directory
+    if is_url(reference):
+        return reference
     return Path(os.path.expanduser(reference))
