@@ -145,6 +145,20 @@ def test_clean_dedup_and_pack_on_a_ray_cluster_write_the_local_bytes(ray_address
     assert (local_runs / "dedup" / "_rejects").is_dir()  # dedup removed something: the comparison means it
 
 
+def test_dedup_on_ray_reads_and_writes_urls(ray_address, local_runs, tmp_path):
+    """file:// in and out on Ray: workers fetch their shards' inputs and upload their own parts."""
+    out = tmp_path / "dedup"
+    run_ok("dedup", "-i", (local_runs / "clean").as_uri(), "-o", out.as_uri(), "--shard-size", SHARD,
+           "--executor", "ray", "--ray-address", ray_address)
+    # Rejects name where each record came from (here a URL), and `_prepare/` stays in the staging
+    # directory: the kept records and the audit compare.
+    def kept(files):
+        return {n: b for n, b in files.items() if not n.startswith(("_rejects/", "_prepare/"))}
+
+    assert kept(data_files(out)) == kept(data_files(local_runs / "dedup"))
+    assert "clusters.jsonl.zst" in kept(data_files(out)) and (out / "stats.json").is_file()
+
+
 def test_a_run_begun_locally_is_finished_on_ray(ray_address, raw, local_runs, tmp_path):
     """The executor is no part of a stage's identity: Ray redoes only the shards without a marker."""
     out = tmp_path / "clean"
