@@ -312,13 +312,13 @@ def shard_codes(decision: Decision, begin: int, end: int) -> np.ndarray:
 
 
 def document_ids(shards: HashedShards, docs: np.ndarray) -> list[str]:
-    """The ids of `docs`, read from the shards' memory-mapped id files (nothing loaded whole)."""
+    """The ids of `docs`, read from the shards' id files one shard at a time."""
     ids: list[str | None] = [None] * len(docs)
     for k, where, local in shards.by_shard(docs):
         offsets = np.load(shards.dirs[k] / "id_offsets.npy", mmap_mode="r")
-        data = np.memmap(shards.dirs[k] / "ids.bin", dtype=np.uint8, mode="r") if offsets[-1] else None
+        data = (shards.dirs[k] / "ids.bin").read_bytes()
         for position, begin, end in zip(where.tolist(), offsets[local].tolist(), offsets[local + 1].tolist()):
-            ids[position] = data[begin:end].tobytes().decode("utf-8") if end > begin else ""
+            ids[position] = data[begin:end].decode("utf-8")
     return ids
 
 

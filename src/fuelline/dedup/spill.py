@@ -2,9 +2,9 @@
 
 Dedup's phases need all rows with the same key together (an exact key, a band hash, the pairs
 of a document range) without any node holding all rows. Each task that produces rows writes
-them sorted (stably) by partition, with the offsets of every partition; the task of partitions
-[lo, hi) then reads rows offsets[lo]:offsets[hi] from each writer's files, memory-mapped: one
-contiguous slice per file, so only its own rows leave the disk.
+them as one table sorted (stably) by partition, with the offsets of every partition; the task of
+partitions [lo, hi) then reads rows offsets[lo]:offsets[hi] from each writer's table,
+memory-mapped: one contiguous slice per writer, so only its own rows leave the disk.
 
 Partitions are fine-grained (PARTITIONS per key space, the top PARTITION_BITS of a hash) and
 fixed before any count is known; a phase groups consecutive partitions into tasks once the
@@ -40,11 +40,16 @@ def _save(path: Path, array: np.ndarray) -> None:
 
 
 def write_spill(prefix: Path, partition: np.ndarray, partitions: int, columns: dict[str, np.ndarray]) -> None:
-    """Write `columns` (equal length, row i in partition[i]) as PREFIX.COLUMN.npy grouped by partition,
-    rows of a partition in their given order, and PREFIX.offsets.npy last (its presence means complete)."""
-    order = np.argsort(partition, kind="stable")
+    """Write `columns` (equal length, row i in partition[i]) as one table PREFIX.npy grouped by
+    partition, rows of a partition in their given order, and PREFIX.offsets.npy last (its presence
+    means complete)."""
+    # A stable sort of keys of 16 bits or fewer is a radix sort: ~5x faster than of int64.
+    narrow = partition.astype(np.uint16) if partitions <= 1 << 16 else partition
+    order = np.argsort(narrow, kind="stable")
+    table = np.empty(len(order), dtype=[(name, values.dtype) for name, values in columns.items()])
     for name, values in columns.items():
-        _save(prefix.with_name(f"{prefix.name}.{name}.npy"), values[order])
+        table[name] = values[order]
+    _save(prefix.with_name(f"{prefix.name}.npy"), table)
     offsets = np.zeros(partitions + 1, dtype=np.int64)
     np.cumsum(np.bincount(partition, minlength=partitions), out=offsets[1:])
     _save(prefix.with_name(f"{prefix.name}.offsets.npy"), offsets)
@@ -69,11 +74,10 @@ def read_spill(prefixes: Sequence[Path], lo: int, hi: int, columns: Sequence[str
     parts: dict[str, list[np.ndarray]] = {name: [] for name in columns}
     for k, prefix in enumerate(prefixes):
         offsets = _offsets(prefix)
-        begin, end = int(offsets[lo]), int(offsets[hi])
+        rows = np.load(prefix.with_name(f"{prefix.name}.npy"), mmap_mode="r")[int(offsets[lo]):int(offsets[hi])]
         for name in columns:
-            values = np.load(prefix.with_name(f"{prefix.name}.{name}.npy"), mmap_mode="r")[begin:end]
-            parts[name].append(values.astype(np.int64) + base[k] if name == "doc" and base is not None
-                               else np.array(values))
+            parts[name].append(rows[name].astype(np.int64) + base[k] if name == "doc" and base is not None
+                               else np.array(rows[name]))
     return {name: np.concatenate(arrays) if arrays else np.empty(0) for name, arrays in parts.items()}
 
 
