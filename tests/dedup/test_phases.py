@@ -9,6 +9,7 @@ import pytest
 from fuelline.dedup import phases
 from fuelline.dedup.spill import group_ranges, read_spill, spill_counts, write_spill
 from fuelline.dedup.stage import AUDIT_FILE, DedupConfig, DedupStage
+from fuelline.io import read_records
 from fuelline.pipeline.executor import RunOptions, run_stage
 
 
@@ -83,11 +84,15 @@ def test_how_the_phases_are_cut_changes_nothing(corpus, tmp_path, monkeypatch, m
     monkeypatch.setattr(phases, "ROWS_PER_TASK", 300)
     monkeypatch.setattr(phases, "PAIRS_PER_TASK", 50)
     monkeypatch.setattr(phases, "SIMHASH_TASKS", 40)
+    monkeypatch.setattr(phases, "AUDIT_ROWS_PER_TASK", 100)
     stats, cut = dedup(corpus, tmp_path / "cut", config, workers=2)
     tasks, default_tasks = stats["dedup"]["tasks"], summary["tasks"]
     assert tasks["exact"] > default_tasks["exact"] == 1
     assert tasks["candidates"] > default_tasks["candidates"] and tasks["verify"] > default_tasks["verify"]
-    assert cut == reference
+    # The audit is one zstd frame per task: other bytes, the same rows in the same order.
+    audit = [list(read_records(tmp_path / name / AUDIT_FILE)) for name in ("default", "cut")]
+    assert len(audit[0]) > 500 and audit[1] == audit[0]
+    assert cut.pop(AUDIT_FILE) != reference.pop(AUDIT_FILE) and cut == reference
     assert {k: v for k, v in stats["dedup"].items() if k not in ("tasks", "seconds")} == \
            {k: v for k, v in summary.items() if k not in ("tasks", "seconds")}
 

@@ -13,8 +13,8 @@ lengths and the shingles. Then, each phase a map over tasks on the stage's execu
    removes repeats and keeps the pairs whose true Jaccard similarity reaches the threshold,
    reading only the shingles of its own pairs' documents;
 4. components, in the driver: union-find over the documents of verified pairs only;
-5. decisions, in the driver: a keep/drop code per document, one shard at a time; and the audit,
-   whose similarities tasks compute, a range of its rows each.
+5. decisions, in the driver: a keep/drop code per document, one shard at a time; the audit's
+   rows in order, which tasks write a range each (similarities, ids) and the driver concatenates.
 
 Each task writes its result atomically and then a marker holding what it returned, so an
 interrupted run redoes only unfinished tasks. Tasks are cut by row counts, never by the number of
@@ -23,8 +23,9 @@ a partition; pairs are made unique within their first document's range): the byt
 on any executor and any cluster.
 
 Memory. A task holds its rows, at most about ROWS_PER_TASK of 16–32 B (one partition may hold
-more). The driver holds one bit per document, 16 B per exact duplicate and per verified pair, ~40 B
-per row of the audit, and one shard's decisions at a time; ids and shingles stay on disk. SimHash's
+more). The driver holds one bit per document, 16 B per exact duplicate and per verified pair, ~100 B
+per clustered document (to put the audit in order), and one shard's decisions at a time; ids and
+shingles stay on disk. SimHash's
 candidate tasks are cut by tables, not documents: each holds 17 B per document (every SimHash,
 and which documents are left after the exact level).
 """
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import math
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +59,7 @@ ROWS_PER_TASK = 8_000_000  # exact keys (32 B) or band hashes (16 B) a task hold
 PAIRS_PER_TASK = 2_000_000
 MIN_VERIFY_TASKS = 8  # verification is the slow phase: spread it even on a small corpus
 SIMHASH_TASKS = 8
-AUDIT_PAIRS_PER_TASK = 200_000
+AUDIT_ROWS_PER_TASK = 200_000
 
 
 def save_array(path: Path, array: np.ndarray) -> None:
@@ -312,13 +314,16 @@ def shard_codes(decision: Decision, begin: int, end: int) -> np.ndarray:
 
 
 def document_ids(shards: HashedShards, docs: np.ndarray) -> list[str]:
-    """The ids of `docs`, read from the shards' id files one shard at a time."""
+    """The ids of `docs`: a shard's id file is read whole when many of its ids are wanted, else
+    only the wanted ones, from its memory map."""
     ids: list[str | None] = [None] * len(docs)
     for k, where, local in shards.by_shard(docs):
         offsets = np.load(shards.dirs[k] / "id_offsets.npy", mmap_mode="r")
-        data = (shards.dirs[k] / "ids.bin").read_bytes()
+        path = shards.dirs[k] / "ids.bin"
+        many = 8 * len(local) > len(offsets) or not offsets[-1]
+        data = path.read_bytes() if many else np.memmap(path, dtype=np.uint8, mode="r")
         for position, begin, end in zip(where.tolist(), offsets[local].tolist(), offsets[local + 1].tolist()):
-            ids[position] = data[begin:end].decode("utf-8")
+            ids[position] = (data[begin:end] if many else data[begin:end].tobytes()).decode("utf-8")
     return ids
 
 
@@ -330,13 +335,35 @@ def pair_similarity(pairs: np.ndarray, shards: HashedShards) -> np.ndarray:
     return similarity
 
 
-def write_audit(path: Path, shards: HashedShards, decision: Decision, map_tasks: Callable) -> None:
+AUDIT_LEVELS = [None, "exact", "near"]
+
+
+def write_audit_part(task: tuple, shards: HashedShards, directory: Path) -> dict:
+    """Rows of the audit, in order, as one zstd frame: (index, documents, their exact keepers,
+    their final keepers, their codes)."""
+    i, docs, exact_keeper, final, codes = task
+    path = directory / f"part-{i:05d}.jsonl.zst"
+
+    def work() -> dict:
+        # An exact copy's similarity is its keeper's: the same text.
+        similarity = np.round(pair_similarity(np.stack([exact_keeper, final], axis=1), shards), 4)
+        with JsonlZstWriter(path) as writer:
+            for doc_id, cluster, code, value in zip(document_ids(shards, docs), document_ids(shards, final),
+                                                    codes.tolist(), similarity.tolist()):
+                writer.write({"id": doc_id, "cluster": cluster, "kept": code == KEEP, "removed": AUDIT_LEVELS[code],
+                              "similarity": value})
+        return {"rows": len(docs)}
+
+    return run_once(directory / f"part-{i:05d}.json", work)
+
+
+def write_audit(path: Path, shards: HashedShards, decision: Decision, map_tasks: Callable, workdir: Path) -> None:
     """One row per document of every duplicate cluster, grouped by cluster.
 
     A cluster is everything that ends with the same kept document (through exact copies, then
     near-duplicates); `cluster` is that document's id. `removed` says at which level a document
-    went (null: kept), `similarity` is its Jaccard similarity to the kept document, computed by
-    tasks of AUDIT_PAIRS_PER_TASK pairs.
+    went (null: kept), `similarity` is its Jaccard similarity to the kept document. Tasks write
+    AUDIT_ROWS_PER_TASK rows each, one zstd frame; the file is their concatenation.
     """
     involved = np.unique(np.concatenate([decision.exact.ravel(), decision.near.ravel()]))
     exact_keeper, near_keeper, codes = involved.copy(), involved.copy(), np.full(len(involved), KEEP, np.uint8)
@@ -347,15 +374,12 @@ def write_audit(path: Path, shards: HashedShards, decision: Decision, map_tasks:
     sizes = np.unique(final, return_counts=True)
     members = np.flatnonzero(sizes[1][np.searchsorted(sizes[0], final)] > 1)
     members = members[np.lexsort((involved[members], final[members]))]
-    # An exact copy's similarity is its keeper's: the same text.
-    pairs = np.stack([exact_keeper[members], final[members]], axis=1)
-    chunks = [pairs[i:i + AUDIT_PAIRS_PER_TASK] for i in range(0, len(pairs), AUDIT_PAIRS_PER_TASK)]
-    similarity = map_tasks(functools.partial(pair_similarity, shards=shards), chunks, "dedup: audit")
-    similarity = np.round(np.concatenate(similarity), 4) if similarity else np.empty(0)
-    levels = [None, "exact", "near"]
-    with JsonlZstWriter(path) as writer:
-        for doc_id, cluster, code, value in zip(document_ids(shards, involved[members]),
-                                                document_ids(shards, final[members]),
-                                                codes[members].tolist(), similarity.tolist()):
-            writer.write({"id": doc_id, "cluster": cluster, "kept": code == KEEP, "removed": levels[code],
-                          "similarity": value})
+    tasks = [(i, involved[rows], exact_keeper[rows], final[rows], codes[rows])
+             for i, rows in enumerate(np.array_split(members, max(1, -(-len(members) // AUDIT_ROWS_PER_TASK))))]
+    directory = workdir / "audit"
+    directory.mkdir(parents=True, exist_ok=True)
+    map_tasks(functools.partial(write_audit_part, shards=shards, directory=directory), tasks, "dedup: audit")
+    with atomic_write(path) as out:
+        for i, *_ in tasks:
+            with open(directory / f"part-{i:05d}.jsonl.zst", "rb") as part:
+                shutil.copyfileobj(part, out)

@@ -208,12 +208,12 @@ class DedupStage(Stage):
         shards = HashedShards(tuple(ctx.workdir / "shards" / s.part_name for s in ctx.shards), tuple(starts.tolist()))
         laps("hash")
         decision = decide(shards, self.config, ctx.workdir, ctx.map, laps)
-        write_audit(ctx.workdir.parent / AUDIT_FILE, shards, decision, ctx.map)
+        write_audit(ctx.workdir.parent / AUDIT_FILE, shards, decision, ctx.map, ctx.workdir)
         laps("audit")
         for shard, begin, end in zip(ctx.shards, starts[:-1], starts[1:]):
             save_array(ctx.workdir / "decisions" / f"{shard.part_name}.npy", shard_codes(decision, begin, end))
         write_bytes_atomic(ctx.workdir / "summary.json", orjson.dumps({**decision.summary, "seconds": laps.laps}))
-        for name in ("shards", "exact", "candidates", "verify"):  # decided: the phases' files are no longer needed
+        for name in ("shards", "exact", "candidates", "verify", "audit"):  # decided: the phases' files are no longer needed
             shutil.rmtree(ctx.workdir / name)
 
     def process(self, records: Iterable[tuple[Location, dict]], ctx: ShardContext) -> Iterator[dict]:
