@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from fuelline.dedup import phases
-from fuelline.dedup.spill import group_ranges, read_spill, spill_counts, write_spill
+from fuelline.io.spill import group_ranges, read_spill, spill_counts, write_spill
 from fuelline.dedup.stage import AUDIT_FILE, DedupConfig, DedupStage
 from fuelline.io import read_records
 from fuelline.pipeline.executor import RunOptions, run_stage

@@ -1,7 +1,7 @@
 """Dedup's decision as phases of independent tasks, so that no node holds every document's hashes.
 
 Hashing (one task per input shard, `fuelline.dedup.stage.hash_shard`) leaves, per shard, the
-exact keys and the band hashes as spill files (`fuelline.dedup.spill`), the SimHashes, the
+exact keys and the band hashes as spill files (`fuelline.io.spill`), the SimHashes, the
 lengths and the shingles. Then, each phase a map over tasks on the stage's executor:
 
 1. exact: a task per range of key partitions groups equal keys and names each group's keeper;
@@ -41,14 +41,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import orjson
 
 from fuelline.dedup.clusters import connected_components, jaccard_pairs, keepers
 from fuelline.dedup.exact import group_labels
 from fuelline.dedup.lsh import bucket_pairs, candidate_probability, unique_pairs
 from fuelline.dedup.simhash import choose_blocks, find_probability, hamming_pairs
-from fuelline.dedup.spill import PARTITIONS, group_ranges, range_partition, read_spill, spill_counts, write_spill
-from fuelline.io.atomic import atomic_write, write_bytes_atomic
+from fuelline.io.spill import PARTITIONS, group_ranges, range_partition, read_spill, spill_counts, write_spill
+from fuelline.io.atomic import atomic_write, run_once
 from fuelline.io.writers import JsonlZstWriter
 
 if TYPE_CHECKING:
@@ -65,15 +64,6 @@ AUDIT_ROWS_PER_TASK = 200_000
 def save_array(path: Path, array: np.ndarray) -> None:
     with atomic_write(path) as f:
         np.save(f, array)
-
-
-def run_once(marker: Path, work: Callable[[], dict]) -> dict:
-    """`work()` unless an earlier run finished it: its marker, written last, holds what it returned."""
-    if marker.exists():
-        return orjson.loads(marker.read_bytes())
-    result = work()
-    write_bytes_atomic(marker, orjson.dumps(result))
-    return result
 
 
 @dataclass(frozen=True)

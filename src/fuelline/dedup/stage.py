@@ -7,7 +7,7 @@ executor (local processes or Ray), so no node holds every document's hashes:
    length and its shingles (kept on disk for verification); its near-duplicate keys, the LSH band
    hashes of its MinHash signature (`method = "minhash"`) or its 64-bit SimHash (`"simhash"`, see
    `fuelline.dedup.simhash`). Keys and band hashes are written as spill files, grouped by
-   partition (`fuelline.dedup.spill`);
+   partition (`fuelline.io.spill`);
 2. the decision (`fuelline.dedup.phases`): exact groups per key partition, candidate pairs per band
    and hash range (or SimHash table range), true Jaccard of every pair per range of documents,
    union-find over the verified pairs, one document per cluster; then a keep/drop code per
@@ -41,15 +41,14 @@ from fuelline.dedup.phases import (
     NEAR,
     HashedShards,
     decide,
-    run_once,
     save_array,
     shard_codes,
     write_audit,
 )
 from fuelline.dedup.simhash import choose_hamming, simhashes
-from fuelline.dedup.spill import PARTITIONS, hash_partition, write_spill
-from fuelline.io.atomic import write_bytes_atomic
+from fuelline.io.atomic import run_once, write_bytes_atomic
 from fuelline.io.readers import RecordError, iter_file_records
+from fuelline.io.spill import PARTITIONS, hash_partition, write_spill
 from fuelline.pipeline.shards import InputShard
 from fuelline.pipeline.stage import (
     Location,
@@ -130,7 +129,7 @@ def compared_text(record: dict, compare: str) -> str | None:
 
 
 def hash_shard(shard: InputShard, config: DedupConfig, workdir: Path) -> int:
-    """Hashing, for one shard: exact keys and band hashes as spill files (`fuelline.dedup.spill`),
+    """Hashing, for one shard: exact keys and band hashes as spill files (`fuelline.io.spill`),
     or SimHashes; lengths, shingles (for verification) and ids. Returns its number of documents."""
     target = workdir / "shards" / shard.part_name
 

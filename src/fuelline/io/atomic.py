@@ -18,7 +18,9 @@ import re
 import secrets
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Callable, Iterator
+
+import orjson
 
 TEMP_MARK = ".tmp-"
 # numpy's tofile (np.save to a real file) reports a full disk as a short write, with no errno.
@@ -174,3 +176,15 @@ def remove_temp_files(directory: Path) -> int:
             p.unlink()
             removed += 1
     return removed
+
+
+def run_once(marker: Path, work: Callable[[], dict]) -> dict:
+    """`work()` unless an earlier run finished it: its marker, written last, holds what it returned.
+
+    For the tasks of a corpus-level pass, so that an interrupted pass redoes only unfinished ones.
+    """
+    if marker.exists():
+        return orjson.loads(marker.read_bytes())
+    result = work()
+    write_bytes_atomic(marker, orjson.dumps(result))
+    return result
