@@ -8,9 +8,11 @@ import pytest
 from fuelline.clean import boilerplate
 from fuelline.clean.boilerplate import (BoilerplateConfig, BoilerplateStage, count_lines, edge_width,
                                         explain_boilerplate, format_explanation, keyed_lines,
-                                        iter_texts, short_text_score, template_similarity)
+                                        short_text_score, template_similarity)
 from fuelline.io import RecordError, read_records
 from fuelline.pipeline.executor import RunOptions, run_stage
+from fuelline.pipeline.shards import plan_shards
+from fuelline.pipeline.stage import PrepareContext
 
 SEED = 20261130
 DOCS, EMPTY_PAGES = 2000, 20
@@ -142,7 +144,7 @@ def test_a_resumed_run_reads_the_cached_counts_and_writes_the_same_bytes(corpus,
     def no_recount(*args, **kwargs):
         raise AssertionError("the line counts were recomputed instead of read from _prepare/")
 
-    monkeypatch.setattr(boilerplate, "count_lines", no_recount)
+    monkeypatch.setattr(boilerplate, "count_corpus", no_recount)
     second = run_stage(BoilerplateStage(), [path], again, RunOptions(workers=2, shard_size=500, progress=False))
     assert second["resumed_shards"] == first["shards"] - 1
     for part in sorted(out.glob("part-*")):
@@ -174,7 +176,17 @@ def test_spilling_to_disk_gives_the_same_counts_as_counting_in_memory(corpus, tm
         docs_per_line.update({h for _, _, h in keyed})
         edges_per_line.update(edge)
     expected = sorted(h for h, n in docs_per_line.items() if n >= config.min_doc_freq)
-    for table in (in_memory, spilled):
+    # The stage's way: a count per shard, merged per range of hash partitions (here 11 shards, many ranges).
+    source = tmp_path / "docs.jsonl"
+    source.write_bytes(b"".join(orjson.dumps({"text": t}) + b"\n" for t in texts))
+    merges, real_merge = [], boilerplate.merge_line_counts
+    monkeypatch.setattr(boilerplate, "merge_line_counts", lambda task, **kw: merges.append(task) or real_merge(task, **kw))
+    monkeypatch.setattr(boilerplate, "ROWS_PER_TASK", 200)
+    ctx = PrepareContext([source], plan_shards([source], 37), tmp_path / "tasks", lambda fn, items, desc: list(map(fn, items)))
+    sharded = boilerplate.count_corpus(ctx, boilerplate.shard_texts, config)
+    assert len(ctx.shards) == 11 and len(merges) > 5
+    assert sorted(p.name for p in (tmp_path / "tasks").iterdir()) == []  # the tasks' files are removed
+    for table in (in_memory, spilled, sharded):
         assert table.num_docs == len(texts)
         assert table.hashes.tolist() == expected
         assert table.doc_counts.tolist() == [docs_per_line[h] for h in expected]
@@ -232,4 +244,4 @@ def test_options_and_records_are_checked(tmp_path):
     raw = tmp_path / "raw.jsonl"
     raw.write_text('{"paragraphs": ["a"]}\n')
     with pytest.raises(RecordError, match=r"raw.jsonl:1: no string field \"text\""):
-        BoilerplateStage().prepare_texts([raw], iter_texts, tmp_path / "work")
+        explain_boilerplate([raw])

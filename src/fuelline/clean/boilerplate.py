@@ -19,16 +19,19 @@ Lines are counted whole, once per document, after normalization (NFKC, whitespac
 lowercase, every digit → 0, so "© 2025 X" and "© 2026 X" are one line). A word as frequent as
 "market" is therefore never removed: only a line that recurs in full is a candidate.
 
-Counting in bounded memory. No line and no dict of distinct lines is kept. Each line becomes a
-64-bit xxh3 hash; the distinct hashes of a document go, with an is-edge flag, into a fixed
-numpy buffer of `BUFFER_ENTRIES` = 4M pairs (8 + 1 bytes: 36 MiB, ~110 MiB while it is argsorted
-and reduced). A full buffer is reduced to (hash, docs, edges) records of 16 bytes and appended to
-one of 2**PARTITION_BITS = 64 spill files chosen by the hash's top 6 bits. At the end each file
-is reduced on its own, so the peak is ~3 × one partition: a corpus of 1e9 line occurrences,
-mostly distinct, spills ~16 GB, 250 MB a partition, ~750 MB at the peak. Only hashes held by at
-least `min_doc_freq` documents are kept, as sorted arrays (24 bytes each) that travel to every
-worker with the stage. Two of 1e9 distinct lines share a 64-bit hash with probability ~3%, and
-then only merge their counts.
+Counting in bounded memory, as tasks. No line and no dict of distinct lines is kept. Each line
+becomes a 64-bit xxh3 hash; the distinct hashes of a document go, with an is-edge flag, into a
+fixed numpy buffer of `BUFFER_ENTRIES` = 4M pairs (8 + 1 bytes: 36 MiB, ~110 MiB while it is
+argsorted and reduced). A full buffer is reduced to (hash, docs, edges) records of 16 bytes and
+appended to one of 2**PARTITION_BITS = 64 spill files chosen by the hash's top 6 bits; at the end
+each file is reduced on its own (`LineCounter`). One such count runs per input shard, as a task
+on the stage's executor (local processes or Ray), and leaves every distinct line of its shard as
+a spill table (`fuelline.io.spill`); merging tasks then sum the shards' counts of a range of hash
+partitions each (`count_corpus`), so no process holds every distinct line: a corpus of 1e9 line
+occurrences, mostly distinct, spills ~16 GB per pass, and a merging task holds ~8 M lines. Only
+hashes held by at least `min_doc_freq` documents are kept, as sorted arrays (24 bytes each) that
+travel to every worker with the stage. Two of 1e9 distinct lines share a 64-bit hash with
+probability ~3%, and then only merge their counts.
 
 Speed: the counting pass takes ~3 s per million lines on one core (the poetry corpus, 1.76M
 non-blank lines, in 5.3 s), two thirds of it NFKC. There the defaults remove 5,668 lines (0.3%):
@@ -37,6 +40,7 @@ stray "）。" fragments and 元曲 stage directions such as "（唱）。" at t
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import re
@@ -51,10 +55,11 @@ import numpy as np
 import orjson
 import xxhash
 
-from fuelline.io.atomic import atomic_write
+from fuelline.io.atomic import atomic_write, run_once
 from fuelline.io.paths import expand_inputs
 from fuelline.io.readers import RecordError, iter_file_records
-from fuelline.pipeline.shards import describe_inputs
+from fuelline.io.spill import PARTITIONS, group_ranges, hash_partition, read_spill, spill_counts, write_spill
+from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.pipeline.stage import Location, PrepareContext, ShardContext, Stage, StageConfig
 
 BUFFER_ENTRIES = 1 << 22  # (hash, is_edge) pairs held before a spill
@@ -62,6 +67,8 @@ STAGED_ENTRIES = 1 << 16  # Python ints gathered before one copy into the buffer
 PARTITION_BITS = 6
 SPILL_DTYPE = np.dtype([("hash", "<u8"), ("docs", "<u4"), ("edges", "<u4")])
 CACHE_NAME, SPILL_NAME, CACHE_VERSION = "boilerplate-lines.npz", "boilerplate-spill", 1
+ROWS_PER_TASK = 8_000_000  # distinct lines (24 B) a merging task holds
+EXPLAIN_SHARD_SIZE = 50_000
 
 _DIGIT = re.compile(r"\d")
 # Scored on the normalized line, where NFKC has already turned ｜ and ： into | and :.
@@ -266,22 +273,87 @@ class LineCounter:
         return LineTable(*(np.concatenate(column) for column in zip(*kept)), num_docs=self.num_docs)
 
 
-def count_lines(texts: Iterable[str], config: BoilerplateConfig, spill_dir: Path) -> LineTable:
-    counter = LineCounter(spill_dir, config.min_doc_freq)
+def count_lines(texts: Iterable[str], config: BoilerplateConfig, spill_dir: Path, min_doc_freq: int | None = None
+                ) -> LineTable:
+    """One counter over `texts`: lines of at least `min_doc_freq` documents (default: the config's)."""
+    counter = LineCounter(spill_dir, config.min_doc_freq if min_doc_freq is None else min_doc_freq)
     for text in texts:
         counter.add_document(keyed_lines(text, config.max_line_chars), config.edge_fraction)
     return counter.finish()
 
 
+def count_shard_lines(shard: InputShard, texts: Callable[[InputShard], Iterable[str]], config: BoilerplateConfig,
+                      workdir: Path) -> int:
+    """Counting, for one shard: every distinct line's documents and edge documents (all of them:
+    a line in one document of each of many shards recurs), as a spill table by hash partition.
+    Returns the shard's number of documents."""
+    prefix = workdir / "lines" / shard.part_name
+
+    def work() -> dict:
+        table = count_lines(texts(shard), config, workdir / SPILL_NAME / shard.part_name, min_doc_freq=1)
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+        write_spill(prefix, hash_partition(table.hashes), PARTITIONS,
+                    {"hash": table.hashes, "docs": table.doc_counts, "edges": table.edge_counts})
+        return {"documents": table.num_docs}
+
+    return run_once(prefix.with_suffix(".json"), work)["documents"]
+
+
+def merge_line_counts(task: tuple[int, int, int], prefixes: list[Path], min_doc_freq: int, directory: Path) -> dict:
+    """The shards' counts of the lines in hash partitions [lo, hi), summed; those of at least
+    `min_doc_freq` documents kept, sorted by hash."""
+    i, lo, hi = task
+    path = directory / f"task-{i:05d}.npy"
+
+    def work() -> dict:
+        rows = read_spill(prefixes, lo, hi, ("hash", "docs", "edges"))
+        hashes, docs, edges = _reduce(rows["hash"], rows["docs"], rows["edges"])
+        frequent = docs >= min_doc_freq
+        with atomic_write(path) as f:
+            np.save(f, np.stack([hashes[frequent].view(np.int64), docs[frequent], edges[frequent]]))
+        return {"lines": int(frequent.sum())}
+
+    return run_once(path.with_suffix(".json"), work)
+
+
+def count_corpus(ctx: PrepareContext, texts: Callable[[InputShard], Iterable[str]], config: BoilerplateConfig
+                 ) -> LineTable:
+    """The line table of the texts `texts(shard)` yields for every shard, as tasks on the stage's
+    executor: a count per shard, then a merge per range of hash partitions (~ROWS_PER_TASK lines),
+    so no process holds every distinct line. The same table as one counter over all the texts."""
+    documents = ctx.map(functools.partial(count_shard_lines, texts=texts, config=config, workdir=ctx.workdir),
+                        ctx.shards, "boilerplate: counting lines")
+    prefixes = [ctx.workdir / "lines" / shard.part_name for shard in ctx.shards]
+    merged = ctx.workdir / "merged"
+    merged.mkdir(parents=True, exist_ok=True)
+    tasks = [(i, lo, hi) for i, (lo, hi) in enumerate(group_ranges(spill_counts(prefixes), ROWS_PER_TASK))]
+    ctx.map(functools.partial(merge_line_counts, prefixes=prefixes, min_doc_freq=config.min_doc_freq,
+                              directory=merged), tasks, "boilerplate: merging counts")
+    parts = [np.load(merged / f"task-{i:05d}.npy") for i, *_ in tasks]
+    columns = np.concatenate(parts, axis=1) if parts else np.empty((3, 0), dtype=np.int64)
+    for name in ("lines", "merged", SPILL_NAME):
+        shutil.rmtree(ctx.workdir / name, ignore_errors=True)
+    return LineTable(columns[0].view(np.uint64).copy(), columns[1].copy(), columns[2].copy(), num_docs=sum(documents))
+
+
+def _document_texts(source, start: int = 0, stop: int | None = None) -> Iterator[str]:
+    for line, record in iter_file_records(source, start=start, stop=stop, on_error="skip"):
+        text = record.get("text")
+        if not isinstance(text, str):
+            raise RecordError(source, line, 'no string field "text": the boilerplate stage reads '
+                                            "document records (run ingest first)")
+        yield text
+
+
+def shard_texts(shard: InputShard) -> Iterator[str]:
+    """The "text" of every document record of a shard; unreadable lines are left to the shards to report."""
+    return _document_texts(shard.source, shard.start, shard.stop)
+
+
 def iter_texts(files: list[Path]) -> Iterator[str]:
-    """The "text" of every document record; unreadable lines are left to the shards to report."""
+    """The "text" of every document record of `files`."""
     for path in files:
-        for line, record in iter_file_records(path, on_error="skip"):
-            text = record.get("text")
-            if not isinstance(text, str):
-                raise RecordError(path, line, 'no string field "text": the boilerplate stage reads '
-                                              "document records (run ingest first)")
-            yield text
+        yield from _document_texts(path)
 
 
 # --- the stage -----------------------------------------------------------------------------
@@ -302,24 +374,24 @@ class BoilerplateStage(Stage):
 
     def prepare(self, ctx: PrepareContext) -> None:
         """Count every line of the corpus once; a resumed run reads the counts from `workdir`."""
-        self.prepare_texts(ctx.files, iter_texts, ctx.workdir)
+        self.count(ctx, shard_texts)
 
-    def prepare_texts(self, files: list[Path], texts: Callable[[list[Path]], Iterable[str]], workdir: Path) -> None:
-        """`prepare` over the texts `texts(files)` yields: for a stage that cleans text before this one."""
-        self.files = list(files)
+    def count(self, ctx: PrepareContext, texts: Callable[[InputShard], Iterable[str]]) -> None:
+        """`prepare` over the texts `texts(shard)` yields: for a stage that cleans text before this one."""
+        self.files = list(ctx.files)
         self._index = None
         cfg = self.config
         key = orjson.dumps({"version": CACHE_VERSION, "min_doc_freq": cfg.min_doc_freq,
                             "edge_fraction": cfg.edge_fraction, "max_line_chars": cfg.max_line_chars,
                             "inputs": describe_inputs(self.files)}).decode()
-        cache = workdir / CACHE_NAME
+        cache = ctx.workdir / CACHE_NAME
         if cache.exists():
             with np.load(cache) as saved:
                 if str(saved["key"]) == key:
                     self.table = LineTable(saved["hashes"], saved["doc_counts"], saved["edge_counts"],
                                            int(saved["num_docs"]))
                     return
-        self.table = count_lines(texts(self.files), cfg, workdir / SPILL_NAME)
+        self.table = count_corpus(ctx, texts, cfg)
         with atomic_write(cache) as f:
             np.savez(f, key=np.array(key), hashes=self.table.hashes, doc_counts=self.table.doc_counts,
                      edge_counts=self.table.edge_counts, num_docs=np.array(self.table.num_docs))
@@ -410,8 +482,11 @@ class BoilerplateStage(Stage):
 def explain_boilerplate(inputs, config: BoilerplateConfig | None = None, top: int = 30) -> list[dict]:
     """Count the lines of `inputs` (files, directories, globs) and explain the `top` candidates."""
     stage = BoilerplateStage(config)
+    files = expand_inputs(inputs)
     with tempfile.TemporaryDirectory(prefix="fuelline-boilerplate-") as workdir:
-        stage.prepare_texts(expand_inputs(inputs), iter_texts, Path(workdir))
+        in_process = lambda fn, items, desc: [fn(item) for item in items]  # noqa: E731
+        stage.count(PrepareContext(files, plan_shards(files, EXPLAIN_SHARD_SIZE), Path(workdir), in_process),
+                    shard_texts)
     return stage.explain(top)
 
 

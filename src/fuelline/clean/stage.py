@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterable, Iterator
 
 from fuelline.clean.boilerplate import BoilerplateStage
@@ -12,6 +11,7 @@ from fuelline.clean.web import WebRules, clean_web_text
 from fuelline.ingest import document_from_raw
 from fuelline.io.readers import iter_file_records
 from fuelline.io.rejects import Rejects
+from fuelline.pipeline.shards import InputShard
 from fuelline.pipeline.stage import Drop, Location, PrepareContext, ShardContext, Stage, StageConfig
 from fuelline.records import fallback_id
 
@@ -64,11 +64,11 @@ class CleanStage(Stage):
     def prepare(self, ctx: PrepareContext) -> None:
         """With boilerplate removal on, count the lines of the cleaned texts across the corpus."""
         if self._boilerplate is not None:
-            self._boilerplate.prepare_texts(ctx.files, self._cleaned_texts, ctx.workdir)
+            self._boilerplate.count(ctx, self._cleaned_texts)
 
-    def _cleaned_texts(self, files: list[Path]) -> Iterator[str]:
-        located = ((Location(str(path), line), record) for path in files
-                   for line, record in iter_file_records(path, on_error="skip"))
+    def _cleaned_texts(self, shard: InputShard) -> Iterator[str]:
+        located = ((Location(str(shard.source), line), record) for line, record
+                   in iter_file_records(shard.source, start=shard.start, stop=shard.stop, on_error="skip"))
         for _, doc in self._clean(located, ShardContext(-1, Rejects())):
             yield doc["text"]
 
