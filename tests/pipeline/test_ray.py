@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
 import pytest
 import zstandard
 
@@ -126,6 +127,8 @@ def local_runs(raw, tokenizer_dir, tmp_path_factory):
     base = tmp_path_factory.mktemp("local")
     run_ok("clean", "-i", str(raw), "-o", str(base / "clean"), "--shard-size", SHARD, "-w", "2")
     run_ok("dedup", "-i", str(base / "clean"), "-o", str(base / "dedup"), "--shard-size", SHARD, "-w", "2")
+    run_ok("boilerplate", "-i", str(base / "clean"), "-o", str(base / "boilerplate"), "--shard-size", SHARD,
+           "--min-doc-freq", "2", "--threshold", "0.3", "-w", "2")  # so that it removes lines (~330)
     run_ok("pack", "-i", str(base / "dedup"), "--tokenizer", str(tokenizer_dir), "-o", str(base / "pack"),
            "--shard-size", SHARD, "-w", "2")
     return base
@@ -138,11 +141,15 @@ def test_clean_dedup_and_pack_on_a_ray_cluster_write_the_local_bytes(ray_address
     run_ok("dedup", "-i", str(local_runs / "clean"), "-o", str(tmp_path / "dedup"), "--shard-size", SHARD, *on_ray)
     run_ok("pack", "-i", str(local_runs / "dedup"), "--tokenizer", str(tokenizer_dir), "-o", str(tmp_path / "pack"),
            "--shard-size", SHARD, *on_ray)
-    for step in ("clean", "dedup", "pack"):
+    run_ok("boilerplate", "-i", str(local_runs / "clean"), "-o", str(tmp_path / "boilerplate"), "--shard-size", SHARD,
+           "--min-doc-freq", "2", "--threshold", "0.3", *on_ray)  # line counts: a task per shard, merges by hash
+    for step in ("clean", "dedup", "pack", "boilerplate"):
         expected = data_files(local_runs / step)
         assert data_files(tmp_path / step) == expected, step
     assert len([n for n in data_files(local_runs / "clean") if n.startswith("part-")]) == 6
     assert (local_runs / "dedup" / "_rejects").is_dir()  # dedup removed something: the comparison means it
+    boilerplate = orjson.loads((local_runs / "boilerplate" / "stats.json").read_bytes())
+    assert boilerplate["counters"]["boilerplate_lines_removed"] > 100  # and boilerplate removed lines
 
 
 def test_dedup_on_ray_reads_and_writes_urls(ray_address, local_runs, tmp_path):
