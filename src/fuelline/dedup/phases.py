@@ -46,8 +46,8 @@ from fuelline.dedup.clusters import connected_components, jaccard_pairs, keepers
 from fuelline.dedup.exact import group_labels
 from fuelline.dedup.lsh import bucket_pairs, candidate_probability, unique_pairs
 from fuelline.dedup.simhash import choose_blocks, find_probability, hamming_pairs
-from fuelline.io.spill import PARTITIONS, group_ranges, range_partition, read_spill, spill_counts, write_spill
 from fuelline.io.atomic import atomic_write, run_once
+from fuelline.io.spill import PARTITIONS, group_ranges, range_partition, read_spill, spill_counts, write_spill
 from fuelline.io.writers import JsonlZstWriter
 
 if TYPE_CHECKING:
