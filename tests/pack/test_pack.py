@@ -187,6 +187,12 @@ def test_cli_pack_verify_and_inspect(poems, tokenizer_dir, tmp_path):
     assert "[masked ] '<s>" in shown.stdout and "[trained]" in shown.stdout
     table = run("inspect", str(out), "--window", "0", "--seq-len", "64").stdout
     assert "-100" in table and "predict" in table
+    manifest = orjson.loads((out / "train" / "manifest.json").read_bytes())
+    del manifest["tokenizer"]["fingerprint"]  # a manifest from another writer: nothing to check the tokenizer by
+    (out / "train" / "manifest.json").write_bytes(orjson.dumps(manifest))
+    unchecked = run("inspect", str(out), "--doc", "0")
+    assert unchecked.returncode == 2 and "no tokenizer fingerprint" in unchecked.stderr
+    assert "Traceback" not in unchecked.stderr
     (out / "val" / "docs.idx").write_bytes(b"\0" * 8)
     broken = run("verify", str(out))
     assert broken.returncode == 2 and "docs.idx" in broken.stderr and "Traceback" not in broken.stderr

@@ -29,7 +29,10 @@ def open_for_inspection(directory: str | os.PathLike, split: str = "train"):
     tokenizer_dir = next((c for c in candidates if (c / "tokenizer.json").exists()), None)
     if tokenizer_dir is None:
         raise TokenFormatError(data, "no tokenizer/ next to it to decode with")
-    expected = files.manifest["tokenizer"]["fingerprint"]
+    expected = files.manifest["tokenizer"].get("fingerprint")
+    if expected is None:
+        raise TokenFormatError(data, "its manifest records no tokenizer fingerprint, so no tokenizer can be "
+                                     "checked to decode it; pack it again with fuelline")
     if tokenizer_fingerprint(tokenizer_dir) != expected:
         raise TokenFormatError(tokenizer_dir, "this tokenizer is not the one the dataset was packed with")
     return files, Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
