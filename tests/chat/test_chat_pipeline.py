@@ -4,10 +4,8 @@ started and stopped by the run) → cache → report, on the chat demo's sample 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import venv
 from pathlib import Path
 
 import orjson
@@ -21,7 +19,6 @@ from fuelline.cache.inspect import validate_for_draft, verify_cache  # noqa: E40
 from fuelline.chat.demo import run_chat_demo, sample_records  # noqa: E402
 from fuelline.report.funnel import format_funnel, load_funnel  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -95,20 +92,3 @@ def test_a_second_run_resumes_every_step(demo_run):
     _, again = run_chat_demo(str(base), conversations=60, progress=False)
     assert [s.get("records_out") for s in again[:3]] == [s.get("records_out") for s in first[:3]]
     assert all(s.get("resumed") for s in again[1:3])
-
-
-@pytest.mark.slow
-def test_demo_chat_in_a_fresh_virtual_environment(tmp_path):
-    """`pip install .[torch,serve]` into a new venv, then `fuelline demo chat`, as a user would."""
-    env_dir = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=True).create(env_dir)
-    python = env_dir / "bin" / "python"
-    environ = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
-    install = subprocess.run([str(python), "-m", "pip", "install", "-q", f"{ROOT}[torch,serve]"],
-                             capture_output=True, text=True, env=environ, timeout=900)
-    assert install.returncode == 0, install.stderr[-3000:]
-    demo = subprocess.run([str(env_dir / "bin" / "fuelline"), "demo", "chat", "--dir", str(tmp_path / "demo")],
-                          capture_output=True, text=True, env=environ, timeout=900)
-    assert demo.returncode == 0, demo.stderr[-3000:]
-    assert "cache:" in demo.stdout and "CacheDataset(" in demo.stdout
-    assert "regenerate" in demo.stdout

@@ -1,5 +1,5 @@
 """Regeneration through real models served by `fuelline serve --engine transformers` on this CPU:
-a tiny random Qwen3 (a few hundred requests over two servers) and the real SmolLM2-135M-Instruct."""
+a tiny random Qwen3 (~170 requests over two servers) and the real SmolLM2-135M-Instruct."""
 
 import signal
 import subprocess
@@ -18,11 +18,11 @@ from ..serve.test_launcher import free_ports, post_chat
 
 @pytest.fixture(scope="module")
 def chats(tmp_path_factory):
-    """150 GSM8K exchanges and 50 multi-turn ShareGPT conversations (cut to three exchanges)."""
+    """80 GSM8K exchanges and 30 multi-turn ShareGPT conversations (cut to three exchanges)."""
     records = [{"id": f"gsm8k-{i}", "conversations": [{"role": "user", "content": r["question"]},
                                                       {"role": "assistant", "content": r["answer"]}]}
-               for i, r in zip(range(150), read_records(shared_file("chat/gsm8k-train.jsonl.zst")))]
-    for i, r in zip(range(50), (r for r in read_records(shared_file("chat/sharegpt_zh_1K.jsonl.zst"))
+               for i, r in zip(range(80), read_records(shared_file("chat/gsm8k-train.jsonl.zst")))]
+    for i, r in zip(range(30), (r for r in read_records(shared_file("chat/sharegpt_zh_1K.jsonl.zst"))
                                 if len(r["conversations"]) >= 4)):
         turns = [{"role": "user" if t["from"] == "human" else "assistant", "content": t["value"][:300]}
                  for t in r["conversations"][:6]]
@@ -57,7 +57,7 @@ def test_two_served_tiny_models_regenerate_every_id_once_from_the_regenerated_hi
         assert output.read_bytes().count(b"\n") == len(records)  # every id exactly once
         stats = orjson.loads((tmp_path / "out.stats.json").read_bytes())
         assert stats["counters"]["requests"] == sum(t["role"] == "assistant" for r in records for t in r["conversations"])
-        assert all(s["requests"] > 50 for s in stats["servers"].values())  # both servers worked
+        assert all(s["requests"] > 40 for s in stats["servers"].values())  # both servers worked (~170 requests)
         assert all(s["left_out"] == ["min_p", "top_k"] for s in stats["servers"].values())  # transformers refuses them
         # Greedy answers are a function of the history: asked again with the regenerated history,
         # the server gives the stored third answer of every multi-turn conversation.

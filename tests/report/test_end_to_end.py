@@ -1,7 +1,5 @@
-import os
 import shutil
 import subprocess
-import venv
 from itertools import islice
 
 import numpy as np
@@ -79,17 +77,3 @@ def test_the_html_report_renders_its_charts_in_headless_chromium(run_dir, tmp_pa
     pixels = matplotlib.image.imread(png)[..., :3]
     bar_blue = np.array([0x4A, 0x7B, 0xB7]) / 255  # the funnel chart's bars were drawn
     assert (np.abs(pixels - bar_blue).sum(axis=-1) < 0.05).sum() > 1_000
-
-
-def test_demo_works_in_a_fresh_environment_with_only_the_package(tmp_path):
-    env_dir = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=True).create(env_dir)
-    python = env_dir / "bin" / "python"
-    install = subprocess.run([python, "-m", "pip", "install", "-q", str(ROOT)], capture_output=True, text=True)
-    assert install.returncode == 0, install.stderr[-3000:]
-    clean_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    result = subprocess.run([env_dir / "bin" / "fuelline", "demo", "--dir", str(tmp_path / "demo")],
-                            capture_output=True, text=True, env=clean_env, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "exact_duplicate" in result.stdout
-    assert (tmp_path / "demo" / "run" / "05-pack" / "train" / "manifest.json").exists()
