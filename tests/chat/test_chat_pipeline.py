@@ -20,7 +20,6 @@ from fuelline.chat.demo import run_chat_demo, sample_records  # noqa: E402
 from fuelline.report.funnel import format_funnel, load_funnel  # noqa: E402
 
 
-
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
     base = tmp_path_factory.mktemp("chat-demo")
