@@ -207,6 +207,21 @@ def test_a_pipeline_file_runs_its_steps_on_ray_and_the_command_line_may_say_loca
     assert on_ray[1]["splits"] == local[1]["splits"]
 
 
+def test_a_pipeline_without_an_address_starts_one_ray_instance_for_all_its_steps(raw, local_runs, tmp_path,
+                                                                                    monkeypatch):
+    ray = pytest.importorskip("ray")
+    started, init = [], ray.init
+    monkeypatch.setattr(ray, "init", lambda *args, **kwargs: started.append(kwargs) or init(*args, **kwargs))
+    pipeline = tmp_path / "pipeline.toml"
+    pipeline.write_text(f'[defaults]\nexecutor = "ray"\nworkers = 2\nshard_size = {SHARD}\n\n'
+                        '[[stage]]\nuse = "clean"\n\n[[stage]]\nuse = "dedup"\n')
+    run_pipeline(load_pipeline(pipeline), tmp_path / "run", input=[str(raw)], progress=False)
+    assert [kwargs.get("num_cpus") for kwargs in started] == [2] and not ray.is_initialized()
+    kept = [{n: b for n, b in data_files(d).items() if not n.startswith("_rejects/")}  # rejects name their input
+            for d in (tmp_path / "run" / "02-dedup", local_runs / "dedup")]
+    assert kept[0] == kept[1] and "clusters.jsonl.zst" in kept[0]
+
+
 @dataclass
 class KillConfig(StageConfig):
     deaths: str = ""  # a file with a line per death: the worker of shard 1 kills itself halfway while it has

@@ -16,6 +16,7 @@ Each stage writes RUN_DIR/NN-NAME/; running the file again resumes where it stop
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import tomllib
@@ -32,6 +33,7 @@ from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import expand_inputs
 from fuelline.io.remote import refuse_url
 from fuelline.pipeline.executor import RunOptions, run_stage
+from fuelline.pipeline.ray_executor import RayExecutor
 from fuelline.pipeline.registry import stage_class
 from fuelline.pipeline.stage import Stage
 from fuelline.pipeline.task import Task, resolve_step
@@ -158,9 +160,22 @@ def run_pipeline(steps: list[PipelineStep], run_dir: str | os.PathLike, *, input
         overrides.setdefault("ray_address", None)
     options = [dataclasses.replace(step.run_options, restart=restart, progress=progress, **overrides)
                for step in steps]  # a contradiction (a Ray address for local) stops the run before it starts
-    with exclusive_output(run_dir):
+    with exclusive_output(run_dir), _one_ray_instance(steps, options):
         run_dir.mkdir(parents=True, exist_ok=True)
         return _run_steps(steps, options, run_dir, input)
+
+
+def _one_ray_instance(steps: list[PipelineStep], step_options: list[RunOptions]):
+    """When the steps on Ray all run without an address, one Ray instance started here for all of
+    them (each step's executor would start and stop one of its own: seconds a step)."""
+    on_ray = [o for step, o in zip(steps, step_options) if o.executor == "ray" and _uses_workers(step)]
+    if not on_ray or any(o.ray_address is not None for o in on_ray):
+        return contextlib.nullcontext()
+    return RayExecutor(None, max(o.resolved_workers(1 << 30) for o in on_ray))
+
+
+def _uses_workers(step: PipelineStep) -> bool:
+    return not isinstance(step.stage, Task) or step.stage.parallel
 
 
 def _run_steps(steps: list[PipelineStep], step_options: list[RunOptions], run_dir: Path,
@@ -182,7 +197,7 @@ def _run_steps(steps: list[PipelineStep], step_options: list[RunOptions], run_di
         write_bytes_atomic(run_dir / "pipeline.json", orjson.dumps({"stages": layout}, option=orjson.OPT_INDENT_2) + b"\n")
         if isinstance(step.stage, Task):
             executor = ({"executor": options.executor, "ray_address": options.ray_address}
-                        if step.stage.parallel else {})
+                        if _uses_workers(step) else {})
             stats = step.stage.run(inputs, out, workers=options.workers, steps=outputs, restart=options.restart,
                                    progress=options.progress, **executor)
         else:
