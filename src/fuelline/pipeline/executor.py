@@ -137,12 +137,11 @@ def _write_shard_outputs(stage: Stage, records: Iterator[tuple[Location, dict]],
         writers[name].write(record)
 
 
-def run_shard(stage: Stage, shard: InputShard, output_dir: Path, options: RunOptions,
-              progress: Callable[[int], None] = lambda n: None, targets: dict[str, Path] | None = None,
-              store: OutputStore | None = None) -> dict:
-    """Process one shard: write its part files, its rejects and, last, its completion marker; then
-    publish them, in that order, to `store` (`output_dir`'s, where it is a URL's staging directory)."""
-    targets = targets or output_targets(stage, output_dir)
+def run_shard(stage: Stage, shard: InputShard, store: OutputStore, targets: dict[str, Path], options: RunOptions,
+              progress: Callable[[int], None] = lambda n: None) -> dict:
+    """Process one shard: write its part files, its rejects and, last, its completion marker into
+    the store's directory (`targets`: each output's); then publish them to the store, in that order."""
+    output_dir = store.directory
     started = time.perf_counter()
     rejects_path = output_dir / REJECTS_DIR / f"{shard.part_name}.jsonl.zst" if options.keep_rejects else None
     rejects = Rejects(rejects_path)
@@ -187,8 +186,7 @@ def run_shard(stage: Stage, shard: InputShard, output_dir: Path, options: RunOpt
         marker["files"][f"{REJECTS_DIR}/{rejects_path.name}"] = rejects_path.stat().st_size
     marker_name = f"{DONE_DIR}/{shard.part_name}.json"
     write_bytes_atomic(output_dir / marker_name, _dumps(marker))
-    if store is not None:
-        store.publish([*marker["files"], marker_name])
+    store.publish([*marker["files"], marker_name])
     return marker
 
 
@@ -429,8 +427,7 @@ def _run_locked(stage: Stage, files: list[Path | str], store: OutputStore, optio
         with open_executor(options, len(shards)) as executor:
             stage.prepare(PrepareContext(files, shards, output_dir / PREPARE_DIR,
                                          functools.partial(executor.map, progress=options.progress)))
-            run = functools.partial(run_shard, stage, output_dir=output_dir, options=options, targets=targets,
-                                    store=store)
+            run = functools.partial(run_shard, stage, store=store, targets=targets, options=options)
             with tqdm(total=total, desc=stage.name, unit="rec", disable=not options.progress, leave=False) as bar:
                 executor.run_shards(run, pending, bar)
         for directory in [output_dir, *_outside_targets(targets, output_dir)]:
