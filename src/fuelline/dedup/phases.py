@@ -59,6 +59,7 @@ PAIRS_PER_TASK = 2_000_000
 MIN_VERIFY_TASKS = 8  # verification is the slow phase: spread it even on a small corpus
 SIMHASH_TASKS = 8
 AUDIT_ROWS_PER_TASK = 200_000
+PHASE_DIRS = ("exact", "candidates", "verify", "audit")  # what the phases write under the work directory
 
 
 def save_array(path: Path, array: np.ndarray) -> None:

@@ -39,6 +39,7 @@ from fuelline.dedup.normalize import Normalizer
 from fuelline.dedup.phases import (
     EXACT,
     NEAR,
+    PHASE_DIRS,
     HashedShards,
     decide,
     save_array,
@@ -151,10 +152,10 @@ def hash_shard(shard: InputShard, config: DedupConfig, workdir: Path) -> int:
                            config.seed)
         signatures, shingles, offsets = hasher.signatures_and_shingles(normalized)
         target.mkdir(parents=True, exist_ok=True)
-        docs = np.arange(len(texts), dtype=np.uint32)
+        docs, lengths = np.arange(len(texts), dtype=np.uint32), np.array(lengths, dtype=np.int64)
         keys = exact_keys(normalized)
         write_spill(target / "exact", hash_partition(keys[:, 0]), PARTITIONS,
-                    {"key0": keys[:, 0], "key1": keys[:, 1], "doc": docs, "length": np.array(lengths, dtype=np.int64)})
+                    {"key0": keys[:, 0], "key1": keys[:, 1], "doc": docs, "length": lengths})
         if config.method == "minhash":
             bands, rows = config.band_layout()
             hashes = band_hashes(signatures, bands, rows).T.ravel()  # band by band, documents in order within
@@ -163,8 +164,7 @@ def hash_shard(shard: InputShard, config: DedupConfig, workdir: Path) -> int:
                         {"hash": hashes, "doc": np.tile(docs, bands)})
         else:
             save_array(target / "simhash.npy", simhashes(shingles, offsets))
-        for name, array in (("lengths", np.array(lengths, dtype=np.int64)), ("shingles", shingles),
-                            ("shingle_offsets", offsets)):
+        for name, array in (("lengths", lengths), ("shingles", shingles), ("shingle_offsets", offsets)):
             save_array(target / f"{name}.npy", array)
         encoded = [i.encode("utf-8") for i in ids]  # memory-mappable: the audit looks ids up one by one
         save_array(target / "id_offsets.npy", np.cumsum([0] + [len(e) for e in encoded], dtype=np.int64))
@@ -212,7 +212,7 @@ class DedupStage(Stage):
         for shard, begin, end in zip(ctx.shards, starts[:-1], starts[1:]):
             save_array(ctx.workdir / "decisions" / f"{shard.part_name}.npy", shard_codes(decision, begin, end))
         write_bytes_atomic(ctx.workdir / "summary.json", orjson.dumps({**decision.summary, "seconds": laps.laps}))
-        for name in ("shards", "exact", "candidates", "verify", "audit"):  # decided: the phases' files are no longer needed
+        for name in ("shards", *PHASE_DIRS):  # decided: the phases' files are no longer needed
             shutil.rmtree(ctx.workdir / name)
 
     def process(self, records: Iterable[tuple[Location, dict]], ctx: ShardContext) -> Iterator[dict]:
