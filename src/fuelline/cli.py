@@ -327,7 +327,8 @@ chat.add_command(_chat_prepare_command())
 @click.option("--model", default=None, help="model name sent with each request (default: the servers file's)")
 @click.option("--concurrency", type=int, default=64, show_default=True, help="requests in flight per server")
 @click.option("--preset", type=click.Choice(["qwen3", "gemma4", "none"]), default="none", show_default=True,
-              help="the target family's recommended sampling; explicit values override it")
+              help="the target family's recommended sampling (qwen3: temperature 0.7, top-p 0.8, top-k 20; gemma4: 1.0, "
+                   "0.95, 64; none: the server's defaults); explicit values override it")
 @click.option("--temperature", type=float, default=None, help="sampling temperature (default: the preset's, else the server's)")
 @click.option("--top-p", type=float, default=None, help="nucleus sampling: keep the smallest set of tokens with this mass")
 @click.option("--top-k", type=int, default=None, help="sample among the K most likely tokens")
@@ -487,7 +488,9 @@ def tokenizer() -> None:
               help="tokenizer directory to write")
 @click.option("--vocab-size", type=int, default=4096, show_default=True, help="tokens in the vocabulary, merges included")
 @click.option("--pretokenize", type=click.Choice(["han-chars", "han-pairs", "bytelevel"]), default="han-chars",
-              show_default=True, help="how text is cut before BPE (see fuelline.tokenizer.train)")
+              show_default=True, help="how text is cut before BPE merges: han-chars, every Han character a "
+              "token of its own (merges only inside other scripts); han-pairs, at most two Han characters per "
+              "token; bytelevel, GPT-2's rule (a whole run of Han characters may merge)")
 @click.option("--min-frequency", type=int, default=2, show_default=True,
               help="a pair must occur this often to become a merge")
 def train(inputs, output, vocab_size, pretokenize, min_frequency):

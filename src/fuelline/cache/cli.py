@@ -69,7 +69,7 @@ def cache() -> None:
 @click.option("--min-shards", type=int, default=8, show_default=True,
               help="at least this many shards, so that several ranks share the work")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
-              help="auto: this rank's GPU when there is one")
+              help="auto: this rank's GPU when there is one, else the cpu; cuda: fail without a GPU")
 @click.option("--force", is_flag=True, help="start even when the disk has less free space than the cache needs")
 @click.option("--queue-bytes", type=_Size(), default="4GiB", show_default=True,
               help="host memory for batches waiting for the writer thread")

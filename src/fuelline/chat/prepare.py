@@ -47,7 +47,9 @@ class ChatPrepareConfig(StageConfig):
     test_size: float = field(default=0.05, metadata={"help": "share of conversations held out as eval prompts"})
     seed: int = field(default=42, metadata={"help": "decides the split, from a hash of (seed, id)"})
     schema: str = field(default="auto", metadata={
-        "help": "input schema, or auto: detected per record", "choices": ["auto", *SCHEMAS]})
+        "help": "input schema (sharegpt: conversations of from/value; openai: messages of role/content; "
+                "alpaca: instruction/input/output; qa: question/answer, query/response or prompt/completion), "
+                "or auto: detected per record", "choices": ["auto", *SCHEMAS]})
     keep_system: bool = field(default=False, metadata={"help": "keep system turns (default: remove them)"})
     category_key: str = field(default="", metadata={
         "help": "record field naming its category (chat, math, code, …), or @file for the input file's name: "

@@ -22,7 +22,7 @@ class RegenerateStepConfig(StageConfig):
     model: str = field(default="", metadata={"help": "model name sent with each request (default: the servers file's)"})
     servers: list[str] = field(default_factory=list, metadata={"help": "HOST:PORT or URL of each server"})
     servers_file: str = field(default="", metadata={"help": "servers file written by `fuelline serve`"})
-    preset: str = field(default="none", metadata={"help": "recommended sampling of the target family",
+    preset: str = field(default="none", metadata={"help": "recommended sampling of the target family (qwen3, gemma4; none: the server's)",
                                                   "choices": list(PRESETS)})
     temperature: float | None = field(default=None, metadata={"help": "overrides the preset"})
     top_p: float | None = field(default=None, metadata={"help": "overrides the preset"})

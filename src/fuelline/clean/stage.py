@@ -22,7 +22,9 @@ CONVERSIONS = ["none", "t2s", "s2t", "tw2s", "hk2s", "s2tw"]  # OpenCC configura
 class CleanConfig(StageConfig):
     profile: str = field(default="poetry", metadata={"help": "rules to apply", "choices": ["poetry", "web"]})
     convert: str = field(default="none", metadata={
-        "help": "convert between traditional and simplified script with OpenCC", "choices": CONVERSIONS})
+        "help": "OpenCC script conversion of the text: t2s traditional to simplified, s2t simplified to "
+                "traditional, tw2s/hk2s Taiwan/Hong Kong traditional to simplified, s2tw simplified to Taiwan "
+                "traditional; none leaves the script as it is", "choices": CONVERSIONS})
     text_key: str = field(default="text", metadata={"help": "web profile: field holding the text"})
     max_han: int = field(default=3000, metadata={"help": "poetry profile: drop poems longer than this (Han characters)"})
     min_chars: int = field(default=WebRules.min_chars, metadata={"help": "web profile: shortest text kept"})
