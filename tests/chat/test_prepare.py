@@ -223,6 +223,35 @@ def test_cli_malformed_json_names_file_and_line(tmp_path):
     assert result.returncode == 2 and f"{source}:2: invalid JSON" in result.stderr
 
 
+def _prepare_cli(source, tmp_path):
+    return subprocess.run([sys.executable, "-m", "fuelline.cli", "chat", "prepare", "-i", str(source), "--train-output",
+                           str(tmp_path / "t.jsonl"), "--eval-output", str(tmp_path / "e.jsonl"), "-q", "-w", "1"],
+                          capture_output=True, text=True)
+
+
+def test_cli_that_keeps_nothing_says_why_on_the_terminal_and_fails(tmp_path):
+    source = tmp_path / "docs.jsonl"
+    source.write_text("".join(f'{{"text": "document {i}"}}\n' for i in range(5)))
+    result = _prepare_cli(source, tmp_path)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "kept none of its 5 records" in result.stderr
+    assert f"5 of 5 records (100%) dropped as unknown_schema; the first: {source}:1: keys text match no chat schema" \
+        in result.stderr
+    assert not (tmp_path / "t.jsonl").exists()  # no empty train file that looks like a result
+
+
+def test_cli_warns_when_one_reason_drops_most_records(tmp_path):
+    source = tmp_path / "mixed.jsonl"
+    lines = [f'{{"text": "document {i}"}}' for i in range(6)] + [orjson.dumps(
+        {"id": f"c{i}", "conversations": [{"from": "human", "value": f"hi {i}"}, {"from": "gpt", "value": "hello"}]}
+    ).decode() for i in range(4)]
+    source.write_text("\n".join(lines) + "\n")
+    result = _prepare_cli(source, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "warning: 6 of 10 records (60%) dropped as unknown_schema; the first: " in result.stderr
+    assert len((tmp_path / "t.jsonl").read_bytes().splitlines()) + len((tmp_path / "e.jsonl").read_bytes().splitlines()) == 4
+
+
 def test_pipeline_prepares_then_dedups_user_turns(tmp_path):
     records = [{"id": f"r{i}", "question": f"How many apples are in basket number {i // 2}?", "answer": f"{i}"}
                for i in range(400)]  # every prompt twice, with different answers

@@ -28,12 +28,18 @@ class Rejects:
     def __init__(self, path: str | os.PathLike | None = None):
         self.path = path
         self.counts: Counter[str] = Counter()
+        # The first rejection of each reason, as "SOURCE:LINE: detail": what a terminal shows
+        # when a reason dominates, without opening the rejects file.
+        self.examples: dict[str, str] = {}
         self._writer: JsonlZstWriter | None = None
 
     def add(self, reason: str, record: Any, *, source: str | None = None, line: int | None = None,
             detail: str | None = None, raw: bytes | None = None) -> None:
         """Count `record` under `reason` and keep it; `raw` (its line as read) is kept if it cannot be written."""
         self.counts[reason] += 1
+        if reason not in self.examples:
+            where = f"{source}:{line}: " if source is not None and line is not None else f"{source}: " if source else ""
+            self.examples[reason] = f"{where}{detail or reason}"
         if self.path is None:
             return
         if self._writer is None:

@@ -176,6 +176,7 @@ def run_shard(stage: Stage, shard: InputShard, store: OutputStore, targets: dict
         "records_in": read + unreadable,
         "records_out": sum(w.count for w in writers.values()),
         "dropped": dict(sorted(rejects.counts.items())),
+        "drop_examples": dict(sorted(rejects.examples.items())),
         "counters": dict(sorted(ctx.counters.items())),
         "seconds": round(time.perf_counter() - started, 4),
         "files": {os.path.relpath(w.path, output_dir): w.path.stat().st_size for w in writers.values()},
@@ -379,8 +380,11 @@ def aggregate_stats(stage: Stage, markers: list[dict]) -> dict:
     dropped: Counter = Counter()
     counters: Counter = Counter()
     outputs: Counter = Counter()
+    examples: dict[str, str] = {}
     for m in markers:
         dropped.update(m["dropped"])
+        for reason, example in m.get("drop_examples", {}).items():
+            examples.setdefault(reason, example)
         counters.update(m["counters"])
         outputs.update(m.get("outputs", {}))
     stats = {
@@ -388,6 +392,7 @@ def aggregate_stats(stage: Stage, markers: list[dict]) -> dict:
         "records_in": sum(m["records_in"] for m in markers),
         "records_out": sum(m["records_out"] for m in markers),
         "dropped": dict(sorted(dropped.items())),
+        "drop_examples": dict(sorted(examples.items())),
         "counters": dict(sorted(counters.items())),
         "seconds": round(sum(m["seconds"] for m in markers), 3),
         "shards": len(markers),
