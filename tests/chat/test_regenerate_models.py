@@ -1,10 +1,8 @@
 """Regeneration through real models served by `fuelline serve --engine transformers` on this CPU:
 a tiny random Qwen3 (~170 requests over two servers) and the real SmolLM2-135M-Instruct."""
 
-import signal
 import subprocess
 import sys
-import time
 
 import orjson
 import pytest
@@ -13,7 +11,7 @@ from fuelline.io import read_records
 from fuelline.serve.launcher import ServerGroup, read_servers_file
 
 from ..conftest import shared_file
-from ..serve.test_launcher import free_ports, post_chat
+from ..serve.test_launcher import free_ports, launch, post_chat, stop_launcher, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -36,15 +34,14 @@ def test_two_served_tiny_models_regenerate_every_id_once_from_the_regenerated_hi
                                                                                         tmp_path):
     path, records = chats
     servers_file = tmp_path / "servers.json"
-    launcher = subprocess.Popen([sys.executable, "-m", "fuelline.cli", "serve", "--engine", "transformers",
-                                 "--model", str(tiny_qwen3_dir), "--ports", ",".join(map(str, free_ports(2))),
-                                 "--log-dir", str(tmp_path / "logs"), "--servers-file", str(servers_file)],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path / "launcher.log"
+    with open(log, "w") as out:  # a file, not a pipe: a pipe nobody reads can fill and block the launcher
+        launcher = launch("--engine", "transformers", "--model", str(tiny_qwen3_dir), "--ports",
+                          ",".join(map(str, free_ports(2))), "--log-dir", str(tmp_path / "logs"),
+                          "--servers-file", str(servers_file), stdout=out, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 120
-        while not servers_file.exists():
-            assert launcher.poll() is None and time.monotonic() < deadline, launcher.stdout.read()
-            time.sleep(0.2)
+        wait_for(lambda: servers_file.exists() or launcher.poll() is not None, 300, "the servers file")
+        assert launcher.poll() is None, log.read_text() + "".join(p.read_text() for p in (tmp_path / "logs").glob("*"))
         model, urls = read_servers_file(servers_file)
         output = tmp_path / "out.jsonl"
         result = subprocess.run([sys.executable, "-m", "fuelline.cli", "chat", "regenerate", "-i", str(path), "-o",
@@ -68,8 +65,7 @@ def test_two_served_tiny_models_regenerate_every_id_once_from_the_regenerated_hi
                                                      "temperature": 0, "chat_template_kwargs": {"enable_thinking": False}})
                 assert status == 200 and answer["choices"][0]["message"]["content"] == turns[5]["content"], rid
     finally:
-        launcher.send_signal(signal.SIGINT)
-        launcher.wait(timeout=60)
+        stop_launcher(launcher)
 
 
 @pytest.mark.slow

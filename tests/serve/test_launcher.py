@@ -92,6 +92,24 @@ def launch(*args, **kwargs) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "fuelline.cli", "serve", *args], **kwargs)
 
 
+def stop_launcher(launcher: subprocess.Popen, timeout: float = 60) -> int:
+    """Ctrl-C for a `fuelline serve` launcher; SIGKILL when it has not stopped in time (its servers
+    then get their parent-death signal), so that a failing test leaves nothing running."""
+    if launcher.poll() is None:
+        launcher.send_signal(signal.SIGINT)
+        try:
+            launcher.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            launcher.kill()
+            launcher.wait()
+    return launcher.returncode
+
+
+def ignoring_sigint() -> None:
+    """For preexec_fn: start a process as a shell starts `cmd &` from a script, with SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def check_chat_answer(url: str, model: str) -> dict:
     status, answer = post_chat(url, {"model": model, "max_tokens": 8, "temperature": 0,
                                      "messages": [{"role": "user", "content": "Name a colour."}]})
@@ -289,13 +307,14 @@ def _http_ok(url: str) -> bool:
 # -- the command line ---------------------------------------------------------------------------------------
 
 
-def test_cli_serves_until_sigint(tiny_model, tmp_path):
+def test_cli_serves_until_sigint_even_when_started_with_sigint_ignored(tiny_model, tmp_path):
+    """`fuelline serve … &` in a script inherits SIGINT ignored; Ctrl-C (kill -INT) must still stop it."""
     ports, log_dir = free_ports(2), tmp_path / "logs"
     servers_file = tmp_path / "servers.json"
     with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
         launcher = launch("--engine", "transformers", "--model", str(tiny_model), "--ports", ",".join(map(str, ports)),
                           "--log-dir", str(log_dir), "--servers-file", str(servers_file), "--", "--dtype", "float32",
-                          stdout=out, stderr=err)
+                          stdout=out, stderr=err, preexec_fn=ignoring_sigint)
     try:
         wait_for(lambda: servers_file.exists() or launcher.poll() is not None, 120, "the servers file")
         assert launcher.poll() is None, (tmp_path / "err").read_text()
@@ -305,11 +324,9 @@ def test_cli_serves_until_sigint(tiny_model, tmp_path):
             check_chat_answer(url, model)
         pids = [s["pid"] for s in json.loads(servers_file.read_text())["servers"]]
         assert all(alive(pid) for pid in pids)
-        launcher.send_signal(signal.SIGINT)
-        assert launcher.wait(timeout=60) == 0
+        assert stop_launcher(launcher) == 0
     finally:
-        if launcher.poll() is None:
-            launcher.kill()
+        stop_launcher(launcher)
     output = (tmp_path / "out").read_text() + (tmp_path / "err").read_text()
     assert "2 transformers server(s) of" in output and "stopped; logs kept in" in output
     assert "Traceback" not in output

@@ -10,7 +10,7 @@ import click
 
 
 class _StopRequested(Exception):
-    """SIGTERM or SIGHUP arrived: leave the keep-healthy loop and stop the servers."""
+    """SIGINT, SIGTERM or SIGHUP arrived: leave the keep-healthy loop and stop the servers."""
 
 
 @click.command("serve", context_settings={"help_option_names": ["-h", "--help"]})
@@ -49,7 +49,9 @@ def serve_command(engine, model, ports, gpus_per_server, host, log_dir, servers_
     group = ServerGroup(engine, model, ports, host=host, gpus_per_server=gpus_per_server, log_dir=log_dir,
                         extra_args=extra_args, servers_file=servers_file, startup_timeout=startup_timeout,
                         on_event=say)
-    previous = {sig: signal.signal(sig, _request_stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    # SIGINT too, explicitly: a shell starts `fuelline serve &` with SIGINT ignored, and Python
+    # then installs no Ctrl-C handler of its own, so the servers would outlive a Ctrl-C or a kill -INT.
+    previous = {sig: signal.signal(sig, _request_stop) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     ready = False
     try:
         started = time.monotonic()
@@ -58,7 +60,7 @@ def serve_command(engine, model, ports, gpus_per_server, host, log_dir, servers_
         say(f"{len(group.urls)} {engine} server(s) of {group.model} ready in {time.monotonic() - started:.1f} s; "
             f"servers file {group.servers_file}; Ctrl-C stops them")
         group.keep_healthy(interval=check_interval)
-    except (KeyboardInterrupt, _StopRequested):
+    except _StopRequested:
         if not ready:  # start() has already stopped what it had started
             say("interrupted while the servers were starting; stopped them")
             sys.exit(1)
@@ -82,6 +84,5 @@ def _stop(group, previous: dict) -> None:
         if running:
             click.echo(f"{time.strftime('%H:%M:%S')} stopped; logs kept in {group.log_dir}", err=True)
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
