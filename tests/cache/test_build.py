@@ -267,6 +267,66 @@ def test_a_record_that_is_not_a_conversation_is_named(qwen4_dir, tmp_path):
         build_cache(qwen4_dir, [bad], tmp_path / "cache", config(), progress=False)
 
 
+def test_a_failed_plan_leaves_nothing_behind(qwen4_dir, tmp_path):
+    """Without its plan a `.build/` resumes nothing: a build stopped while planning removes what it began."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "conversations": [{"role": "user", "content": "hi"}, '
+                   '{"role": "assistant", "content": "hello there"}]}\n{"id": "b", "text": "no turns"}\n')
+    done = subprocess.run(_cli(*_build_args(qwen4_dir, bad, tmp_path / "cache")), env=_env(), capture_output=True,
+                          text=True)
+    assert done.returncode == 2 and "bad.jsonl:2" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_bad_option_value_is_named_before_any_model_is_loaded(chats, tmp_path):
+    """The model given does not even exist: the option is checked first, and named with its value."""
+    done = subprocess.run(_cli("--model", str(tmp_path / "no-model"), "-i", str(chats), "-o", str(tmp_path / "cache"),
+                               "--layers", "0", "--chat-template", "nosuchtemplate"), env=_env(), capture_output=True,
+                          text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "--chat-template nosuchtemplate: unknown chat template 'nosuchtemplate'; known: auto, chatml" in done.stderr
+    assert str(chats) not in done.stderr  # the input is not to blame
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_failure_after_the_plan_says_the_build_resumes(qwen4_dir, chats, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: --device cuda does not fail here")
+    out = tmp_path / "cache"
+    with pytest.raises(ValueError, match="CUDA is not available") as failed:
+        build_cache(qwen4_dir, [chats], out, config(device="cuda"), progress=False)
+    assert any("the same command resumes there" in note for note in failed.value.__notes__)
+    assert (out / ".build" / "plan.json").exists()
+    assert build_cache(qwen4_dir, [chats], out, config(), progress=False)["records_out"] == 48
+
+
+def test_a_hub_id_is_found_through_the_hub_cache_offline(qwen4_dir, chats, tmp_path):
+    """`--model org/name` as from_pretrained takes it: a Hub cache laid out as huggingface_hub writes it,
+    read with HF_HUB_OFFLINE=1. The cache equals the one built from the directory, but for the model's name."""
+    hub = tmp_path / "hub"
+    snapshot = hub / "models--fuelline-test--qwen3-4-layers" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (hub / "models--fuelline-test--qwen3-4-layers" / "refs").mkdir()
+    (hub / "models--fuelline-test--qwen3-4-layers" / "refs" / "main").write_text("0" * 40)
+    for path in qwen4_dir.iterdir():
+        (snapshot / path.name).symlink_to(path)
+    env = {**_env(), "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
+    by_id = subprocess.run(_cli(*_build_args(Path("fuelline-test/qwen3-4-layers"), chats, tmp_path / "by-id")),
+                           env=env, capture_output=True, text=True)
+    assert by_id.returncode == 0, by_id.stderr
+    by_dir = subprocess.run(_cli(*_build_args(qwen4_dir, chats, tmp_path / "by-dir")), env=env, capture_output=True,
+                            text=True)
+    assert by_dir.returncode == 0, by_dir.stderr
+    manifest = json.loads((tmp_path / "by-id" / MANIFEST).read_text())
+    assert manifest["target_model_name_or_path"] == "fuelline-test/qwen3-4-layers"
+    shards = lambda d: {n: b for n, b in files_of(d).items() if n.startswith("shard-") or n == "samples.idx"}  # noqa: E731
+    assert shards(tmp_path / "by-id") == shards(tmp_path / "by-dir")
+    missing = subprocess.run(_cli(*_build_args(Path("fuelline-test/not-cached"), chats, tmp_path / "none")), env=env,
+                             capture_output=True, text=True)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert "fuelline-test/not-cached: no such model directory, and not found as a Hub id" in missing.stderr
+
+
 def test_smollm2_states_equal_output_hidden_states(smollm2_dir, tmp_path):
     """The real SmolLM2-135M (a Llama, 30 layers, hidden 576) through its own chat template."""
     chats = tmp_path / "chats.jsonl"

@@ -32,7 +32,7 @@ import orjson
 
 from fuelline.cache.capture import HiddenStateCapture, check_layer_ids
 from fuelline.cache.plan import BUILD_DIR, CacheConfig, Plan, Shard, assign, layout_for, make_plan, \
-    model_config, model_fingerprint, record_sizes
+    model_config, model_fingerprint, record_sizes, resolve_model
 from fuelline.cache.writer import ShardWriter, WriteQueue
 from fuelline.formats.target_cache import (BF16, DEEPSPEC_V2, DEEPSPEC_VERSION, FUELLINE_FORMAT_NAME,
                                            FUELLINE_VERSION, INDEX, MANIFEST, MASK_DTYPE, SCALE_DTYPE,
@@ -96,23 +96,27 @@ class Ranks:
                 dist.destroy_process_group()
 
 
-def build_identity(model: str | os.PathLike, inputs: list[str], config: CacheConfig) -> dict:
-    """What the cache's bytes depend on: options, model and tokenizer contents, the input files."""
-    return {"config": config.identity(), "model": os.fspath(Path(model).resolve()),
+def build_identity(model: str | os.PathLike, inputs: list[str], config: CacheConfig, name: str | None = None) -> dict:
+    """What the cache's bytes depend on: options, model and tokenizer contents, the input files.
+    `name`: the model as the user named it (a Hub id), when `model` is its resolved directory."""
+    return {"config": config.identity(), "model": name or os.fspath(Path(model).resolve()),
             "model_fingerprint": model_fingerprint(model), "tokenizer_fingerprint": tokenizer_fingerprint(model),
             "inputs": describe_inputs(expand_inputs(inputs))}
 
 
 def build_cache(model: str | os.PathLike, inputs: list[str], output: str | os.PathLike, config: CacheConfig,
                 progress: bool = True) -> dict:
-    """Build (or resume, or find finished) the cache at `output`; returns its stats (on every rank)."""
+    """Build (or resume, or find finished) the cache at `output`; returns its stats (on every rank).
+
+    `model`: a model directory or a Hub id (`resolve_model`)."""
+    name, model = resolve_model(model)
     ranks = Ranks.from_env()
     output = Path(output)
     try:
         if ranks.rank == 0:
             with exclusive_output(output):
-                return _run(ranks, model, inputs, output, config, progress)
-        return _run(ranks, model, inputs, output, config, progress)
+                return _run(ranks, (name, model), inputs, output, config, progress)
+        return _run(ranks, (name, model), inputs, output, config, progress)
     finally:
         ranks.close()
 
@@ -137,9 +141,9 @@ def _on_rank_zero(ranks: Ranks, work):
     return result
 
 
-def _run(ranks: Ranks, model, inputs, output: Path, config: CacheConfig, progress: bool) -> dict:
+def _run(ranks: Ranks, target: tuple[str, Path], inputs, output: Path, config: CacheConfig, progress: bool) -> dict:
     started = time.perf_counter()
-    state = _on_rank_zero(ranks, lambda: _prepare(ranks, model, inputs, output, config, progress))
+    state = _on_rank_zero(ranks, lambda: _prepare(ranks, target, inputs, output, config, progress))
     if state.get("finished"):
         return state["finished"]
     plan = Plan.load(output)
@@ -147,25 +151,29 @@ def _run(ranks: Ranks, model, inputs, output: Path, config: CacheConfig, progres
     error = None
     try:
         if mine:
-            _write_shards(ranks, model, plan, config, mine, progress)
+            _write_shards(ranks, target[1], plan, config, mine, progress)
     except Exception as e:
         error = e
     errors = ranks.gather(None if error is None else f"{type(error).__name__}: {error}")
+    resumable = f"the plan and the finished batches are kept in {output / BUILD_DIR}: the same command resumes there"
     if error is not None:
+        error.add_note(resumable)
         raise error
     failed = [(r, e) for r, e in enumerate(errors) if e]
     if failed:
-        raise RuntimeError("; ".join(f"rank {r} failed: {e}" for r, e in failed))
+        raise RuntimeError("; ".join(f"rank {r} failed: {e}" for r, e in failed) + f"; {resumable}")
     return _on_rank_zero(ranks, lambda: _merge(output, plan, config, time.perf_counter() - started))
 
 
-def _prepare(ranks: Ranks, model, inputs, output: Path, config: CacheConfig, progress: bool) -> dict:
+def _prepare(ranks: Ranks, target: tuple[str, Path], inputs, output: Path, config: CacheConfig,
+             progress: bool) -> dict:
     """Rank 0: the finished cache's stats, or the plan made or found and each rank's shards."""
     started = time.perf_counter()
+    name, model = target
     _, text = model_config(model)
     check_layer_ids(config.layers, text.num_hidden_layers)
     layout = layout_for(config, text.hidden_size)
-    identity = build_identity(model, inputs, config)
+    identity = build_identity(model, inputs, config, name)
     if (output / MANIFEST).exists():
         stats = orjson.loads((output / STATS).read_bytes()) if (output / STATS).exists() else {}
         if stats.get("identity") != identity:
@@ -180,11 +188,25 @@ def _prepare(ranks: Ranks, model, inputs, output: Path, config: CacheConfig, pro
         raise ValueError(f"{output} holds an unfinished build with other options, model or inputs; resume it with "
                          f"the same command, or choose another --output")
     if plan is None:
-        plan = make_plan(output, inputs, model, config, identity, text.hidden_size, progress)
+        plan = _make_plan_or_leave_nothing(output, inputs, model, config, identity, text.hidden_size, progress)
     _check_disk(output, plan, layout, config.force)
     remaining = [s for s in plan.shards if not _shard_done(output, s)]
     work = assign(remaining, ranks.world_size)
     return {"assignment": work}
+
+
+def _make_plan_or_leave_nothing(output: Path, inputs, model, config: CacheConfig, identity: dict, hidden_size: int,
+                                progress: bool) -> Plan:
+    """make_plan; when it fails (a bad record, an interrupt), nothing it began stays: without its plan a
+    `.build/` resumes nothing, and an output directory the build created goes too."""
+    created = not output.exists()
+    try:
+        return make_plan(output, inputs, model, config, identity, hidden_size, progress)
+    except BaseException:
+        shutil.rmtree(output / BUILD_DIR, ignore_errors=True)
+        if created and output.is_dir() and not any(output.iterdir()):
+            output.rmdir()
+        raise
 
 
 def _shard_done(output: Path, shard: Shard) -> bool:

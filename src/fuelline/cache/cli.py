@@ -58,8 +58,9 @@ def cache() -> None:
 
 
 @cache.command()
-@click.option("--model", required=True, type=click.Path(exists=True, file_okay=False),
-              help="the target model's directory (config, weights, tokenizer)")
+@click.option("--model", required=True,
+              help="the target model: its directory (config, weights, tokenizer), or a Hub id (Qwen/Qwen3-4B) "
+                   "found through the Hugging Face cache as from_pretrained finds it (HF_HUB_OFFLINE=1: cache only)")
 @click.option("--input", "-i", "inputs", multiple=True, required=True, help="chat records (files, dirs, globs)")
 @click.option("--output", "-o", required=True, type=click.Path(file_okay=False), help="the cache directory")
 @_config_options

@@ -52,6 +52,25 @@ class CacheConfig:
     writer_thread: bool = field(default=True, metadata={"identity": False})
     queue_bytes: int = field(default=4 << 30, metadata={"identity": False})
 
+    def __post_init__(self):
+        """Options are checked here, before a tokenizer or model is loaded: a mistake costs nothing."""
+        from fuelline.chat.templates import get_template
+        from fuelline.formats.target_cache import FORMATS
+
+        if not self.layers:
+            raise ValueError("--layers: give at least one layer id to capture")
+        if self.format not in FORMATS:
+            raise ValueError(f"--format must be one of {', '.join(FORMATS)}, not {self.format!r}")
+        if self.hidden_dtype not in HIDDEN_DTYPES:
+            raise ValueError(f"--hidden-dtype must be one of {', '.join(HIDDEN_DTYPES)}, not {self.hidden_dtype!r}")
+        for name in ("max_length", "batch_tokens", "max_shard_bytes", "min_shards"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}")
+        try:
+            get_template(self.chat_template)  # `auto` is checked against the tokenizer when it is loaded
+        except (ValueError, OSError) as e:
+            raise ValueError(f"--chat-template {self.chat_template}: {e}") from None
+
     def identity(self) -> dict:
         return {k: v for k, v in asdict(self).items()
                 if self.__dataclass_fields__[k].metadata.get("identity", True)}
@@ -65,6 +84,34 @@ def require_transformers() -> None:
     except ImportError as e:
         raise RuntimeError(f"the target cache needs torch and transformers ({e.name} is missing): "
                            "pip install 'fuelline[cache]'") from None
+
+
+# What a cache build reads of a Hub model: configs, weights, the tokenizer and its chat template.
+HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.model", "*.txt", "*.tiktoken"]
+
+
+def resolve_model(model: str | os.PathLike) -> tuple[str, Path]:
+    """(name, directory) of a target model: a local directory as it is, or a Hub id (`Qwen/Qwen3-4B`)
+    found as `from_pretrained` finds it, through the Hugging Face cache (offline with
+    HF_HUB_OFFLINE=1), downloading what the build reads when it is online and not yet cached.
+    The name is what the manifest records as `target_model_name_or_path`."""
+    path = Path(model)
+    if path.is_dir():
+        return os.fspath(path.resolve()), path
+    if path.exists():
+        raise ValueError(f"{model}: a file; give the model's directory or a Hub id such as Qwen/Qwen3-4B")
+    name = os.fspath(model)
+    require_transformers()
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, HfHubHTTPError
+
+    try:
+        directory = snapshot_download(name, allow_patterns=HUB_FILES)
+    except HFValidationError:
+        raise FileNotFoundError(f"{model}: no such model directory (and not a Hub id such as Qwen/Qwen3-4B)") from None
+    except (HfHubHTTPError, OSError) as e:
+        raise FileNotFoundError(f"{model}: no such model directory, and not found as a Hub id: {e}") from None
+    return name, Path(directory)
 
 
 def model_config(model: str | os.PathLike):
@@ -82,11 +129,7 @@ def model_config(model: str | os.PathLike):
 
 
 def layout_for(config: CacheConfig, hidden_size: int) -> Layout:
-    try:
-        dtype = HIDDEN_DTYPES[config.hidden_dtype]
-    except KeyError:
-        raise ValueError(f"--hidden-dtype must be bf16 or fp8, not {config.hidden_dtype!r}") from None
-    return Layout(config.format, len(config.layers), hidden_size, dtype)
+    return Layout(config.format, len(config.layers), hidden_size, HIDDEN_DTYPES[config.hidden_dtype])
 
 
 def model_fingerprint(model: str | os.PathLike) -> str:
@@ -133,8 +176,9 @@ def encode_inputs(inputs: list[str], model: str | os.PathLike, config: CacheConf
                                    min_loss_tokens=config.min_loss_tokens)
         except ValueError as e:  # "conversation k: what is wrong": name the file and line instead
             where, _, what = str(e).partition(": ")
-            k = int(where.split()[-1]) if where.startswith("conversation ") else 0
-            raise ValueError(f"{batch[k][0]}: {what or e}") from None
+            if not (where.startswith("conversation ") and where.split()[-1].isdigit()):
+                raise  # not about one record (the tokenizer's template, say): no record to blame
+            raise ValueError(f"{batch[int(where.split()[-1])][0]}: {what}") from None
         for (where, record), result in zip(batch, results):
             if not hasattr(result, "input_ids"):
                 dropped[result.reason] = dropped.get(result.reason, 0) + 1
