@@ -211,3 +211,11 @@ def test_prefetch_look_ahead_loses_no_batch_on_error_and_resumes_at_the_next_uns
     resumed.load_state_dict(state)
     reference = list(make_loader(TokenDataset(packed_poems / "train", 64), 4, seed=0))
     assert torch.equal(next(iter(resumed))["input_ids"], reference[3]["input_ids"])
+
+
+def test_a_pack_output_instead_of_its_split_names_the_splits(packed_poems):
+    from fuelline.formats.tokens import TokenFormatError
+
+    with pytest.raises(TokenFormatError, match=r"a pack output, whose token datasets are its split directories "
+                                               r"train, val; open one, e\.g\. .*train"):
+        TokenDataset(packed_poems, seq_len=64)

@@ -262,6 +262,11 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
     """The manifest of a token dataset, parsed and validated (`validate_manifest`)."""
     path = Path(directory) / MANIFEST
     if not path.exists():
+        splits = sorted(p.parent.name for p in Path(directory).glob(f"*/{MANIFEST}"))
+        if splits:  # a pack output: its token datasets are its split directories
+            raise TokenFormatError(directory, f"no manifest.json: a pack output, whose token datasets are its split "
+                                              f"directories {', '.join(splits)}; open one, e.g. "
+                                              f"{Path(directory) / splits[0]}")
         raise TokenFormatError(directory, "no manifest.json: not a token dataset, or its writing never finished")
     try:
         manifest = orjson.loads(path.read_bytes())
