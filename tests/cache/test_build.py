@@ -300,6 +300,16 @@ def test_a_failure_after_the_plan_says_the_build_resumes(qwen4_dir, chats, tmp_p
     assert build_cache(qwen4_dir, [chats], out, config(), progress=False)["records_out"] == 48
 
 
+def test_progress_in_a_log_file_is_lines_and_no_progress_means_none(qwen4_dir, chats, tmp_path):
+    args = [sys.executable, "-m", "fuelline", "cache", "build", *_build_args(qwen4_dir, chats, tmp_path / "a")]
+    logged = subprocess.run(args, env=_env(), capture_output=True)  # stderr a pipe: not a terminal
+    assert logged.returncode == 0, logged.stderr.decode()
+    assert b"\r" not in logged.stderr and b"Loading weights" not in logged.stderr
+    assert b"cache rank 0: 100%" in logged.stderr and b"encode: " in logged.stderr
+    quiet = subprocess.run(_cli(*_build_args(qwen4_dir, chats, tmp_path / "b")), env=_env(), capture_output=True)
+    assert quiet.returncode == 0 and quiet.stderr == b"", quiet.stderr.decode()
+
+
 def test_a_hub_id_is_found_through_the_hub_cache_offline(qwen4_dir, chats, tmp_path):
     """`--model org/name` as from_pretrained takes it: a Hub cache laid out as huggingface_hub writes it,
     read with HF_HUB_OFFLINE=1. The cache equals the one built from the directory, but for the model's name."""

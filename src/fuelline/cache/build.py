@@ -43,6 +43,7 @@ from fuelline.io.paths import expand_inputs
 from fuelline.pipeline.lifetime import die_with_parent
 from fuelline.pipeline.shards import describe_inputs
 from fuelline.pipeline.task import resumed
+from fuelline.progress import progress_bar, transformers_bars
 from fuelline.tokenizer.train import tokenizer_fingerprint
 
 STATS = "stats.json"
@@ -235,8 +236,9 @@ def _device(config: CacheConfig, ranks: Ranks):
     return torch.device("cuda", ranks.local_rank)
 
 
-def load_model(model: str | os.PathLike, device):
-    """The target's base model (no LM head) in bfloat16, in eval mode, on `device`."""
+def load_model(model: str | os.PathLike, device, progress: bool = False):
+    """The target's base model (no LM head) in bfloat16, in eval mode, on `device`; transformers'
+    loading bar only with `progress` on a terminal."""
     import torch
     from transformers import AutoModel
     from transformers.utils import logging
@@ -244,23 +246,22 @@ def load_model(model: str | os.PathLike, device):
     level = logging.get_verbosity()
     logging.set_verbosity_error()  # its load report lists the LM head it was asked not to load
     try:
-        return AutoModel.from_pretrained(model, dtype=torch.bfloat16).to(device).eval()
+        with transformers_bars(progress):
+            return AutoModel.from_pretrained(model, dtype=torch.bfloat16).to(device).eval()
     finally:
         logging.set_verbosity(level)
 
 
 def _write_shards(ranks: Ranks, model, plan: Plan, config: CacheConfig, shard_ids: list[int], progress: bool) -> None:
-    from tqdm import tqdm
-
     device = _device(config, ranks)
-    capture = HiddenStateCapture(load_model(model, device), config.layers)
+    capture = HiddenStateCapture(load_model(model, device, progress), config.layers)
     layout = layout_for(config, plan.hidden_size)
     samples, ids, mask = plan.tokens()
     sizes = record_sizes(layout, samples, plan.record_ids)
     shards = [s for s in plan.shards if s.shard_id in shard_ids]
     total = sum(len(s.samples) for s in shards)
-    with tqdm(total=total, desc=f"cache rank {ranks.rank}", unit=" conv", position=ranks.rank,
-              disable=not progress) as bar:
+    with progress_bar(total=total, desc=f"cache rank {ranks.rank}", unit=" conv", position=ranks.rank,
+                      disable=not progress) as bar:
         for shard in shards:
             offsets = np.concatenate([[0], np.cumsum(sizes[shard.samples])])
             _write_shard(plan, shard, ShardWriter(plan.build_dir, shard, layout, offsets), capture, layout,

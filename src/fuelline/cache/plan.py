@@ -160,10 +160,9 @@ def encode_inputs(inputs: list[str], model: str | os.PathLike, config: CacheConf
                   progress: bool = True) -> Encoded:
     """Encode every chat record of `inputs` with the model's tokenizer, writing ids (int32) and loss
     mask (uint8) to the open files; a record that is not a conversation is an error naming it."""
-    from tqdm import tqdm
-
     from fuelline.chat.encode import encode_chats, load_tokenizer
     from fuelline.io import expand_inputs, iter_file_records
+    from fuelline.progress import progress_bar
 
     tokenizer = load_tokenizer(model)
     rows, record_ids, dropped, truncated, records_in, at = [], [], {}, 0, 0, 0
@@ -194,7 +193,7 @@ def encode_inputs(inputs: list[str], model: str | os.PathLike, config: CacheConf
     files = expand_inputs(inputs)
     if not files:
         raise FileNotFoundError(f"no input files in {', '.join(map(str, inputs))}")
-    with tqdm(desc="encode", unit=" conv", disable=not progress) as bar:
+    with progress_bar(desc="encode", unit=" conv", disable=not progress) as bar:
         for path in files:
             for line, record in iter_file_records(path):
                 records_in += 1

@@ -197,12 +197,12 @@ class Regenerator:
         return asyncio.run(self._run(written, dropped))
 
     async def _run(self, written: set[str], dropped: set[str]) -> dict:
-        from tqdm import tqdm
+        from fuelline.progress import progress_bar
 
         total = sum(count_units(f) or 0 for f in self.files)
         outputs, errors = _Appender(self.paths.records), _Appender(self.paths.errors)
-        bar = tqdm(total=total, initial=len(written) + len(dropped), desc="regenerate", unit="conv",
-                   disable=not self.progress, smoothing=0.1)
+        bar = progress_bar(total=total, initial=len(written) + len(dropped), desc="regenerate", unit="conv",
+                           disable=not self.progress, smoothing=0.1)
         try:
             async with ServerPool(self.servers, self.config.client, self.warn) as pool:
                 await pool.check(self.config.model)

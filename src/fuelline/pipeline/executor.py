@@ -61,6 +61,7 @@ from fuelline.pipeline.output import (
 from fuelline.pipeline.ray_executor import RayExecutor  # imports Ray itself only when it is opened
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.pipeline.stage import Location, PrepareContext, ShardContext, Stage
+from fuelline.progress import progress_bar
 
 PLAN_VERSION = 1
 PROGRESS_EVERY = 4096
@@ -330,7 +331,7 @@ class WorkerPool:
     def map(self, fn: Callable, items: Sequence, desc: str, *, progress: bool) -> list:
         """`[fn(x) for x in items]`, on the workers, with a progress bar."""
         results: list = [None] * len(items)
-        with tqdm(total=len(items), desc=desc, disable=not progress, leave=False) as bar:
+        with progress_bar(total=len(items), desc=desc, disable=not progress, leave=False) as bar:
             if self.workers == 1:
                 for i, item in enumerate(items):
                     results[i] = fn(item)
@@ -433,7 +434,8 @@ def _run_locked(stage: Stage, files: list[Path | str], store: OutputStore, optio
             stage.prepare(PrepareContext(files, shards, output_dir / PREPARE_DIR,
                                          functools.partial(executor.map, progress=options.progress)))
             run = functools.partial(run_shard, stage, store=store, targets=targets, options=options)
-            with tqdm(total=total, desc=stage.name, unit="rec", disable=not options.progress, leave=False) as bar:
+            with progress_bar(total=total, desc=stage.name, unit="rec", disable=not options.progress,
+                              leave=False) as bar:
                 executor.run_shards(run, pending, bar)
         for directory in [output_dir, *_outside_targets(targets, output_dir)]:
             remove_temp_files(directory)  # of a try whose worker died (Ray tries the shard again)

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from tqdm import tqdm
 
 from fuelline.pipeline.shards import InputShard
+from fuelline.progress import progress_bar
 
 SYSTEM_RETRIES = 3  # tries after a worker died; an exception raised by the task is not retried
 CANCEL_WAIT_S = 30.0  # how long cancelled tasks get to stop before the output's lock is let go
@@ -94,7 +95,7 @@ class RayExecutor:
     def map(self, fn: Callable, items: Sequence, desc: str, *, progress: bool) -> list:
         """`[fn(x) for x in items]`, one Ray task per item, with a progress bar of finished tasks."""
         results: list = [None] * len(items)
-        with tqdm(total=len(items), desc=desc, disable=not progress, leave=False) as bar:
+        with progress_bar(total=len(items), desc=desc, disable=not progress, leave=False) as bar:
             def store(i: int, result) -> None:
                 results[i] = result
                 bar.update()
