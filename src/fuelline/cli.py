@@ -108,8 +108,9 @@ def _print_stats(all_stats: list[dict], outputs: list[Path | str | None] | None 
             click.echo(f"  warning: {dominant}", err=True)
 
 
-def _dominant_drop(stats: dict) -> str | None:
-    """What most records were dropped for, with the first one's reason in words, or None.
+def _dominant_drop(stats: dict, share: float = 0.5) -> str | None:
+    """The commonest drop reason when it took at least `share` of the records, with its first
+    record's reason in words; else None.
 
     The reason ("keys text match no chat schema") is otherwise only in the rejects file, and a
     run that drops most of its input is usually a mistake in the input or the options."""
@@ -117,7 +118,7 @@ def _dominant_drop(stats: dict) -> str | None:
     if not total or not stats.get("dropped"):
         return None
     reason, count = max(stats["dropped"].items(), key=lambda item: item[1])
-    if count * 2 < total:
+    if count < share * total:
         return None
     example = stats.get("drop_examples", {}).get(reason)
     return f"{count:,} of {total:,} records ({count / total:.0%}) dropped as {reason}" + (
@@ -127,8 +128,10 @@ def _dominant_drop(stats: dict) -> str | None:
 def _require_kept(stats: dict) -> None:
     """A stage that kept nothing of a non-empty input failed: its output trains nothing."""
     if stats.get("records_in", 0) and not stats.get("records_out", 0):
-        raise ValueError(f"{stats['stage']} kept none of its {stats['records_in']:,} records; "
-                         f"{_dominant_drop(stats) or 'see the counts above'}")
+        reasons = ", ".join(f"{reason} {n:,}" for reason, n in stats["dropped"].items())
+        detail = _dominant_drop(stats, share=0)
+        raise ValueError(f"{stats['stage']} kept none of its {stats['records_in']:,} records"
+                         + (f" (dropped: {reasons}); {detail}" if detail else ""))
 
 
 def _rejects_note(stats: dict, output: Path | str | None) -> str:

@@ -207,6 +207,35 @@ def test_two_ranks_write_the_same_cache_as_one(qwen4_dir, uninterrupted, tmp_pat
     assert files_of(out) == files_of(reference)
 
 
+def test_another_thread_count_keeps_the_plan_and_moves_hidden_states_only_by_bf16_rounding(qwen4_dir, uninterrupted,
+                                                                                         tmp_path):
+    """What docs/cache.md promises across thread counts (and so across rank counts on a CPU): the
+    plan, ids, masks and layout exactly, the hidden states within bf16 rounding."""
+    from fuelline.cache.compare import compare_caches
+
+    chats, reference = uninterrupted
+    out = tmp_path / "cache"
+    done = subprocess.run(_cli(*_build_args(qwen4_dir, chats, out)), env=_env(threads=2), capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+    result = compare_caches(reference, out)
+    assert result["differences"] == [] and result["samples"] == 96
+    assert result["max_relative_difference"] <= 2 ** -6  # at most 4 units in the last place of a token's largest
+    same = subprocess.run([sys.executable, "-m", "fuelline", "cache", "compare", str(reference), str(reference)],
+                          capture_output=True, text=True)
+    assert same.returncode == 0 and "hidden states: identical" in same.stdout
+
+
+def test_compare_names_what_differs_between_two_plans(qwen4_dir, uninterrupted, tmp_path):
+    chats, reference = uninterrupted
+    out = tmp_path / "cache"
+    build_cache(qwen4_dir, [chats], out, config(max_length=64, min_shards=4, batch_tokens=256), progress=False)
+    done = subprocess.run([sys.executable, "-m", "fuelline", "cache", "compare", str(reference), str(out)],
+                          capture_output=True, text=True)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stdout.startswith("different plans: ")
+
+
 def test_two_rank_build_resumed_by_one_rank(qwen4_dir, uninterrupted, tmp_path):
     chats, reference = uninterrupted
     out = tmp_path / "cache"

@@ -234,7 +234,7 @@ def test_cli_that_keeps_nothing_says_why_on_the_terminal_and_fails(tmp_path):
     source.write_text("".join(f'{{"text": "document {i}"}}\n' for i in range(5)))
     result = _prepare_cli(source, tmp_path)
     assert result.returncode != 0 and "Traceback" not in result.stderr
-    assert "kept none of its 5 records" in result.stderr
+    assert "kept none of its 5 records (dropped: unknown_schema 5)" in result.stderr
     assert f"5 of 5 records (100%) dropped as unknown_schema; the first: {source}:1: keys text match no chat schema" \
         in result.stderr
     assert not (tmp_path / "t.jsonl").exists()  # no empty train file that looks like a result

@@ -136,7 +136,11 @@ def fuelline(*args):
 def test_clean_skips_a_jsonl_record_nested_300_deep_and_keeps_it_in_the_rejects(tmp_path):
     source = tmp_path / "in.jsonl"
     deep = b'{"id": "deep", "text": "A deep one with the words of a text.", "meta": ' + nested(300) + b"}"
-    good = {"id": "ok", "text": "This is the text of a page, and it is long enough to be kept by the rules."}
+    good = {"id": "ok", "text": ("The river runs past the old mill and the children watch the boats go by.\n"
+                                 "In the evening the baker closes his shop and walks home along the water.\n"
+                                 "Some of the neighbours say that the bridge was built by their grandfathers.\n"
+                                 "The town has a market on Saturdays where farmers sell apples, bread and cheese.\n"
+                                 "Visitors often stay for a week because the hills around it are quiet.")}
     source.write_bytes(orjson.dumps(good) + b"\n" + deep + b"\n")
     out = tmp_path / "out"
     result = fuelline("clean", "-i", str(source), "-o", str(out), "--profile", "web", "--no-boilerplate",
@@ -144,7 +148,7 @@ def test_clean_skips_a_jsonl_record_nested_300_deep_and_keeps_it_in_the_rejects(
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     stats = orjson.loads((out / "stats.json").read_bytes())
-    assert stats["dropped"]["nesting_too_deep"] == 1 and stats["records_in"] == 2
+    assert stats["dropped"] == {"nesting_too_deep": 1} and stats["records_in"] == 2 and stats["records_out"] == 1
     kept = [r for r in read_records(out / "_rejects") if r["reason"] == "nesting_too_deep"]
     assert [(r["line"], r["record"]) for r in kept] == [(2, deep.decode())]
 

@@ -1,4 +1,4 @@
-"""`fuelline cache`: build, estimate, verify, info, validate."""
+"""`fuelline cache`: build, estimate, verify, info, validate, compare."""
 
 from __future__ import annotations
 
@@ -187,3 +187,17 @@ def validate(path, draft_config, target_model):
     if problems:
         raise click.exceptions.Exit(1)
     click.echo(f"ok: {path} fits {draft_config}")
+
+
+@cache.command()
+@click.argument("first", type=click.Path(exists=True, file_okay=False))
+@click.argument("second", type=click.Path(exists=True, file_okay=False))
+def compare(first, second):
+    """Check that two builds share their plan (samples, ids, masks, layout) and measure how far their
+    hidden states are apart; exit 1 when the plans differ."""
+    from fuelline.cache.compare import compare_caches, format_comparison
+
+    result = compare_caches(first, second)
+    click.echo(format_comparison(result))
+    if result["differences"]:
+        raise click.exceptions.Exit(1)
