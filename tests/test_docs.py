@@ -27,6 +27,8 @@ from .conftest import ROOT, shared_file
 SKIP = "<!-- docs-test: skip"
 BLOCK = re.compile(r"^(<!-- docs-test: skip[^\n]*-->\n)?```(\w+)\n(.*?)^```", re.S | re.M)
 PAGES = ["README.md"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))
+# Pages whose examples serve and run the real SmolLM2 on this CPU (minutes each): run by `-m slow`.
+REAL_MODEL_PAGES = {"README.md", "docs/cache.md"}
 SETUP = 'pip install -e . && fuelline demo\npip install -e ".[dev]" && python -m pytest -q\n'
 
 
@@ -47,7 +49,8 @@ def test_only_the_setup_block_is_skipped():
     assert not others, f"blocks skipped by the docs test besides the README's set-up: {others}"
 
 
-@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("page", [pytest.param(page, marks=pytest.mark.slow) if page in REAL_MODEL_PAGES else page
+                                  for page in PAGES])
 def test_every_block_runs(page, tmp_path):
     shared_file("chat/gsm8k-train.jsonl.zst")  # skips, saying why, without the shared data
     shared_file("chinese-poetry.jsonl.zst")

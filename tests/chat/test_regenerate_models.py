@@ -30,6 +30,7 @@ def chats(tmp_path_factory):
     return path, records
 
 
+@pytest.mark.slow
 def test_two_served_tiny_models_regenerate_every_id_once_from_the_regenerated_history(tiny_qwen3_dir, chats,
                                                                                         tmp_path):
     path, records = chats

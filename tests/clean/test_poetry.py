@@ -105,6 +105,7 @@ def test_traditional_to_simplified_conversion_is_applied_to_text_and_metadata(tm
     assert (doc["meta"]["title"], doc["meta"]["part"]) == ("帝京篇", 1)
 
 
+@pytest.mark.slow
 def test_full_real_corpus(tmp_path):
     source = shared_file("chinese-poetry.jsonl.zst")
     stats = run_stage(CleanStage(), source, tmp_path / "out", RunOptions(workers=2, progress=False))

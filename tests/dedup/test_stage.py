@@ -127,6 +127,7 @@ def test_audit_lists_every_removed_document_with_its_similarity(tang_sample):
                and Normalizer()(texts[r["cluster"]]) == Normalizer()(texts[r["id"]]))
 
 
+@pytest.mark.slow
 def test_full_corpus_exact_duplicates_and_error_copies(raw_poems, tmp_path):
     source = write_jsonl(tmp_path / "poems.jsonl", [{"id": p["id"], "text": p["text"]} for p in raw_poems])
     stats = run_stage(DedupStage(), source, tmp_path / "out", RunOptions(workers=2, progress=False))

@@ -64,6 +64,7 @@ def train(cache: Path, tmp_path: Path, *extra: str) -> subprocess.CompletedProce
     return subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
 
 
+@pytest.mark.slow
 def test_draft_learns_the_target_distribution(cache, tmp_path):
     done = train(cache, tmp_path, "--steps", "200")
     assert done.returncode == 0, done.stderr[-3000:]

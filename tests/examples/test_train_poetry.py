@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_poetry.py"
 # The example's defaults, pinned: the threshold below was measured with them.
 SMALL = ["--device", "cpu", "--layers", "2", "--dim", "64", "--heads", "4", "--seq-len", "128", "--batch-size", "16",
@@ -17,6 +19,7 @@ def train(packed, *args) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=400)
 
 
+@pytest.mark.slow
 def test_learns_well_below_unigram_entropy(packed_poems, tmp_path):
     out = tmp_path / "metrics.json"
     result = train(packed_poems, "--steps", "600", "--eval-every", "300", "--json-out", str(out))
