@@ -136,22 +136,40 @@ def lines(path: Path) -> int:
     return path.read_bytes().count(b"\n") if path.exists() else 0
 
 
+def wait_for_lines(output: Path, count: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Until `output` holds `count` lines; a run that ended or stalled fails the test, saying so."""
+    deadline = time.monotonic() + timeout
+    while lines(output) < count:
+        assert proc.poll() is None, f"regenerate ended after {lines(output)} lines: {proc.communicate()[1][-3000:]}"
+        assert time.monotonic() < deadline, f"regenerate wrote {lines(output)} of {count} lines in {timeout} s"
+        time.sleep(0.02)
+
+
+@contextmanager
+def stopped_at_exit(proc: subprocess.Popen):
+    """The process, killed at the end of the block if it still runs: a failing test leaves nothing behind."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
 def test_sigkill_mid_run_then_resume_gives_every_id_exactly_once(conversations, tmp_path):
     path, records = conversations
     output = tmp_path / "out.jsonl"
     with echo_servers(("--delay", "0.01"), ("--delay", "0.01")) as (urls, _):
-        proc = run_cli(path, output, urls)
-        deadline = time.monotonic() + 60
-        while lines(output) < len(records) // 3 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        with stopped_at_exit(run_cli(path, output, urls)) as proc:
+            wait_for_lines(output, len(records) // 3, proc)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
         partial = lines(output)
         assert 0 < partial < len(records)
         with open(output, "ab") as f:  # as if killed in the middle of a write
             f.write(b'{"id": "torn", "conversations": [')
-        again = run_cli(path, output, urls, "--resume")
-        stdout, stderr = again.communicate(timeout=120)
+        with stopped_at_exit(run_cli(path, output, urls, "--resume")) as again:
+            stdout, stderr = again.communicate(timeout=120)
     assert again.returncode == 0, stderr
     assert f"({partial:,} resumed)" in stdout
     assert_regenerated(output, records)
@@ -179,11 +197,10 @@ def test_a_server_killed_mid_run_loses_nothing(conversations, tmp_path):
     path, records = conversations
     output = tmp_path / "out.jsonl"
     with echo_servers(("--delay", "0.01"), ("--delay", "0.01")) as (urls, procs):
-        proc = run_cli(path, output, urls)
-        while lines(output) < len(records) // 4:
-            time.sleep(0.02)
-        procs[1].kill()
-        stdout, stderr = proc.communicate(timeout=120)
+        with stopped_at_exit(run_cli(path, output, urls)) as proc:
+            wait_for_lines(output, len(records) // 4, proc)
+            procs[1].kill()
+            stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 0, stderr
     assert_regenerated(output, records)
     stats = orjson.loads((tmp_path / "out.stats.json").read_bytes())
@@ -198,8 +215,7 @@ def test_a_server_that_comes_back_is_used_again(conversations, tmp_path):
         victim, second = start_echo("--delay", "0.02", port=port)
         proc = run_cli(path, output, [*urls, second], "--concurrency", "2")
         try:
-            while lines(output) < len(records) // 5:
-                time.sleep(0.02)
+            wait_for_lines(output, len(records) // 5, proc)
             victim.kill()
             victim.wait()
             time.sleep(1.0)
@@ -207,6 +223,10 @@ def test_a_server_that_comes_back_is_used_again(conversations, tmp_path):
             stdout, stderr = proc.communicate(timeout=180)
         finally:
             victim.kill()
+            victim.wait()
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
     assert proc.returncode == 0, stderr
     assert "back in rotation" in stderr
     assert_regenerated(output, records)
