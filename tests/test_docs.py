@@ -49,8 +49,8 @@ def test_only_the_setup_block_is_skipped():
     assert not others, f"blocks skipped by the docs test besides the README's set-up: {others}"
 
 
-@pytest.mark.parametrize("page", [pytest.param(page, marks=pytest.mark.slow) if page in REAL_MODEL_PAGES else page
-                                  for page in PAGES])
+@pytest.mark.parametrize("page", [pytest.param(page, marks=[pytest.mark.slow, pytest.mark.timeout(2400)])
+                                  if page in REAL_MODEL_PAGES else page for page in PAGES])
 def test_every_block_runs(page, tmp_path):
     shared_file("chat/gsm8k-train.jsonl.zst")  # skips, saying why, without the shared data
     shared_file("chinese-poetry.jsonl.zst")
@@ -65,6 +65,6 @@ def test_every_block_runs(page, tmp_path):
     for k, (lang, body) in enumerate(runnable, start=1):
         command = [sys.executable, "-c", body] if lang == "python" else ["bash", "-euo", "pipefail", "-c", body]
         start = time.perf_counter()
-        result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
+        result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=1200)
         assert result.returncode == 0, f"{page} block {k} ({lang}) failed:\n{body}\n{result.stdout}\n{result.stderr}"
         print(f"{page} block {k} ({lang}): {time.perf_counter() - start:.1f}s")

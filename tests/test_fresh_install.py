@@ -13,6 +13,7 @@ from .conftest import ROOT
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # ~3 minutes on a quiet machine: two installs and two demos
 def test_the_demos_work_in_a_fresh_environment_first_with_only_the_package_then_with_the_extras(tmp_path):
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)

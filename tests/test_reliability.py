@@ -15,6 +15,7 @@ HARNESS = Path(__file__).resolve().parents[1] / "benchmarks" / "reliability.py"
 
 
 @pytest.mark.slow  # its kill-and-resume runs repeat each stage's own resume tests, at 2 minutes
+@pytest.mark.timeout(1800)
 def test_the_reduced_harness_finds_no_silent_wrong_result_no_crash_and_no_leftover(tmp_path):
     shared_file("chinese-poetry.jsonl.zst")
     result_path = tmp_path / "reliability.json"

@@ -22,7 +22,9 @@ from fuelline.serve.echo import echo_answer
 
 from ..conftest import shared_file
 
-FAST_CLIENT = ClientConfig(concurrency=8, request_timeout=2.0, attempts=4, backoff=0.05, probe_interval=0.2,
+# Fast retries and probes; a generous request timeout: no test here finds a fault by a timeout,
+# and on a loaded machine a healthy echo server can take seconds to answer.
+FAST_CLIENT = ClientConfig(concurrency=8, request_timeout=60.0, attempts=4, backoff=0.05, probe_interval=0.2,
                            all_down_timeout=20.0)
 
 
@@ -235,7 +237,10 @@ def test_a_server_that_comes_back_is_used_again(conversations, tmp_path):
 @pytest.mark.parametrize("fault", [("--fault", "http500"), ("--fault", "drop"), ("--fault", "stall", "--fault-every", "7")])
 def test_a_faulty_server_beside_a_good_one_loses_nothing(conversations, tmp_path, fault):
     path, records = conversations
-    config = RegenerateConfig("echo", client=ClientConfig(concurrency=8, request_timeout=1.0, attempts=4,
+    # The timeout is what finds a stalled answer; otherwise it is generous: on a loaded machine
+    # the good server may take seconds to answer, and a timeout there would be no fault of its own.
+    timeout = 5.0 if "stall" in fault else 60.0
+    config = RegenerateConfig("echo", client=ClientConfig(concurrency=8, request_timeout=timeout, attempts=8,
                                                           backoff=0.05, probe_interval=0.2))
     with echo_servers((), fault) as (urls, _):
         stats = regenerate([path], tmp_path / "out.jsonl", urls, config, progress=False, warn=lambda m: None)

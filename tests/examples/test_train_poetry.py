@@ -16,10 +16,11 @@ SMALL = ["--device", "cpu", "--layers", "2", "--dim", "64", "--heads", "4", "--s
 
 def train(packed, *args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), "--data", str(packed), *SMALL, *args],
-                          capture_output=True, text=True, timeout=400)
+                          capture_output=True, text=True, timeout=1500)  # ~40 s here; 10x that on a loaded machine
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_learns_well_below_unigram_entropy(packed_poems, tmp_path):
     out = tmp_path / "metrics.json"
     result = train(packed_poems, "--steps", "600", "--eval-every", "300", "--json-out", str(out))
