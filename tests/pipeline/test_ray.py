@@ -6,6 +6,7 @@ The cluster runs in a session of its own and is stopped by its process ids, neve
 """
 
 import io
+import multiprocessing
 import os
 import re
 import shutil
@@ -15,6 +16,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +29,7 @@ from fuelline.pipeline.config import load_pipeline, run_pipeline
 from fuelline.pipeline.executor import RunOptions, run_stage
 from fuelline.pipeline.ray_executor import SYSTEM_RETRIES
 from fuelline.pipeline.stage import Stage, StageConfig
+from fuelline.serve.processes import with_parent_death_signal
 
 from ..conftest import ROOT, shared_file
 from .test_executor import data_files
@@ -76,10 +80,10 @@ def ray_address():
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     log = Path(temp) / "ray-start.log"
     with open(log, "wb") as out:
-        head = subprocess.Popen(
-            [Path(sys.executable).with_name("ray"), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
+        head = subprocess.Popen(with_parent_death_signal(  # SIGTERM if pytest itself dies: no cluster left behind
+            [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
              "--port", str(port), "--num-cpus", "2", "--include-dashboard=false", "--disable-usage-stats",
-             "--temp-dir", temp], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
+             "--temp-dir", temp]), stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while b"Ray runtime started" not in log.read_bytes():
@@ -248,24 +252,45 @@ def _lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
+def run_stage_in_a_child(stage, inputs, output, options, attempts: list) -> dict:
+    """run_stage in a spawned process, so that an abort of Ray's driver fails this test, not the suite.
+
+    Ray 2.52's driver can abort its whole process on an internal check when a worker is killed
+    while its task's reply is in flight (task_manager.cc: "Tried to complete task that was not
+    pending"; seen on a loaded machine). A fuelline run that ends so is resumed by running it
+    again, so the test does that, once; `attempts` gets one entry per process started."""
+    context = multiprocessing.get_context("spawn")
+    while True:
+        attempts.append(len(attempts) + 1)
+        with ProcessPoolExecutor(1, mp_context=context) as pool:
+            try:
+                return pool.submit(run_stage, stage, inputs, output, options).result()
+            except BrokenProcessPool:
+                if len(attempts) == 2:
+                    raise
+
+
 def test_a_task_whose_ray_worker_is_killed_is_retried_and_the_bytes_are_the_same(ray_address, raw, tmp_path):
     run_stage(KillInShard1(), raw, tmp_path / "local", RunOptions(workers=1, shard_size=int(SHARD), progress=False))
-    deaths = tmp_path / "deaths"
+    deaths, attempts = tmp_path / "deaths", []
     options = RunOptions(shard_size=int(SHARD), progress=False, executor="ray", ray_address=ray_address)
-    stats = run_stage(KillInShard1(KillConfig(deaths=str(deaths))), raw, tmp_path / "ray", options)
+    stats = run_stage_in_a_child(KillInShard1(KillConfig(deaths=str(deaths))), raw, tmp_path / "ray", options,
+                                 attempts)
     assert len(_lines(deaths)) == 1  # a worker did die halfway through shard 1 (its temp files: see data_files)
-    assert stats["records_out"] == RAW_LINES and stats["resumed_shards"] == 0
+    assert stats["records_out"] == RAW_LINES and (stats["resumed_shards"] == 0 or len(attempts) == 2)
     assert data_files(tmp_path / "ray") == data_files(tmp_path / "local")
 
 
 def test_a_task_whose_worker_dies_every_time_is_reported_with_its_shard_after_the_retries(ray_address, raw,
                                                                                          tmp_path):
-    deaths = tmp_path / "deaths"
+    deaths, attempts = tmp_path / "deaths", []
     options = RunOptions(shard_size=int(SHARD), progress=False, executor="ray", ray_address=ray_address)
     with pytest.raises(RuntimeError, match=rf"^shard part-00001 \({re.escape(str(raw))}, lines 501-1000\) did not "
                                            rf"finish on Ray after {SYSTEM_RETRIES} retries: "):
-        run_stage(KillInShard1(KillConfig(deaths=str(deaths), times=99)), raw, tmp_path / "out", options)
-    assert len(_lines(deaths)) == 1 + SYSTEM_RETRIES
+        run_stage_in_a_child(KillInShard1(KillConfig(deaths=str(deaths), times=99)), raw, tmp_path / "out", options,
+                             attempts)
+    died = len(_lines(deaths))  # a first run that Ray aborted may have seen only some of its retries
+    assert died == 1 + SYSTEM_RETRIES if len(attempts) == 1 else died > 1 + SYSTEM_RETRIES
     assert not (tmp_path / "out" / "_done" / "part-00001.json").exists()
 
 
