@@ -55,14 +55,12 @@ class CacheConfig:
     def __post_init__(self):
         """Options are checked here, before a tokenizer or model is loaded: a mistake costs nothing."""
         from fuelline.chat.templates import get_template
-        from fuelline.formats.target_cache import FORMATS
 
         if not self.layers:
             raise ValueError("--layers: give at least one layer id to capture")
-        if self.format not in FORMATS:
-            raise ValueError(f"--format must be one of {', '.join(FORMATS)}, not {self.format!r}")
         if self.hidden_dtype not in HIDDEN_DTYPES:
             raise ValueError(f"--hidden-dtype must be one of {', '.join(HIDDEN_DTYPES)}, not {self.hidden_dtype!r}")
+        layout_for(self, hidden_size=1)  # the format module's checks: format, dtype and the two together
         for name in ("max_length", "batch_tokens", "max_shard_bytes", "min_shards"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}")
