@@ -185,12 +185,13 @@ def smollm2(directory: str | os.PathLike) -> Path:
             continue
         target = directory / path.name
         target.unlink(missing_ok=True)
-        try:
-            if path.suffix != ".safetensors":
-                raise OSError("small files are copied")
-            os.link(path, target)
-        except OSError:  # not a weights file, or another file system
-            shutil.copy2(path, target)
+        if path.suffix == ".safetensors":
+            try:
+                os.link(path, target)
+                continue
+            except OSError:  # another file system: copied like the small files
+                pass
+        shutil.copy2(path, target)
     return _mark_complete(directory)
 
 
