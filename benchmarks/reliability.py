@@ -18,14 +18,8 @@ Four families of scenarios (issue 15):
 (d) disk full (root only: a tmpfs): `clean` and `pack` into a disk too small, then the same command
     again with room.
 
-Outcomes of a trial:
-- ok: the result is proven equal to the reference (same bytes after a resume; damaged data read
-  back equal to the original; every good record kept and every bad one counted);
-- clear_error: the format's own error, or a CLI exit with a message naming the file and no
-  traceback;
-- silent_wrong: different data, or records lost without a count, and no error;
-- crash: a traceback, a signal, an unexpected exception type, a hang, or an error that names no file;
-- leftover: the resumed output is right but temp or work files were left behind.
+Outcomes of a trial are those of benchmarks/trials.py (ok, clear_error, silent_wrong, crash, hang,
+leftover).
 
 `--reduced` (CI, under 5 minutes) runs fewer trials on a smaller subset; tests/test_reliability.py
 runs it and fails on any silent_wrong, crash or leftover. Results: benchmarks/results/reliability.json
@@ -39,16 +33,14 @@ import gzip
 import json
 import os
 import random
-import resource
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
@@ -56,55 +48,12 @@ import zstandard
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHARED_DATA, write_result  # noqa: E402
+import reliability_cache  # noqa: E402
+from trials import OUTCOMES, Tally, cli, damage_file, failure_outcome, free_port, isolated, judged, run, table  # noqa: E402
 
-OUTCOMES = ("ok", "clear_error", "silent_wrong", "crash", "leftover")
 BOOKKEEPING = {"stats.json", "_plan.json", "summary.json", "training_report.json"}  # they hold seconds
-TIMEOUT_S = 600
-ADDRESS_SPACE = 3 << 30  # bad corpora: a parser that balloons is killed, and counted as a crash
+
 SERVERS: list[subprocess.Popen] = []  # the echo servers of the full run
-
-
-@dataclass
-class Tally:
-    """One scenario's outcomes, and a note for every trial that did not end well."""
-
-    scenario: str
-    counts: Counter = field(default_factory=Counter)
-    notes: list[str] = field(default_factory=list)
-
-    def add(self, outcome: str, note: str = "") -> None:
-        assert outcome in OUTCOMES, outcome
-        self.counts[outcome] += 1
-        if outcome not in ("ok", "clear_error") and note:
-            self.notes.append(note[-600:])
-
-    def row(self) -> dict:
-        return {"scenario": self.scenario, "trials": sum(self.counts.values()),
-                **{o: self.counts[o] for o in OUTCOMES}, "notes": self.notes[:5]}
-
-
-def cli(*args) -> list[str]:
-    return [sys.executable, "-m", "fuelline.cli", *map(str, args)]
-
-
-def run(argv: list[str], *, limit_memory: bool = False, timeout: float = TIMEOUT_S, env=None):
-    """A command to its end: (returncode, stderr); returncode None when it hung."""
-    def preexec():
-        if limit_memory:
-            resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
-
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, preexec_fn=preexec, env=env)
-    except subprocess.TimeoutExpired:
-        return None, f"hung for {timeout:.0f} s"
-    return done.returncode, done.stderr
-
-
-def failure_outcome(returncode: int | None, stderr: str, names: str) -> str:
-    """A failed command: a clear error names `names` and shows no traceback; anything else crashed."""
-    if returncode is None or returncode < 0 or "Traceback" in stderr or names not in stderr:
-        return "crash"
-    return "clear_error"
 
 
 def snapshot(directory: Path) -> dict[str, bytes]:
@@ -142,7 +91,7 @@ def kill_trial(job: Job, out: Path, reference: dict[str, bytes], duration: float
         proc.wait()
     code, stderr = run(job.argv(out / "o") + list(job.resume))
     if code != 0:
-        tally.add("crash", f"resume failed ({code}): {stderr}")
+        tally.add("hang" if code is None else "crash", f"resume failed ({code}): {stderr}")
         return
     got = snapshot(out)
     if job.lines_in_any_order:
@@ -235,14 +184,6 @@ def full_only_jobs(work: Path, chats: Path) -> list[Job]:
         Job("cache build", lambda o: cli("cache", "build", "--model", model, "-i", prepared, "-o", o,
                                          "--layers", "0,1", "--max-length", 256)),
     ]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # --- (c) bad corpora --------------------------------------------------------------------------------
@@ -372,57 +313,6 @@ def disk_full_scenarios(work: Path, jobs: list[Job], fractions: tuple[float, ...
 
 
 # --- (b) fuzzed readers -----------------------------------------------------------------------------
-
-def isolated(fn: Callable[[], str], timeout: float = 60) -> tuple[str, str]:
-    """fn() in a forked child, so that a segfault, SIGBUS or hang is an outcome, not the harness's end."""
-    import multiprocessing
-    import traceback
-
-    context = multiprocessing.get_context("fork")
-    receive, send = context.Pipe(duplex=False)
-
-    def child() -> None:
-        try:
-            send.send((fn(), ""))
-        except BaseException:  # noqa: BLE001 - everything unexpected is the finding
-            send.send(("crash", traceback.format_exc()))
-
-    proc = context.Process(target=child)
-    proc.start()
-    send.close()
-    result = receive.recv() if receive.poll(timeout) else ("crash", f"hung for {timeout:.0f} s")
-    proc.join(5)
-    if proc.is_alive():
-        proc.kill()
-        proc.join()
-    if proc.exitcode and proc.exitcode < 0 and result[0] != "crash":
-        result = ("crash", f"died of signal {-proc.exitcode}")
-    return result
-
-
-def judged(read: Callable[[], object], original: object, error_type: type, names: str) -> str:
-    """ok when `read()` equals `original`; clear_error for `error_type` naming `names`; else the finding."""
-    import numpy as np
-
-    try:
-        got = read()
-    except error_type as e:
-        if names not in str(e):
-            raise AssertionError(f"the error names no file: {e}") from e
-        return "clear_error"
-    same = got.keys() == original.keys() and all(np.array_equal(got[k], original[k]) for k in got)
-    return "ok" if same else "silent_wrong"
-
-
-def damage_file(path: Path, kind: str, where: float, value: int) -> None:
-    data = bytearray(path.read_bytes())
-    at = min(int(where * len(data)), max(len(data) - 1, 0))
-    if kind == "truncate":
-        del data[at:]
-    elif data:
-        data[at] ^= value
-    path.write_bytes(bytes(data))
-
 
 LIES = [None, -1, 0, 1, "12", 12.5, [], {}, "uint8", ["uint16"], 2**70]
 TOKEN_FIELDS = ["format", "version", "dtype", "vocab_size", "num_documents", "num_tokens", "mask", "files"]
@@ -559,76 +449,7 @@ def fuzz_jsonl_index(work: Path, cleaned: Path, examples: int, seed: int) -> lis
     return [cache_tally, data_tally]
 
 
-def fuzz_target_cache(work: Path, cache_dir: Path, examples: int, seed: int) -> Tally:
-    """A damaged target cache: `verify_cache` lists a problem, or every sample reads back equal."""
-    import numpy as np
-    import torch
-    from hypothesis import given, settings, strategies as st
-    from hypothesis import seed as hypothesis_seed
-
-    from fuelline.cache.dataset import CacheDataset
-    from fuelline.cache.inspect import verify_cache
-    from fuelline.formats.target_cache import CacheFormatError
-
-    def reader(directory: Path):
-        def read() -> dict:
-            problems = verify_cache(directory)
-            if problems:
-                raise CacheFormatError(directory, problems[0])
-            dataset = CacheDataset(directory)
-            return {f"{k}.{name}": np.array(value) if isinstance(value, str)
-                    else value.contiguous().view(torch.uint8).numpy()  # bf16, fp8: compared by their bytes
-                    for k in range(len(dataset)) for name, value in dataset[k].items()}
-        return read
-
-    original = reader(cache_dir)()
-    names = sorted(p.relative_to(cache_dir).as_posix() for p in cache_dir.rglob("*") if p.is_file())
-    tally = Tally("fuzz: target cache (manifest, index, shards)")
-
-    @hypothesis_seed(seed)
-    @settings(max_examples=examples, deadline=None, database=None)
-    @given(st.sampled_from(["truncate", "flip"]), st.sampled_from(names), st.floats(0, 1), st.integers(1, 255))
-    def trial(kind, name, where, value) -> None:
-        directory = work / "fuzz-cache"
-        shutil.rmtree(directory, ignore_errors=True)
-        shutil.copytree(cache_dir, directory)
-        damage_file(directory / name, kind, where, value)
-        outcome, note = isolated(lambda: judged(reader(directory), original, CacheFormatError, str(directory)))
-        tally.add(outcome, f"{kind} {name} {where:.3f}: {note}")
-
-    trial()
-    return tally
-
-
-def build_target_cache(work: Path) -> Path:
-    """A small real cache: a tiny local chat model over 40 conversations of the ShareGPT sample."""
-    from fuelline.io import read_records
-    from fuelline.models import tiny_chat_model
-
-    chats = work / "cache-chats"
-    code, stderr = run(cli("chat", "prepare", "-i", SHARED_DATA / "chat" / "sharegpt_zh_1K.jsonl.zst",
-                           "--train-output", chats, "--eval-output", work / "cache-eval", "-q"))
-    if code != 0:
-        sys.exit(f"setup failed: {stderr[-2000:]}")
-    records = [r for _, r in zip(range(40), read_records(chats))]
-    (work / "cache-in.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
-    model = tiny_chat_model(work / "cache-model", [t["content"] for r in records for t in r["conversations"]])
-    code, stderr = run(cli("cache", "build", "--model", model, "-i", work / "cache-in.jsonl", "-o", work / "cache",
-                           "--layers", "0,1", "--max-length", 128, "--hidden-dtype", "fp8", "--no-progress"))
-    if code != 0:
-        sys.exit(f"setup failed: {stderr[-2000:]}")
-    return work / "cache"
-
-
 # --- the run ----------------------------------------------------------------------------------------
-
-def table(rows: list[dict]) -> str:
-    lines = ["| scenario | trials | ok | clear error | silent wrong | crash | leftover |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    lines += [f"| {r['scenario']} | {r['trials']} | {r['ok']} | {r['clear_error']} | {r['silent_wrong']} | "
-              f"{r['crash']} | {r['leftover']} |" for r in rows]
-    return "\n".join(lines)
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -655,7 +476,7 @@ def main() -> None:
         print(f"(b) fuzzed readers ({examples} cases each)", flush=True)
         tallies.append(fuzz_token_dataset(work, work / "ref-pack" / "o", examples, args.seed))
         tallies += fuzz_jsonl_index(work, work / "in-clean", examples, args.seed)
-        tallies.append(fuzz_target_cache(work, build_target_cache(work), examples, args.seed))
+        tallies += reliability_cache.scenarios(work, full=full, seed=args.seed)
         for tally in tallies[-4:]:
             print(f"  {tally.scenario}: {dict(tally.counts)}", flush=True)
         print("(c) bad corpora through clean --on-error skip|raise", flush=True)
