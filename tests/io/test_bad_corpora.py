@@ -2,7 +2,7 @@
 
 Each test reproduces one reported problem: a deeply nested JSON array, a deeply nested JSONL
 record (that crashed the rejects file), a JSON array cut in the middle, invalid UTF-8, and one
-huge line. Memory is measured in a child process, under an address-space limit so that a
+huge line; issue 25 adds lone surrogate escapes and a byte order mark in JSON arrays. Memory is measured in a child process, under an address-space limit so that a
 regression fails fast instead of taking the machine's memory.
 """
 
@@ -13,9 +13,10 @@ import sys
 import orjson
 import pytest
 import zstandard
+from hypothesis import given, settings, strategies as st
 
 from fuelline.io import RecordError, Rejects, iter_file_records, read_records
-from fuelline.io.readers import MAX_NESTING_DEPTH, MAX_RECORD_BYTES, READ_ERROR_REASONS
+from fuelline.io.readers import MAX_NESTING_DEPTH, MAX_RECORD_BYTES, READ_ERROR_REASONS, count_units
 
 GOOD = [{"id": str(i), "text": f"record {i}"} for i in range(3)]
 
@@ -274,3 +275,69 @@ def test_a_json_array_element_with_too_much_text_is_refused(tmp_path):
     assert located == [1, 3] and counts == {"record_too_large": 3}  # 600 bytes of UTF-8 in the last one
     assert [r["line"] for r in kept] == [2, 4, 5]
     assert [loc for loc, _ in iter_file_records(path, on_error="skip", max_record_bytes=5000)] == [1, 2, 3, 5]
+
+
+# --- lone surrogate escapes in a JSON array: a decode error naming nothing, or "?" written -------
+
+LONE_LOW = b'{"id":"s1","instruction":"\\udc00","input":"","response":"r"}'
+LONE_HIGH = b'{"id":"s2","instruction":"a\\ud800b","input":"","response":"r"}'
+PAIR = b'{"id":"s3","instruction":"a\\ud83d\\ude00b","input":"","response":"r"}'
+
+
+@pytest.mark.parametrize("bad", [LONE_LOW, LONE_HIGH], ids=["low", "high"])
+def test_a_lone_surrogate_escape_in_a_json_array_is_refused_naming_file_and_element(tmp_path, bad):
+    path = tmp_path / "alpaca.json"
+    path.write_bytes(b"[" + PAIR + b"," + bad + b"," + PAIR + b"]")
+    with pytest.raises(RecordError, match=r"alpaca\.json:2: array element 2 holds the lone surrogate escape \\ud"):
+        list(read_records(path))
+    rejects = Rejects(tmp_path / "rejects.jsonl")
+    kept = list(read_records(path, on_error="skip", rejects=rejects))
+    rejects.close()
+    assert [r["instruction"] for r in kept] == ["a\U0001F600b", "a\U0001F600b"]  # the pair is one character
+    assert rejects.counts == {"malformed_json": 1}
+
+
+def test_json_lines_and_a_json_array_refuse_the_same_escapes(tmp_path):
+    lines, array = tmp_path / "d.jsonl", tmp_path / "d.json"
+    lines.write_bytes(b"\n".join([LONE_LOW, PAIR, LONE_HIGH, PAIR]) + b"\n")
+    array.write_bytes(b"[" + b",".join([LONE_LOW, PAIR, LONE_HIGH, PAIR]) + b"]")
+    read = {path.suffix: [loc for loc, _ in iter_file_records(path, on_error="skip")] for path in (lines, array)}
+    assert read[".jsonl"] == read[".json"] == [2, 4]
+
+
+escaped_strings = st.lists(st.sampled_from(["a", "字", "\\\\", "\\u00e9", "\\ud83d\\ude00", "\\ud800", "\\udfff",
+                                           "\\\\ud800", "\\\\\\ud800", "\\ud800\\\\udc00", "\\ud83d"]), max_size=6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(texts=st.lists(escaped_strings.map("".join), min_size=1, max_size=12), read_bytes=st.integers(1, 40))
+def test_every_lone_escape_is_charged_to_its_own_element_whatever_the_read_sizes(texts, read_bytes):
+    """Against Python's json module, which keeps a lone half as a lone surrogate in the str."""
+    import json
+    import tempfile
+    from pathlib import Path
+    from unittest import mock
+
+    elements = [b'{"text": "' + text.encode() + b'"}' for text in texts]
+    expected = [i + 1 for i, e in enumerate(elements) if not _has_lone_surrogate(json.loads(e)["text"])]
+    with tempfile.TemporaryDirectory() as tmp, mock.patch("fuelline.io.json_escapes.READ_BYTES", read_bytes), \
+            mock.patch("fuelline.io.readers.CHUNK_BYTES", read_bytes):
+        path = Path(tmp) / "a.json"
+        path.write_bytes(b"[" + b",\n".join(elements) + b"]")
+        got = list(iter_file_records(path, on_error="skip"))
+    assert [loc for loc, _ in got] == expected
+    assert [r["text"] for _, r in got] == [json.loads(elements[i - 1])["text"] for i in expected]
+
+
+def _has_lone_surrogate(text: str) -> bool:
+    return any(0xD800 <= ord(c) <= 0xDFFF for c in text)
+
+
+# --- a JSON array after a UTF-8 byte order mark was one malformed_json reject ----------------------
+
+def test_a_json_array_after_a_byte_order_mark_reads_every_element(tmp_path):
+    records = [{"id": str(i), "text": f"诗{i}"} for i in range(1923)]
+    path = tmp_path / "poems.json"
+    path.write_bytes(b"\xef\xbb\xbf" + orjson.dumps(records))
+    assert count_units(path) is None  # an array, so not cut into line ranges
+    assert list(read_records(path, on_error="skip")) == records

@@ -26,6 +26,7 @@ from typing import IO, Any, Iterable, Iterator, Literal
 import orjson
 import zstandard
 
+from fuelline.io.json_escapes import SurrogateGuard
 from fuelline.io.paths import LINE_FORMATS, expand_inputs, split_suffixes
 from fuelline.io.remote import is_url, local_copy
 from fuelline.io.rejects import Rejects
@@ -221,9 +222,6 @@ def _line_blocks(stream: IO[bytes], head: bytes, start: int, limit: int
     over many blocks is joined once (`+=` per block would copy it quadratically).
     """
     lineno = 0  # physical lines consumed so far
-    while head and len(head) < len(UTF8_BOM) and UTF8_BOM.startswith(head) and (more := stream.read(CHUNK_BYTES)):
-        head += more  # a first block shorter than a BOM (tiny blocks in tests)
-    head = head.removeprefix(UTF8_BOM)
     pieces: list[bytes] = []  # the unfinished line, over one or more blocks
     size = 0
     long: _LongLine | None = None  # the line being read past
@@ -406,8 +404,14 @@ def _json_array_records(stream: IO[bytes], head: bytes, start: int, stop: int | 
     bad: tuple[str, str] | None = None  # why the element being read is refused
     size = 0  # bytes of strings and keys in the element being read
     last = ""  # the last event given to the builder
+    lone_escapes: dict[int, str] = {}  # element number: its first lone surrogate escape
+
+    def lone_escape(escape: str) -> None:
+        lone_escapes.setdefault(index + 1, escape)
+
+    guarded = SurrogateGuard(_Prepended(head, stream), lone_escape)
     try:
-        for event, value in backend.basic_parse(_Prepended(head, stream), use_float=True):
+        for event, value in backend.basic_parse(guarded, use_float=True):
             if event == "map_key" or event == "string":  # the most frequent events first
                 if skip_to is not None:
                     continue
@@ -450,6 +454,9 @@ def _json_array_records(stream: IO[bytes], head: bytes, start: int, stop: int | 
                 index += 1
                 size, last = 0, ""
                 refused, bad = bad, None
+                if index in lone_escapes:
+                    refused = ("malformed_json", f"array element {index} holds the lone surrogate escape "
+                               f"{lone_escapes.pop(index)} (half of a UTF-16 pair encodes no character)")
                 if index <= start:
                     continue
                 if stop is not None and index > stop:
@@ -489,9 +496,12 @@ def _parquet_records(path: Path, start: int, stop: int | None) -> Iterator[tuple
         first_row = group_end
 
 
-def _first_significant_byte(data: bytes) -> bytes:
-    stripped = data.lstrip(UTF8_BOM).lstrip()
-    return stripped[:1]
+def _head_without_bom(stream: IO[bytes]) -> bytes:
+    """The first block of a file, without the UTF-8 byte order mark some editors write first."""
+    head = stream.read(CHUNK_BYTES)
+    while head and len(head) < len(UTF8_BOM) and UTF8_BOM.startswith(head) and (more := stream.read(CHUNK_BYTES)):
+        head += more  # a first block shorter than a BOM (tiny blocks in tests)
+    return head.removeprefix(UTF8_BOM)
 
 
 def iter_file_records(path: str | os.PathLike, *, start: int = 0, stop: int | None = None,
@@ -514,9 +524,9 @@ def iter_file_records(path: str | os.PathLike, *, start: int = 0, stop: int | No
         yield from _parquet_records(local, start, stop)
         return
     with decompression_errors(path), open_binary(local) as stream:
-        head = stream.read(CHUNK_BYTES)
+        head = _head_without_bom(stream)
         # A .json file holds either one array or, as often in the wild, one object per line.
-        if fmt not in LINE_FORMATS and _first_significant_byte(head) == b"[":
+        if fmt not in LINE_FORMATS and head.lstrip()[:1] == b"[":
             yield from _json_array_records(stream, head, start, stop, report, max_record_bytes)
         else:
             yield from _jsonl_records(stream, head, start, stop, report, max_record_bytes)
@@ -551,8 +561,8 @@ def count_units(path: str | os.PathLike) -> int | None:
 
         return pq.ParquetFile(local).metadata.num_rows
     with decompression_errors(path), open_binary(local) as stream:
-        head = stream.read(CHUNK_BYTES)
-        if fmt not in LINE_FORMATS and _first_significant_byte(head) == b"[":
+        head = _head_without_bom(stream)
+        if fmt not in LINE_FORMATS and head.lstrip()[:1] == b"[":
             return None
         lines, last = head.count(b"\n"), head[-1:]
         while chunk := stream.read(CHUNK_BYTES):
