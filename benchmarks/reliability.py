@@ -13,8 +13,9 @@ Four families of scenarios (issue 15):
     mask.bin; the JsonlIndex cache; the target cache) gets damaged files drawn by hypothesis
     (truncations, flipped bytes, lying manifest fields, swapped offsets), then is verified and read.
 (c) bad corpora: nesting 20,000 and 100,000 deep, a record nested 300 deep, a JSON array cut in the
-    middle, invalid UTF-8, an 80 MB line, truncated and mislabelled compressed files; `fuelline
-    clean` under `--on-error skip` and `raise`, in a 3 GiB address space.
+    middle, lone surrogate escapes and a byte order mark in a JSON array, invalid UTF-8, an 80 MB
+    line, truncated and mislabelled compressed files; `fuelline clean` under `--on-error skip` and
+    `raise`, in a 3 GiB address space.
 (d) disk full (root only: a tmpfs): `clean` and `pack` into a disk too small, then the same command
     again with room.
 
@@ -203,6 +204,9 @@ def bad_corpora(good: list[bytes], full: bool) -> dict[str, tuple[str, bytes, in
         "json array element nested 20,000 deep": (".json", array[:-1] + b"," + nested(20_000) + b"]", 1),
         "jsonl record nested 300 deep": (".jsonl", middle(b'{"title": ' + nested(300) + b"}"), 1),
         "json array cut in the middle": (".json", array[:-1] + b',{"title": "cut', 1),
+        "json array with lone surrogate escapes": (".json", array[:-1] + b',{"title": "\\udc00"},'
+                                                                     b'{"title": "a\\ud800b"}]', 2),
+        "json array after a UTF-8 byte order mark": (".json", b"\xef\xbb\xbf" + array, 0),
         "invalid UTF-8 in a line": (".jsonl", middle(b'{"title": "\xff\xfe", "paragraphs": ["x"]}'), 1),
         "an 80 MB line": (".jsonl", middle(b'{"title": "' + b"a" * (80 << 20) + b'"}'), 1),
         "zstd cut in a frame": (".jsonl.zst", zstandard.ZstdCompressor().compress(jsonl)[:-100], 1),
