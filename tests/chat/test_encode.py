@@ -307,3 +307,26 @@ def test_bad_inputs_are_named(qwen):
             encode_chat(POEM, qwen, "chatml", **options)
     with pytest.raises(ValueError, match="unknown chat template 'chatgpt'"):
         encode_chat(POEM, qwen, "chatgpt")
+
+
+def test_auto_with_qwen3s_own_template_supervises_each_answer_never_a_header(qwen):
+    # Issue 25: `cache build --chat-template auto` on a Qwen3 model, whose template has no
+    # generation blocks, found the answer "a" inside the next header ("assistant") and
+    # supervised <|im_start|> instead.
+    from fuelline.models import QWEN3_CHAT_TEMPLATE
+
+    own = ChatTokenizer(qwen, QWEN3_CHAT_TEMPLATE, {"eos_token": "<|im_end|>"})  # as tiny_qwen3 saves it
+    letters = [[{"role": "user", "content": "Pick a letter"}, {"role": "assistant", "content": answer}]
+               for answer in ("a", "|>", "m", "t")]
+    headers = [[{"role": "user", "content": c}, {"role": "assistant", "content": c},
+                {"role": "user", "content": c}, {"role": "assistant", "content": "x" + c}]
+               for c in ("assistant", "<|im_start|>", "im_end", "\n", "")]  # a final "\n" would be stripped
+    chats = [*letters, *headers, *EDGES[1:], POEM, POEM[:3]]
+    auto, named = encode_chats(chats, own, "auto"), encode_chats(chats, qwen, "qwen3")
+    assert [decode(qwen, r.input_ids[r.loss_mask]) for r in auto[:4]] == ["a<|im_end|>", "|><|im_end|>",
+                                                                         "m<|im_end|>", "t<|im_end|>"]
+    assert [r.input_ids.tolist() for r in auto] == [r.input_ids.tolist() for r in named]
+    assert [r.loss_mask.tolist() for r in auto] == [r.loss_mask.tolist() for r in named]
+    # Qwen3 strips the final answer's leading newlines: its span would be a guess, so it is refused
+    with pytest.raises(ValueError, match="^conversation 1: turn 1: the Jinja chat template of 'auto' transforms"):
+        encode_chats([POEM, EDGES[0]], own, "auto")

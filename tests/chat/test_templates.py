@@ -214,3 +214,62 @@ def test_bad_turns_are_named(conversation, message):
 
 def test_a_chat_record_is_accepted():
     assert render({"id": "x", "conversations": CHAT}, "chatml") == render(CHAT, "chatml")
+
+
+# Issue 25: a content located by a text search was found inside the next header ("assistant"
+# holds "a", "<|im_start|>" holds "|>", "m" and "t"), so the header token was supervised.
+@pytest.mark.parametrize("answer", ["a", "|>", "m", "t", "assistant", "<|im_start|>", "\n", ""])
+def test_a_content_that_occurs_in_a_header_is_located_where_it_is_rendered(answer):
+    from fuelline.models import QWEN3_CHAT_TEMPLATE
+
+    chat = [{"role": "user", "content": "Pick a letter"}, {"role": "assistant", "content": answer},
+            {"role": "user", "content": "im_end"}, {"role": "assistant", "content": answer}]
+    for source in (CHATML_JINJA, QWEN3_CHAT_TEMPLATE):
+        if source is QWEN3_CHAT_TEMPLATE and answer == "\n":
+            continue  # the final answer is stripped of leading newlines there: refused, see below
+        r = render(chat, ChatTemplate("q", jinja=source))
+        assert supervised_text(r) == [answer + "<|im_end|>"] * 2
+        before = "<|im_start|>assistant\n<think>\n\n</think>\n\n" if source is QWEN3_CHAT_TEMPLATE else \
+                 "<|im_start|>assistant\n"
+        assert r.text[:r.spans[1][0]].endswith(before)
+    named = render([SYSTEM, *chat], "chatml")
+    assert render([SYSTEM, *chat], ChatTemplate("q", jinja=CHATML_JINJA)).spans == named.spans
+
+
+@pytest.mark.parametrize("answer, problem", [
+    ("\nstarts on a newline", "transforms this assistant content"),
+    ("\n", "transforms this assistant content"),
+    ("Because <think>x</think>so", "does not render this assistant content verbatim"),
+])
+def test_qwen3_jinja_contents_it_rewrites_are_refused_naming_template_and_turn(answer, problem):
+    from fuelline.models import QWEN3_CHAT_TEMPLATE
+
+    chat = [{"role": "user", "content": "Why?"}, {"role": "assistant", "content": answer}]
+    with pytest.raises(ValueError, match=f"^turn 1: the Jinja chat template of 'q' {problem}"):
+        render(chat, ChatTemplate("q", jinja=QWEN3_CHAT_TEMPLATE))
+    # an earlier answer keeps its leading newlines there, but still loses its thinking
+    earlier = [*chat, {"role": "user", "content": "Ok"}]
+    if "</think>" in answer:
+        with pytest.raises(ValueError, match=f"^turn 1: the Jinja chat template of 'q' {problem}"):
+            render(earlier, ChatTemplate("q", jinja=QWEN3_CHAT_TEMPLATE))
+    else:
+        assert supervised_text(render(earlier, ChatTemplate("q", jinja=QWEN3_CHAT_TEMPLATE))) == [answer + "<|im_end|>"]
+
+
+MORE = [*CHAT, {"role": "user", "content": "More"}]
+
+
+@pytest.mark.parametrize("source, chat, problem", [
+    ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}again: {{ messages[-1].content }}",
+     CHAT, "turn 3: the Jinja chat template of 'odd' renders this assistant content 2 times"),
+    ("{% for m in messages %}{% if not loop.last %}{{ m.role }}: {{ m.content }}\n{% endif %}{% endfor %}",
+     CHAT, "turn 3: the Jinja chat template of 'odd' does not render this assistant content,"),
+    ("{% for m in messages | reverse %}{{ m.role }}: {{ m.content }}\n{% endfor %}",
+     MORE, "turn 3: the Jinja chat template of 'odd' renders the assistant contents out of their order"),
+    ("{% for m in messages %}{{ m.role }}: {{ m.content[:3] }}\n{% endfor %}",
+     MORE, "turn 1: the Jinja chat template of 'odd' transforms this assistant content"),
+])
+def test_jinja_templates_whose_assistant_contents_cannot_be_located_are_refused(source, chat, problem):
+    with pytest.raises(ValueError) as error:
+        render(chat, ChatTemplate("odd", jinja=source))
+    assert str(error.value).startswith(problem) and "{% generation %}" in str(error.value)
