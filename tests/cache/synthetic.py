@@ -10,7 +10,7 @@ import torch
 
 from fuelline.cache.fp8 import quantize
 from fuelline.formats.target_cache import (BF16, DEEPSPEC_V2, FUELLINE, FUELLINE_FORMAT_NAME, INDEX, Layout,
-                                           checksum, index_entry, shard_name, write_manifest)
+                                           checksum, index_entry, seal_index, shard_name, write_manifest)
 
 TARGET_MODEL = "org/target-model"
 
@@ -49,7 +49,7 @@ def manifest_for(layout: Layout, layer_ids, num_samples: int, shard_sizes: list[
                 "hidden_size": layout.hidden_size, "target_model_name_or_path": TARGET_MODEL,
                 "shards": [{"shard_id": k, "file_name": shard_name(k)} for k in range(len(shard_sizes))]}
     if layout.format == FUELLINE:
-        manifest.update(format=FUELLINE_FORMAT_NAME, version=1, max_length=64, chat_template="chatml")
+        manifest.update(format=FUELLINE_FORMAT_NAME, version=2, max_length=64, chat_template="chatml")
         for entry, size in zip(manifest["shards"], shard_sizes):
             entry["num_bytes"] = size
     return manifest
@@ -79,6 +79,10 @@ def write_cache(directory: Path, *, fmt: str = FUELLINE, hidden_dtype: str = BF1
         shard += data
     for k, shard in enumerate(shards):
         (directory / shard_name(k)).write_bytes(shard)
-    (directory / INDEX).write_bytes(np.array(index, dtype=layout.index_dtype()).tobytes())
-    write_manifest(directory, manifest_for(layout, layer_ids, num_samples, [len(s) for s in shards]))
+    manifest = manifest_for(layout, layer_ids, num_samples, [len(s) for s in shards])
+    index = np.array(index, dtype=layout.index_dtype())
+    if fmt == FUELLINE:
+        seal_index(index, manifest)
+    (directory / INDEX).write_bytes(index.tobytes())
+    write_manifest(directory, manifest)
     return samples

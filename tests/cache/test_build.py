@@ -24,8 +24,9 @@ torch = pytest.importorskip("torch")
 from fuelline.cache.build import build_cache  # noqa: E402
 from fuelline.cache.dataset import CacheDataset, widen_hidden  # noqa: E402
 from fuelline.cache.fp8 import error_bound  # noqa: E402
+from fuelline.cache.inspect import verify_cache  # noqa: E402
 from fuelline.cache.plan import CacheConfig  # noqa: E402
-from fuelline.formats.target_cache import HIDDEN_DTYPES, MANIFEST  # noqa: E402
+from fuelline.formats.target_cache import FUELLINE_INDEX, HIDDEN_DTYPES, INDEX, MANIFEST  # noqa: E402
 
 LAYERS = [-1, 0, 2]  # of a 4-layer model: the embedding output, a middle layer, the last allowed
 WORDS = ("the cat sat on a mat and ran far away into deep green woods where old owls sing of rain "
@@ -342,7 +343,8 @@ def test_progress_in_a_log_file_is_lines_and_no_progress_means_none(qwen4_dir, c
 
 def test_a_hub_id_is_found_through_the_hub_cache_offline(qwen4_dir, chats, tmp_path):
     """`--model org/name` as from_pretrained takes it: a Hub cache laid out as huggingface_hub writes it,
-    read with HF_HUB_OFFLINE=1. The cache equals the one built from the directory, but for the model's name."""
+    read with HF_HUB_OFFLINE=1. The cache equals the one built from the directory, but for the model's name
+    (and the index checksums, which cover the manifest that holds it)."""
     hub = tmp_path / "hub"
     snapshot = hub / "models--fuelline-test--qwen3-4-layers" / "snapshots" / ("0" * 40)
     snapshot.mkdir(parents=True)
@@ -359,8 +361,12 @@ def test_a_hub_id_is_found_through_the_hub_cache_offline(qwen4_dir, chats, tmp_p
     assert by_dir.returncode == 0, by_dir.stderr
     manifest = json.loads((tmp_path / "by-id" / MANIFEST).read_text())
     assert manifest["target_model_name_or_path"] == "fuelline-test/qwen3-4-layers"
-    shards = lambda d: {n: b for n, b in files_of(d).items() if n.startswith("shard-") or n == "samples.idx"}  # noqa: E731
+    shards = lambda d: {n: b for n, b in files_of(d).items() if n.startswith("shard-")}  # noqa: E731
     assert shards(tmp_path / "by-id") == shards(tmp_path / "by-dir")
+    by_id, by_dir = (np.fromfile(tmp_path / d / INDEX, dtype=FUELLINE_INDEX) for d in ("by-id", "by-dir"))
+    unsealed = [name for name in FUELLINE_INDEX.names if name != "index_checksum"]
+    assert all(np.array_equal(by_id[name], by_dir[name]) for name in unsealed)
+    assert verify_cache(tmp_path / "by-id") == verify_cache(tmp_path / "by-dir") == []
     missing = subprocess.run(_cli(*_build_args(Path("fuelline-test/not-cached"), chats, tmp_path / "none")), env=env,
                              capture_output=True, text=True)
     assert missing.returncode == 2 and "Traceback" not in missing.stderr

@@ -9,7 +9,8 @@ import orjson
 import pytest
 
 from fuelline.cache.dataset import CacheDataset
-from fuelline.cache.inspect import LIMIT, cache_info, format_info, validate_for_draft, verify_cache
+from fuelline.cache.inspect import cache_info, format_info, validate_for_draft, verify_cache
+from fuelline.cache.structure import LIMIT
 from fuelline.formats.target_cache import (BF16, DEEPSPEC_V2, FP8, FUELLINE, FUELLINE_INDEX, INDEX, MANIFEST,
                                            V2_INDEX, CacheFormatError, Layout, shard_name)
 
@@ -51,13 +52,14 @@ def set_field(fmt, name, sample, value):
     return lambda path: edit_index(path, fmt, lambda index: index[name].__setitem__(sample, value))
 
 
-# (name, format, damage, what verify_cache says, when the reader fails: "open" | "read" | "checksum"
-#  | None (reads without error), what its CacheFormatError says)
+# (name, format, damage, what verify_cache says, when the reader fails: "open" | "checksum" (only
+#  when it checks record checksums, as it does by default), what its CacheFormatError says). Everything but a record's
+#  payload is checked when the cache is opened.
 DAMAGE = [
     ("truncated shard", FUELLINE, lambda p: truncate(p / shard_name(1), 10),
-     "shard-00001.bin: ", "read", r"shard-00001\.bin: .*the manifest says .*sample 4"),
+     "shard-00001.bin: ", "open", r"shard-00001\.bin: 1,654 bytes, the manifest says 1664"),
     ("truncated shard v2", DEEPSPEC_V2, lambda p: truncate(p / shard_name(1), 10),
-     "shard-00001.bin: sample 7: target_last_hidden_states", "read", r"shard-00001\.bin: sample 7: .*past the shard"),
+     "shard-00001.bin: sample 7: target_last_hidden_states", "open", r"shard-00001\.bin: sample 7: .*past the end"),
     ("truncated index", FUELLINE, lambda p: truncate(p / INDEX, 10),
      "samples.idx: size", "open", r"samples\.idx: size .* not a multiple"),
     ("a record short in the index", DEEPSPEC_V2, lambda p: truncate(p / INDEX, 56),
@@ -67,36 +69,38 @@ DAMAGE = [
     ("wrong num_samples", FUELLINE, lambda p: edit_manifest(p, lambda m: m.update(num_samples=13)),
      "the manifest says 13 samples", "open", r"samples\.idx: holds 12 records; the manifest says 13"),
     ("missing shard", DEEPSPEC_V2, lambda p: (p / shard_name(2)).unlink(),
-     "shard-00002.bin: missing or not a file (shard 2, 4 samples)", "read", r"shard-00002\.bin: missing .*sample 8"),
+     "shard-00002.bin: missing or not a file (shard 2, 4 samples)", "open", r"shard-00002\.bin: missing .*4 samples"),
     ("a directory for a shard", FUELLINE, lambda p: (p / shard_name(0)).unlink() or (p / shard_name(0)).mkdir(),
-     "shard-00000.bin: missing or not a file", "read", r"shard-00000\.bin: not a regular file .*sample 0"),
+     "shard-00000.bin: missing or not a file", "open", r"shard-00000\.bin: missing or not a file"),
     ("bad JSON manifest", FUELLINE, lambda p: (p / MANIFEST).write_text('{"version": 1,'),
      "manifest.json: not valid JSON", "open", r"manifest\.json: not valid JSON"),
     ("offset beyond the shard", FUELLINE, set_field(FUELLINE, "offset", 9, 1 << 20),
-     "shard-00002.bin: sample 9: record at byte 1,048,576", "read", r"shard-00002\.bin: sample 9: .*past the shard"),
+     "shard-00002.bin: sample 9: record at byte 1,048,576", "open", r"sample 9: index record checksum mismatch"),
     ("hidden offset beyond the shard v2", DEEPSPEC_V2, set_field(DEEPSPEC_V2, "target_hidden_states", 5, 2**63),
-     "sample 5: target_hidden_states at byte", "read", r"shard-00001\.bin: sample 5: .*past the shard"),
+     "sample 5: target_hidden_states at byte", "open", r"samples\.idx: sample 5: target_hidden_states at byte"),
     ("shard id beyond num_shards", FUELLINE, set_field(FUELLINE, "shard_id", 3, 7),
-     "samples.idx: sample 3: shard_id 7 is beyond the 3 shards", "open", r"sample 3: shard_id 7 is beyond"),
+     "samples.idx: sample 3: shard_id 7 is beyond the 3 shards", "open", r"sample 3: index record checksum mismatch"),
     ("sample id out of place", DEEPSPEC_V2, set_field(DEEPSPEC_V2, "sample_id", 2, 5),
      "samples.idx: record 2 holds sample_id 5", "open", r"samples\.idx: record 2 holds sample_id 5"),
     ("empty sample", FUELLINE, set_field(FUELLINE, "seq_len", 10, 0),
-     "samples.idx: sample 10: seq_len 0", "open", r"sample 10: seq_len 0"),
+     "samples.idx: sample 10: seq_len 0", "open", r"sample 10: index record checksum mismatch"),
     ("record length off", FUELLINE, set_field(FUELLINE, "nbytes", 1, 64),
-     "samples.idx: sample 1: record length 64 does not match", "read", r"sample 1: record length 64 does not match"),
+     "samples.idx: sample 1: record length 64 does not match", "open", r"sample 1: index record checksum mismatch"),
     ("wrong loss token count", FUELLINE, set_field(FUELLINE, "loss_tokens", 0, 1),
-     "sample 0: the loss mask has 0 supervised tokens, the index says 1", None, None),
+     "sample 0: the loss mask has 0 supervised tokens, the index says 1", "open", r"sample 0: index record checksum"),
     ("overlapping samples v2", DEEPSPEC_V2,
      lambda p: edit_index(p, DEEPSPEC_V2, lambda index: index.__setitem__(
          5, (5, *[index[4][name] for name in V2_INDEX.names[1:]]))),
-     "shard-00001.bin: samples 4 and 5 overlap", None, None),
+     "shard-00001.bin: samples 4 and 5 overlap", "open", r"shard-00001\.bin: samples 4 and 5 overlap"),
     ("v2 tensors out of order", DEEPSPEC_V2, set_field(DEEPSPEC_V2, "loss_mask", 6, 0),
-     "sample 6: target_hidden_states at byte", None, None),
+     "sample 6: target_hidden_states at byte", "open", r"sample 6: loss_mask at byte 0, but attention_mask ends"),
+    ("a sample moved to another shard v2", DEEPSPEC_V2, set_field(DEEPSPEC_V2, "shard_id", 9, 0),
+     "shard-00002.bin: sample 10 starts at byte", "open", r"shard-00000\.bin: .*overlap|shard-00002\.bin: sample 10"),
 ]
 
 
 def read_everything(path, io):
-    dataset = CacheDataset(path, io=io, verify_checksums=True)
+    dataset = CacheDataset(path, io=io)
     for i in range(len(dataset)):
         dataset[i]
 
@@ -110,16 +114,14 @@ def test_damage_is_found_by_verify_and_named_by_the_reader(tmp_path, io, name, f
     problems = verify_cache(tmp_path)
     assert any(problem in p for p in problems), problems
     if fails == "open":
-        with pytest.raises(CacheFormatError, match=error):
+        with pytest.raises(CacheFormatError, match=error) as raised:
             CacheDataset(tmp_path, io=io)
-    elif fails in ("read", "checksum"):
-        if fails == "checksum":  # unchecked, a damaged hidden state reads like any other
-            dataset = CacheDataset(tmp_path, io=io)
-            assert [dataset[i] for i in range(len(dataset))]
+        assert str(tmp_path) in str(raised.value)
+    else:
+        dataset = CacheDataset(tmp_path, io=io, verify_checksums=False)  # unchecked, a damaged payload reads
+        assert [dataset[i] for i in range(len(dataset))]
         with pytest.raises(CacheFormatError, match=error):
             read_everything(tmp_path, io)
-    else:
-        read_everything(tmp_path, io)
 
 
 def test_a_whole_cache_verifies_clean_and_problems_are_capped(tmp_path):
@@ -143,7 +145,7 @@ def test_cache_info_counts_what_was_written(tmp_path, fmt):
     written = write_cache(tmp_path, fmt=fmt, num_samples=9, num_shards=2)
     info = cache_info(tmp_path)
     lengths = [len(s["input_ids"]) for s in written]
-    assert info["format"] == fmt and info["version"] == (1 if fmt == FUELLINE else 2)
+    assert info["format"] == fmt and info["version"] == 2
     assert info["samples"] == 9 and info["shards"] == 2 and info["tokens"] == sum(lengths)
     assert info["supervised_tokens"] == sum(int(s["loss_mask"].sum()) for s in written)
     shard_bytes = sum((tmp_path / shard_name(k)).stat().st_size for k in range(2))

@@ -35,8 +35,9 @@ from fuelline.cache.plan import BUILD_DIR, CacheConfig, Plan, Shard, assign, lay
     model_config, model_fingerprint, record_sizes, resolve_model
 from fuelline.cache.writer import ShardWriter, WriteQueue
 from fuelline.formats.target_cache import (BF16, DEEPSPEC_V2, DEEPSPEC_VERSION, FUELLINE_FORMAT_NAME,
-                                           FUELLINE_VERSION, INDEX, MANIFEST, MASK_DTYPE, SCALE_DTYPE,
-                                           TOKEN_DTYPE, Layout, shard_name, write_manifest)
+                                           FUELLINE, FUELLINE_VERSION, INDEX, MANIFEST, MASK_DTYPE, SCALE_DTYPE,
+                                           STATS, TOKEN_DTYPE, Layout, manifest_digest, seal_index, shard_name,
+                                           write_manifest)
 from fuelline.io.atomic import atomic_write, fsync_dir, write_bytes_atomic
 from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import expand_inputs
@@ -46,7 +47,6 @@ from fuelline.pipeline.task import resumed
 from fuelline.progress import progress_bar, transformers_bars
 from fuelline.tokenizer.train import tokenizer_fingerprint
 
-STATS = "stats.json"
 
 
 @dataclass
@@ -420,18 +420,22 @@ def _merge(output: Path, plan: Plan, config: CacheConfig, wall_seconds: float) -
     missing = [s.shard_id for s in plan.shards if not _shard_done(output, s)]
     if missing:
         raise RuntimeError(f"shard(s) {missing} are not finished; run the build again to finish them")
-    with atomic_write(output / INDEX) as index:
-        for shard in plan.shards:
-            name = shard_name(shard.shard_id)
-            index.write((build / (name[:-4] + ".idx")).read_bytes())
+    stats = _stats(plan, layout, config, wall_seconds)
+    manifest = _manifest(plan, layout, config, stats)
+    stats["manifest_digest"] = f"{manifest_digest(manifest):016x}"  # what verify and readers check it against
+    index = np.concatenate([np.fromfile(build / (shard_name(s.shard_id)[:-4] + ".idx"), dtype=layout.index_dtype())
+                            for s in plan.shards]) if plan.shards else np.zeros(0, layout.index_dtype())
+    if layout.format == FUELLINE:
+        seal_index(index, manifest)
+    with atomic_write(output / INDEX) as f:
+        f.write(index.tobytes())
     for shard in plan.shards:
         name = shard_name(shard.shard_id)
         if (build / name).exists():
             os.replace(build / name, output / name)
     fsync_dir(output)
-    stats = _stats(plan, layout, config, wall_seconds)
     write_bytes_atomic(output / STATS, orjson.dumps(stats, option=orjson.OPT_INDENT_2))
-    write_manifest(output, _manifest(plan, layout, config, stats))
+    write_manifest(output, manifest)
     shutil.rmtree(build)
     return stats
 
@@ -455,6 +459,7 @@ def _stats(plan: Plan, layout: Layout, config: CacheConfig, wall_seconds: float)
         "shards": len(plan.shards), "bytes": plan.total_bytes,
         "bytes_per_token": round(plan.total_bytes / tokens, 2) if tokens else 0.0,
         "format": config.format, "hidden_dtype": layout.hidden_dtype, "layers": list(config.layers),
+        "hidden_size": plan.hidden_size,
         "forward_seconds": round(timing["forward_seconds"], 3), "writer_wait_seconds": round(timing["wait_seconds"], 3),
         "write_seconds": round(timing["write_seconds"], 3), "shard_seconds": round(timing["wall_seconds"], 3),
         "forward_share": round(timing["forward_seconds"] / timing["wall_seconds"], 4) if timing["wall_seconds"] else 0.0,

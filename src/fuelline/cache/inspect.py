@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections import Counter
-from itertools import pairwise
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -20,34 +18,11 @@ from typing import Any
 import numpy as np
 import orjson
 
-from fuelline.formats.target_cache import (ALIGN, FUELLINE, INDEX, MANIFEST, TENSORS, CacheFormatError,
-                                           Layout, cache_format, checksum, layout_of, read_index, read_manifest)
+from fuelline.cache.structure import Problems, check_structure
+from fuelline.formats.target_cache import (FUELLINE, INDEX, MANIFEST, CacheFormatError, Layout, cache_format,
+                                           checksum, layout_of, read_index, read_manifest)
 
-LIMIT = 20  # problems of one kind listed before they are only counted
 READ_BUFFER = 16 << 20
-
-
-class Problems:
-    """Problem messages in order found, at most LIMIT of each kind, the rest counted."""
-
-    def __init__(self):
-        self.listed: list[str] = []
-        self.counts: Counter[str] = Counter()
-
-    def add(self, kind: str, message: str) -> None:
-        self.counts[kind] += 1
-        if self.counts[kind] <= LIMIT:
-            self.listed.append(message)
-
-    def each(self, kind: str, samples: np.ndarray, message) -> None:
-        """A problem for each sample of `samples` (ints); only those listed are formatted."""
-        room = max(LIMIT - self.counts[kind], 0)
-        self.listed += [message(k) for k in samples[:room].tolist()]
-        self.counts[kind] += len(samples)
-
-    def result(self) -> list[str]:
-        return self.listed + [f"… and {n - LIMIT:,} more problems of this kind: {kind}"
-                              for kind, n in self.counts.items() if n > LIMIT]
 
 
 def verify_cache(path: str | os.PathLike) -> list[str]:
@@ -65,10 +40,7 @@ def verify_cache(path: str | os.PathLike) -> list[str]:
     index = load_index(directory, manifest, layout, problems)
     if index is None:
         return problems.result()
-    check_index(index, manifest, layout, problems)
-    sizes = check_shard_files(directory, manifest, index, problems)
-    spans = check_bounds(manifest, layout, index, sizes, problems)
-    check_overlaps(manifest, index, spans, problems)
+    _, spans = check_structure(directory, manifest, layout, index, problems)
     if layout.format == FUELLINE:
         check_records(directory, manifest, layout, index, spans, problems)
     return problems.result()
@@ -88,97 +60,6 @@ def load_index(directory: Path, manifest: dict, layout: Layout, problems: Proble
         return None
     dtype = layout.index_dtype()
     return np.fromfile(path, dtype=dtype, count=path.stat().st_size // dtype.itemsize)
-
-
-def check_index(index: np.ndarray, manifest: dict, layout: Layout, problems: Problems) -> None:
-    def bad(kind, where, message):
-        problems.each(kind, np.flatnonzero(where), message)
-
-    num_shards = manifest["num_shards"]
-    bad("sample ids", index["sample_id"] != np.arange(len(index), dtype=np.uint64),
-        lambda k: f"{INDEX}: record {k} holds sample_id {int(index['sample_id'][k])} "
-                  f"(sample ids must be 0…{len(index) - 1} in order)")
-    bad("shard ids", index["shard_id"] >= num_shards,
-        lambda k: f"{INDEX}: sample {k}: shard_id {int(index['shard_id'][k])} is beyond the {num_shards} shards "
-                  "of the manifest")
-    bad("empty samples", index["seq_len"] == 0, lambda k: f"{INDEX}: sample {k}: seq_len 0")
-    seq = index["seq_len"].astype(np.uint64)
-    if layout.format == FUELLINE:
-        expected = layout.record_sizes(seq, index["id_len"])
-        bad("record lengths", index["nbytes"] != expected,
-            lambda k: f"{INDEX}: sample {k}: record length {int(index['nbytes'][k]):,} does not match its seq_len "
-                      f"{int(seq[k])} and id length {int(index['id_len'][k])} ({int(expected[k]):,} bytes)")
-        bad("alignment", index["offset"] % np.uint64(ALIGN) != 0,
-            lambda k: f"{INDEX}: sample {k}: record offset {int(index['offset'][k]):,} is not a multiple of {ALIGN}")
-        bad("loss tokens", index["loss_tokens"] > index["seq_len"],
-            lambda k: f"{INDEX}: sample {k}: {int(index['loss_tokens'][k])} supervised tokens in a sample of "
-                      f"{int(seq[k])}")
-        return
-    for before, after in pairwise(TENSORS):  # version 2: the five tensors back to back, in order
-        follows = index[before] + seq * np.uint64(layout.field_nbytes(before, 1))
-        bad("contiguity", index[after] != follows,
-            lambda k: f"{INDEX}: sample {k}: {after} at byte {int(index[after][k]):,}, but {before} ends at "
-                      f"{int(follows[k]):,} (the tensors must be back to back, in order)")
-
-
-def check_shard_files(directory: Path, manifest: dict, index: np.ndarray, problems: Problems) -> list[int | None]:
-    """Each shard's size (None: missing), checked against the size the manifest records."""
-    sizes = []
-    for k, entry in enumerate(manifest["shards"]):
-        path = directory / entry["file_name"]
-        if not path.is_file():
-            held = int((index["shard_id"] == k).sum())
-            problems.add("missing shards", f"{entry['file_name']}: missing or not a file (shard {k}, {held:,} samples)")
-            sizes.append(None)
-            continue
-        size = path.stat().st_size
-        recorded = entry.get("num_bytes")
-        if recorded is not None and recorded != size:
-            problems.add("shard sizes", f"{entry['file_name']}: {size:,} bytes, the manifest says {recorded}")
-        sizes.append(size)
-    return sizes
-
-
-def check_bounds(manifest: dict, layout: Layout, index: np.ndarray, sizes: list[int | None],
-                 problems: Problems) -> np.ndarray:
-    """Check every sample's fields lie inside its shard file; returns each sample's byte span
-    [start, end) as an (N, 2) uint64 array, with start == end == 0 where it cannot be read."""
-    by_shard = np.array([-1 if size is None else size for size in sizes] + [-1], dtype=np.int64)
-    size = by_shard[np.minimum(index["shard_id"], len(sizes))]  # -1: unknown shard id or missing file
-    present, size = size >= 0, np.maximum(size, 0).astype(np.uint64)
-    seq = index["seq_len"].astype(np.uint64)
-    if layout.format == FUELLINE:
-        fields = {"record": (index["offset"], index["nbytes"])}
-    else:
-        fields = {name: (index[name], seq * np.uint64(layout.field_nbytes(name, 1))) for name in TENSORS}
-    inside = present.copy()
-    for name, (offset, nbytes) in fields.items():
-        fits = (offset <= size) & (nbytes <= size - np.minimum(offset, size))  # no uint64 overflow
-        problems.each("out of bounds", np.flatnonzero(present & ~fits),
-                      lambda k: f"{manifest['shards'][int(index['shard_id'][k])]['file_name']}: sample {k}: {name} "
-                                f"at byte {int(offset[k]):,} (+{int(nbytes[k]):,}) extends past the end of the shard "
-                                f"({int(size[k]):,} bytes)")
-        inside &= fits
-    starts = np.min([offset for offset, _ in fields.values()], axis=0)
-    ends = np.max([offset + nbytes for offset, nbytes in fields.values()], axis=0)
-    spans = np.zeros((len(index), 2), dtype=np.uint64)
-    spans[inside, 0], spans[inside, 1] = starts[inside], ends[inside]
-    return spans
-
-
-def check_overlaps(manifest: dict, index: np.ndarray, spans: np.ndarray, problems: Problems) -> None:
-    readable = spans[:, 1] > spans[:, 0]
-    for k, entry in enumerate(manifest["shards"]):
-        samples = np.flatnonzero(readable & (index["shard_id"] == k))
-        if len(samples) < 2:
-            continue
-        samples = samples[np.argsort(spans[samples, 0], kind="stable")]
-        ends = spans[samples, 1]
-        reach = np.maximum.accumulate(ends)  # the furthest end of any sample so far, and whose it is
-        holder = np.maximum.accumulate(np.where(ends == reach, np.arange(len(samples)), 0))
-        problems.each("overlaps", np.flatnonzero(spans[samples[1:], 0] < reach[:-1]),
-                      lambda j: f"{entry['file_name']}: samples {int(samples[holder[j]])} and {int(samples[j + 1])} "
-                                "overlap")
 
 
 def check_records(directory: Path, manifest: dict, layout: Layout, index: np.ndarray, spans: np.ndarray,

@@ -16,13 +16,19 @@ shard_id, seq_len, then the byte offset of each of the five tensors), tensors pa
 padding, manifest fields as the reference writes them (JSON, indent 2, sorted keys). A plain
 fp8 cast (`float8_e4m3fn`, no scale) is what version 2 calls fp8; we write bf16 there.
 
-**fuelline** (version 1) adds what version 2 lacks. A record is one contiguous block starting
+**fuelline** (version 2) adds what version 2 lacks. A record is one contiguous block starting
 at a 64-byte boundary: the source record id (UTF-8), then the five tensors, then, for fp8, the
 scales `target_hidden_scales` float32 [T, L] and `target_last_hidden_scales` float32 [T]; every
-field starts at a 64-byte boundary and the gaps are zero bytes. Index records `<QIIQQQII`
-(48 bytes): sample_id, shard_id, seq_len, the record's offset and length, its xxh3-64 checksum
-(over the whole block, padding included), the id's length and the number of supervised tokens.
-The manifest adds the model and tokenizer fingerprints, the sources, and counts.
+field starts at a 64-byte boundary and the gaps are zero bytes. Index records `<QIIQQQIIQ`
+(56 bytes): sample_id, shard_id, seq_len, the record's offset and length, its xxh3-64 checksum
+(over the whole block, padding included), the id's length, the number of supervised tokens, and
+`index_checksum`: the xxh3-64 of the record's first 48 bytes seeded with the manifest's digest
+(`manifest_digest`, over the whole manifest). So an edited index field fails its own record, and
+an edited manifest fails every record: neither can lie without the other being rewritten to
+match. The manifest adds the model and tokenizer fingerprints, the sources, and counts.
+Version 1 (48-byte records, no index checksum, no manifest digest) is refused with a message
+saying to rebuild: it was never read outside fuelline, and reading it would need a second
+reader with weaker guarantees.
 
 fp8 (`float8_e4m3fn` with a float32 scale per token and layer): x ≈ q · s with
 s = max|x| / 448 over the token's H values at that layer. Rounding to e4m3 (3 mantissa bits,
@@ -49,7 +55,8 @@ import xxhash
 MANIFEST, INDEX = "manifest.json", "samples.idx"
 DEEPSPEC_V2, FUELLINE = "deepspec-v2", "fuelline"
 FORMATS = (DEEPSPEC_V2, FUELLINE)
-FUELLINE_FORMAT_NAME, FUELLINE_VERSION, DEEPSPEC_VERSION = "fuelline.target-cache", 1, 2
+FUELLINE_FORMAT_NAME, FUELLINE_VERSION, DEEPSPEC_VERSION = "fuelline.target-cache", 2, 2
+STATS = "stats.json"  # the build's record: what verify and the reader compare the manifest with
 BF16, FP8 = "bfloat16", "float8_e4m3fn"
 HIDDEN_DTYPES = {"bf16": BF16, "bfloat16": BF16, "fp8": FP8, "float8_e4m3fn": FP8}
 TOKEN_DTYPE, MASK_DTYPE, SCALE_DTYPE = "int32", "uint8", "float32"
@@ -64,8 +71,9 @@ V2_INDEX = np.dtype([("sample_id", "<u8"), ("shard_id", "<u4"), ("seq_len", "<u4
                      ("target_hidden_states", "<u8"), ("target_last_hidden_states", "<u8")])
 FUELLINE_INDEX = np.dtype([("sample_id", "<u8"), ("shard_id", "<u4"), ("seq_len", "<u4"),
                            ("offset", "<u8"), ("nbytes", "<u8"), ("checksum", "<u8"),
-                           ("id_len", "<u4"), ("loss_tokens", "<u4")])
-assert V2_INDEX.itemsize == 56 and FUELLINE_INDEX.itemsize == 48
+                           ("id_len", "<u4"), ("loss_tokens", "<u4"), ("index_checksum", "<u8")])
+SEALED_BYTES = 48  # the fuelline index record's bytes its index_checksum covers: all but itself
+assert V2_INDEX.itemsize == 56 and FUELLINE_INDEX.itemsize == SEALED_BYTES + 8
 
 V2_REQUIRED = ("version", "num_samples", "num_shards", "target_layer_ids", "hidden_dtype", "token_dtype",
                "mask_dtype", "index_record_size", "hidden_size", "shards")
@@ -210,9 +218,31 @@ def index_entry(layout: Layout, sample_id: int, shard_id: int, seq_len: int, off
     """One samples.idx record, as a tuple for `layout.index_dtype()`, of a sample written at `offset`
     whose fields lie at `fields` (relative offsets, as `pieces` returns them); `digest`, `id_len` and
     `loss_tokens` are the fuelline format's (the checksum of the sample's bytes)."""
-    if layout.format == FUELLINE:
-        return sample_id, shard_id, seq_len, offset, fields["end"], digest, id_len, loss_tokens
+    if layout.format == FUELLINE:  # index_checksum: filled by `seal_index` once the manifest is known
+        return sample_id, shard_id, seq_len, offset, fields["end"], digest, id_len, loss_tokens, 0
     return (sample_id, shard_id, seq_len, *(offset + fields[name] for name in TENSORS))
+
+
+def manifest_digest(manifest: dict[str, Any]) -> int:
+    """xxh3-64 of the manifest's canonical JSON (sorted keys, no spaces): any edited, added or
+    removed field changes it, and neither whitespace nor key order does."""
+    return checksum(orjson.dumps(manifest, option=orjson.OPT_SORT_KEYS))
+
+
+def index_checksums(index: np.ndarray, manifest: dict[str, Any]) -> np.ndarray:
+    """What each fuelline index record's `index_checksum` must be under `manifest` (uint64).
+    One xxh3 call per record: 0.3 s for 1.3 M records."""
+    seed = manifest_digest(manifest)
+    raw = np.ascontiguousarray(index).view(np.uint8).reshape(len(index), FUELLINE_INDEX.itemsize)
+    sealed = memoryview(np.ascontiguousarray(raw[:, :SEALED_BYTES])).cast("B")
+    return np.fromiter((xxhash.xxh3_64_intdigest(sealed[k: k + SEALED_BYTES], seed)
+                        for k in range(0, len(sealed), SEALED_BYTES)), dtype=np.uint64, count=len(index))
+
+
+def seal_index(index: np.ndarray, manifest: dict[str, Any]) -> None:
+    """Fill in every record's `index_checksum` (in place): binds the records to each other's
+    fields and to the manifest they are published with."""
+    index["index_checksum"] = index_checksums(index, manifest)
 
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
@@ -249,6 +279,9 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
 
     fmt = cache_format(manifest)
     version = manifest["version"]
+    check(not (fmt == FUELLINE and version == 1),
+          "fuelline target cache version 1, written before index and manifest checksums: this version "
+          f"reads only version {FUELLINE_VERSION}; rebuild it with `fuelline cache build` into a new directory")
     check(version == (FUELLINE_VERSION if fmt == FUELLINE else DEEPSPEC_VERSION),
           f"unsupported version {version!r} for format {fmt}")
     check(manifest["hidden_dtype"] in ((BF16, FP8) if fmt == FUELLINE else (BF16, FP8, "float8_e5m2")),
