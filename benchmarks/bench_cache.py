@@ -17,8 +17,13 @@ exchanges of ../shared/data/chat (normalized by `fuelline chat prepare`), the la
 3. Reading: `CacheDataset` + `CacheCollator` (zero-copy tensors, one copy into the padded batch)
    against a reader that copies each tensor out of the file first, as the reference reader does,
    then pads; batches of 8 in a shuffled order, hidden-state GB/s, page cache warm.
+4. `checksums`: what checking each record's xxh3 on read costs, on a cache the size of a real
+   target's (hidden 2048, four layers, 300 records of 64 to 1024 tokens: 3.4 GB, written from
+   random bytes by the format module, no model): the same reads as 3. with `verify_checksums`
+   on and off, alternating, best of five each, both I/O modes; results/cache_checksums.json.
 
     python benchmarks/bench_cache.py [--conversations 150]
+    python benchmarks/bench_cache.py checksums
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import xxhash
 
 from common import SHARED_DATA, best_of, write_result
 
@@ -88,10 +94,84 @@ def read_speed(dataset, collate, order: np.ndarray, batch: int) -> float:
     return delivered
 
 
+def write_random_cache(directory: Path, layout, lengths: np.ndarray, seed: int = 0) -> None:
+    """A fuelline cache of one shard holding random bytes of the given lengths (hidden bits are
+    any uint16: reading does not look at the values)."""
+    from fuelline.formats.target_cache import (FUELLINE_FORMAT_NAME, FUELLINE_VERSION, INDEX, index_entry,
+                                               seal_index, shard_name, write_manifest)
+
+    rng = np.random.default_rng(seed)
+    directory.mkdir(parents=True)
+    entries, offset = [], 0
+    with open(directory / shard_name(0), "wb") as shard:
+        for i, n in enumerate(lengths.tolist()):
+            arrays = {"input_ids": rng.integers(0, 150_000, n, dtype=np.int32),
+                      "attention_mask": np.ones(n, np.uint8), "loss_mask": np.ones(n, np.uint8)}
+            for name in ("target_hidden_states", "target_last_hidden_states"):
+                dtype, shape = layout.field_spec(name, n)
+                arrays[name] = rng.integers(0, 1 << 16, shape, dtype=np.uint16).astype(dtype)
+            data, fields = layout.serialize(f"random/{i}", arrays)
+            shard.write(data)
+            entries.append(index_entry(layout, i, 0, n, offset, fields, xxhash.xxh3_64_intdigest(data),
+                                       len(f"random/{i}"), n))
+            offset += len(data)
+    manifest = {"format": FUELLINE_FORMAT_NAME, "version": FUELLINE_VERSION, "num_samples": len(lengths),
+                "num_shards": 1, "target_layer_ids": list(range(layout.num_layers)),
+                "hidden_dtype": layout.hidden_dtype, "token_dtype": "int32", "mask_dtype": "uint8",
+                "index_record_size": layout.index_dtype().itemsize, "hidden_size": layout.hidden_size,
+                "shards": [{"shard_id": 0, "file_name": shard_name(0), "num_bytes": offset}]}
+    index = np.array(entries, dtype=layout.index_dtype())
+    seal_index(index, manifest)
+    (directory / INDEX).write_bytes(index.tobytes())
+    write_manifest(directory, manifest)
+
+
+def checksum_cost() -> None:
+    """Part 4 of the module docstring."""
+    from fuelline.cache.dataset import CacheCollator, CacheDataset
+    from fuelline.formats.target_cache import FUELLINE, Layout
+
+    layers, hidden, count = 4, 2048, 300
+    lengths = np.random.default_rng(1).integers(64, 1025, count)
+    work = Path(tempfile.mkdtemp(prefix="bench-cache-checksums-"))
+    try:
+        write_random_cache(work / "cache", Layout(FUELLINE, layers, hidden), lengths)
+        order = np.random.default_rng(0).permutation(count)
+        collate, results = CacheCollator(), {}
+        for io in ("mmap", "pread"):
+            datasets = {checked: CacheDataset(work / "cache", io=io, verify_checksums=checked)
+                        for checked in (False, True)}
+            read_speed(datasets[False], collate, order, 8)  # warm the page cache
+            best = {False: float("inf"), True: float("inf")}
+            for _ in range(5):
+                for checked, dataset in datasets.items():
+                    seconds, delivered = best_of(lambda: read_speed(dataset, collate, order, 8), 1)
+                    best[checked] = min(best[checked], seconds)
+            results[io] = {"unchecked_gb_s": round(delivered / best[False] / 1e9, 2),
+                           "checked_gb_s": round(delivered / best[True] / 1e9, 2),
+                           "cost": round(best[True] / best[False] - 1, 3)}
+        shard_bytes = (work / "cache" / "shard-00000.bin").stat().st_size
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result = {"layers": layers, "hidden_size": hidden, "records": count, "tokens": int(lengths.sum()),
+              "shard_bytes": shard_bytes, "xxh3_gb_s": round(xxh3_speed() / 1e9, 2), "read_batches_of_8": results}
+    print(write_result("cache_checksums", result).read_text())
+
+
+def xxh3_speed() -> float:
+    data = np.random.default_rng(0).integers(0, 255, 256 << 20, dtype=np.uint8)
+    seconds, _ = best_of(lambda: xxhash.xxh3_64_intdigest(data), 5)
+    return data.nbytes / seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("part", nargs="?", choices=["all", "checksums"], default="all")
     parser.add_argument("--conversations", type=int, default=150)
     args = parser.parse_args()
+    if args.part == "checksums":
+        checksum_cost()
+        return
 
     import torch
 
