@@ -2,7 +2,7 @@
 
     python benchmarks/reliability.py [--reduced] [--trials N] [--seed S] [--json PATH]
 
-Four families of scenarios (issue 15):
+Families of scenarios (issue 15):
 
 (a) kill: a command runs on a subset of the real poetry corpus (`clean`, `boilerplate`, `dedup`,
     `tokenizer train`, `pack`, `chat prepare`, and in the full run `chat regenerate` against echo
@@ -19,11 +19,17 @@ Four families of scenarios (issue 15):
 (d) disk full (root only: a tmpfs): `clean` and `pack` into a disk too small, then the same command
     again with room.
 
+Issue 25 adds the distillation half's families, one module each: (b) also edits every field of a
+target cache's manifest and index records, for both formats and every reader mode
+(reliability_cache.py); (e) chat template spans fuzzed against transformers' assistant masks
+(reliability_templates.py); (f) servers that answer wrongly or die under `chat regenerate`
+(reliability_servers.py).
+
 Outcomes of a trial are those of benchmarks/trials.py (ok, clear_error, silent_wrong, crash, hang,
 leftover).
 
 `--reduced` (CI, under 5 minutes) runs fewer trials on a smaller subset; tests/test_reliability.py
-runs it and fails on any silent_wrong, crash or leftover. Results: benchmarks/results/reliability.json
+runs it and fails on any silent_wrong, crash, hang or leftover. Results: benchmarks/results/reliability.json
 (full runs) and the table in docs/benchmarks.md.
 """
 
@@ -50,6 +56,7 @@ import zstandard
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHARED_DATA, write_result  # noqa: E402
 import reliability_cache  # noqa: E402
+import reliability_templates  # noqa: E402
 from trials import OUTCOMES, Tally, cli, damage_file, failure_outcome, free_port, isolated, judged, run, table  # noqa: E402
 
 BOOKKEEPING = {"stats.json", "_plan.json", "summary.json", "training_report.json"}  # they hold seconds
@@ -455,6 +462,12 @@ def fuzz_jsonl_index(work: Path, cleaned: Path, examples: int, seed: int) -> lis
 
 # --- the run ----------------------------------------------------------------------------------------
 
+def shown(tallies: list[Tally]) -> list[Tally]:
+    for tally in tallies:
+        print(f"  {tally.scenario}: {dict(tally.counts)}", flush=True)
+    return tallies
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reduced", action="store_true", help="the CI run: fewer trials, a smaller subset")
@@ -478,11 +491,9 @@ def main() -> None:
         jobs = pipeline_jobs(work, raw, full)
         tallies = kill_scenarios(work, jobs, trials, rng)
         print(f"(b) fuzzed readers ({examples} cases each)", flush=True)
-        tallies.append(fuzz_token_dataset(work, work / "ref-pack" / "o", examples, args.seed))
-        tallies += fuzz_jsonl_index(work, work / "in-clean", examples, args.seed)
-        tallies += reliability_cache.scenarios(work, full=full, seed=args.seed)
-        for tally in tallies[-4:]:
-            print(f"  {tally.scenario}: {dict(tally.counts)}", flush=True)
+        tallies += shown([fuzz_token_dataset(work, work / "ref-pack" / "o", examples, args.seed),
+                          *fuzz_jsonl_index(work, work / "in-clean", examples, args.seed),
+                          *reliability_cache.scenarios(work, full=full, seed=args.seed)])
         print("(c) bad corpora through clean --on-error skip|raise", flush=True)
         tallies += bad_corpus_scenarios(work, raw, full)
         print("(d) disk full", flush=True)
@@ -493,6 +504,8 @@ def main() -> None:
         else:
             print("  skipped: no tmpfs can be mounted here (it needs root and a container that allows it)",
                   flush=True)
+        print("(e) chat template spans fuzzed against transformers' assistant masks", flush=True)
+        tallies += shown(reliability_templates.scenarios(work, full=full, seed=args.seed))
     finally:
         for server in SERVERS:
             server.kill()
