@@ -330,3 +330,27 @@ def test_auto_with_qwen3s_own_template_supervises_each_answer_never_a_header(qwe
     # Qwen3 strips the final answer's leading newlines: its span would be a guess, so it is refused
     with pytest.raises(ValueError, match="^conversation 1: turn 1: the Jinja chat template of 'auto' transforms"):
         encode_chats([POEM, EDGES[0]], own, "auto")
+
+
+def test_truncation_under_jinja_templates_equals_the_named_template(qwen):
+    chat = [SYSTEM, *POEM, *POEM]
+    one, two, four = lengths(qwen, "chatml", chat, (3, 5, 9))
+    for max_length in (one, two, four - 1):
+        named = encode_chat(chat, qwen, "chatml", max_length)
+        for source in (CHATML_JINJA, CHATML_GENERATION_JINJA):
+            got = encode_chat(chat, qwen, ChatTemplate("mine", jinja=source), max_length)
+            assert got.truncated and (got.input_ids.tolist(), got.loss_mask.tolist()) == \
+                   (named.input_ids.tolist(), named.loss_mask.tolist())
+
+
+def test_truncation_when_generation_blocks_are_not_one_per_assistant_turn(qwen):
+    # only the last assistant turn is trained on: the turn ends are unknown, so every cut is tried
+    source = CHATML_GENERATION_JINJA.replace("m['role'] == 'assistant'", "m['role'] == 'assistant' and loop.last")
+    template = ChatTemplate("last-only", jinja=source)
+    chat = [SYSTEM, *POEM, *POEM]
+    three = len(encode_chat(chat[:7], qwen, template).input_ids)
+    got = encode_chat(chat, qwen, template, three)
+    expected = encode_chat(chat[:7], qwen, template)
+    assert got.truncated and (got.input_ids.tolist(), got.loss_mask.tolist()) == \
+           (expected.input_ids.tolist(), expected.loss_mask.tolist())
+    assert decode(qwen, got.input_ids[got.loss_mask]) == POEM[1]["content"] + "<|im_end|>"
