@@ -1,4 +1,4 @@
-"""Reliability family (b), issue 25: the supervised tokens of chat templates, fuzzed.
+"""Reliability family (e), issue 25: the supervised tokens of chat templates, fuzzed.
 
 Conversations of short, header-like contents (role names, pieces of control tokens such as
 "<|im_start|>", "|>", "im_end", newlines, empty contents; system turns, several turns, roles
