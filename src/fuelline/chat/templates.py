@@ -314,8 +314,9 @@ def _content_spans(turns: list[dict], assistant: list[int], t: ChatTemplate, tex
                    render_marked: Callable[[list[dict]], str]) -> list[tuple[int, int]]:
     """Where each assistant content is in `text`: its marks in a rendering with the contents marked.
 
-    When the marks of all contents together do not give the spans, the turn at fault is found
-    by marking one content at a time (only then, so the cost is one extra rendering).
+    One extra rendering marks all contents at once. Only when their marks do not give the
+    spans, and do not tell which turn is at fault, is each content marked alone in turn, to
+    name the first one that cannot be located.
     """
     if not assistant:
         return []
@@ -350,7 +351,7 @@ def _spans_from_marks(raw: str, text: str, turns: list[dict],
     removed = 0
     for mark in _CONTENT_MARK.finditer(raw):
         turn = int("".join(f"{_DIGITS.index(d):x}" for d in mark.group(2)), 16)
-        if turn in marks:  # else a template made up a number: the checks below find the content's own missing
+        if turn in marks:  # a number no content was given (the template cut its digits): that content lacks it
             marks[turn][mark.group(1)].append(mark.start() - removed)
         removed += len(mark.group())
     spans = []
