@@ -100,7 +100,7 @@ class ServerPool:
             raise NoServerError("no server given: pass --server HOST:PORT (repeatable) or --servers-file")
         self.config, self.warn = config, warn
         self.servers = [Server(parse_server(u), config.concurrency) for u in urls]
-        self._changed: asyncio.Condition | None = None
+        self._change: asyncio.Future | None = None  # resolved, and replaced, at each change
         self._session = None
         self._probes: set[asyncio.Task] = set()
         self._down_since: float | None = None
@@ -109,7 +109,7 @@ class ServerPool:
     async def __aenter__(self):
         import aiohttp
 
-        self._changed = asyncio.Condition()
+        self._change = asyncio.get_running_loop().create_future()
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
         self._session = aiohttp.ClientSession(connector=connector, json_serialize=lambda o: orjson.dumps(o).decode())
         return self
@@ -148,33 +148,42 @@ class ServerPool:
         self.servers = [s for s in self.servers if s.healthy]
 
     async def _acquire(self, avoid: set[str]) -> Server:
-        """The least-loaded healthy server with room, preferring those not in `avoid`."""
-        async with self._changed:
-            while True:
-                free = [s for s in self.servers if s.healthy and s.in_flight < s.limit]
-                if free:
-                    self._down_since = None
-                    preferred = [s for s in free if s.url not in avoid] or free
-                    server = min(preferred, key=lambda s: s.load)
-                    server.in_flight += 1
-                    return server
-                if not any(s.healthy for s in self.servers):
-                    self._down_since = self._down_since or time.monotonic()
-                    waited = time.monotonic() - self._down_since
-                    if waited > self.config.all_down_timeout:
-                        raise NoServerError(f"no server has answered for {waited:.0f} s: "
-                                            f"{', '.join(s.url for s in self.servers)}")
-                try:
-                    await asyncio.wait_for(self._changed.wait(), timeout=self.config.probe_interval)
-                except asyncio.TimeoutError:
-                    pass
+        """The least-loaded healthy server with room, preferring those not in `avoid`.
 
-    async def _release(self, server: Server) -> None:
-        async with self._changed:
-            server.in_flight -= 1
-            self._changed.notify_all()
+        No lock: the pool lives on one event loop and nothing here awaits between looking at
+        the servers and taking one. The wait is on a shared future that `_changed` resolves,
+        through `asyncio.wait`, which never cancels what it waits on: Python 3.11's
+        `wait_for(Condition.wait())` left a cancelled waiter's lock re-taken by an orphaned
+        task, so the first error of a run (all servers down) hung the run while it stopped.
+        """
+        while True:
+            free = [s for s in self.servers if s.healthy and s.in_flight < s.limit]
+            if free:
+                self._down_since = None
+                preferred = [s for s in free if s.url not in avoid] or free
+                server = min(preferred, key=lambda s: s.load)
+                server.in_flight += 1
+                return server
+            pause = self.config.probe_interval
+            if not any(s.healthy for s in self.servers):
+                self._down_since = self._down_since or time.monotonic()
+                waited = time.monotonic() - self._down_since
+                if waited >= self.config.all_down_timeout:
+                    raise NoServerError(f"no server has answered for {waited:.0f} s: "
+                                        f"{', '.join(s.url for s in self.servers)}")
+                pause = min(pause, self.config.all_down_timeout - waited)  # the deadline is kept to the second
+            await asyncio.wait([self._change], timeout=pause)
 
-    async def _rest(self, server: Server) -> None:
+    def _changed(self) -> None:
+        """Wake every request waiting for a server: one has room again, or came back."""
+        self._change.set_result(None)
+        self._change = asyncio.get_running_loop().create_future()
+
+    def _release(self, server: Server) -> None:
+        server.in_flight -= 1
+        self._changed()
+
+    def _rest(self, server: Server) -> None:
         """Take a failing server out of rotation; probe it until it answers again."""
         if not server.healthy:
             return
@@ -190,9 +199,8 @@ class ServerPool:
         while await self.models(server) is None:
             await asyncio.sleep(pause)
             pause = min(pause * 2, self.config.backoff_max)
-        async with self._changed:
-            server.healthy, server.failures_in_a_row = True, 0
-            self._changed.notify_all()
+        server.healthy, server.failures_in_a_row = True, 0
+        self._changed()
         self.warn(f"note: {server.url} answers again; back in rotation")
 
     async def complete(self, model: str, messages: list[dict], sampling: dict[str, Any]) -> Completion:
@@ -209,12 +217,12 @@ class ServerPool:
                 server.failures_in_a_row += 1
                 tried.add(server.url)
                 if e.server_down or server.failures_in_a_row >= self.config.failures_to_rest:
-                    await self._rest(server)
+                    self._rest(server)
             else:
                 server.failures_in_a_row = 0
                 return completion
             finally:
-                await self._release(server)
+                self._release(server)
             if attempt < self.config.attempts:
                 self.retries += 1
                 await asyncio.sleep(min(self.config.backoff * 2 ** (attempt - 1), self.config.backoff_max))
