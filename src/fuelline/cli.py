@@ -367,12 +367,20 @@ chat.add_command(_chat_prepare_command())
 @click.option("--max-tokens", type=int, default=4096, show_default=True, help="most tokens generated per answer")
 @click.option("--disable-thinking", is_flag=True, help="send chat_template_kwargs {enable_thinking: false}")
 @click.option("--drop-truncated", is_flag=True, help="drop conversations with an answer cut by --max-tokens")
+@click.option("--keep-empty-answers", is_flag=True,
+              help="take empty and whitespace-only answers (default: failures, retried, then in OUT.errors)")
+@click.option("--finish-reasons", default="stop,length", show_default=True,
+              help="finish reasons of the answers taken, comma-separated; an answer ending otherwise (abort, ...) "
+                   "is a failure, retried, then in OUT.errors")
 @click.option("--resume", is_flag=True, help="continue OUT: skip the ids it holds (a torn last line is cut off)")
 @click.option("--request-timeout", type=float, default=600.0, show_default=True, help="seconds per request")
 @click.option("--attempts", type=int, default=5, show_default=True, help="tries per request before it fails for good")
+@click.option("--all-down-timeout", type=float, default=300.0, show_default=True,
+              help="seconds without any server answering before the run stops with an error")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
 def regenerate_command(inputs, output, servers, servers_file, model, concurrency, preset, temperature, top_p, top_k,
-                       min_p, max_tokens, disable_thinking, drop_truncated, resume, request_timeout, attempts, quiet):
+                       min_p, max_tokens, disable_thinking, drop_truncated, keep_empty_answers, finish_reasons, resume,
+                       request_timeout, attempts, all_down_timeout, quiet):
     """Regenerate every assistant answer with the target model, through OpenAI-compatible servers."""
     from fuelline.chat.regenerate import RegenerateConfig, regenerate, resolve_servers
     from fuelline.serve.client import ClientConfig
@@ -380,9 +388,10 @@ def regenerate_command(inputs, output, servers, servers_file, model, concurrency
     model, urls = resolve_servers(model, list(servers), servers_file)
     config = RegenerateConfig(model=model, preset=preset, temperature=temperature, top_p=top_p, top_k=top_k,
                               min_p=min_p, max_tokens=max_tokens, disable_thinking=disable_thinking,
-                              drop_truncated=drop_truncated,
+                              drop_truncated=drop_truncated, keep_empty_answers=keep_empty_answers,
+                              finish_reasons=tuple(finish_reasons.split(",")),
                               client=ClientConfig(concurrency=concurrency, request_timeout=request_timeout,
-                                                  attempts=attempts))
+                                                  attempts=attempts, all_down_timeout=all_down_timeout))
     try:
         stats = regenerate(list(inputs), output, urls, config, resume=resume, progress=not quiet,
                            warn=lambda message: click.echo(message, err=True))
@@ -392,7 +401,11 @@ def regenerate_command(inputs, output, servers, servers_file, model, concurrency
     dropped = ", ".join(f"{k} {v:,}" for k, v in stats["dropped"].items()) or "none"
     click.echo(f"regenerate in {stats['records_in']:,}  out {stats['records_out']:,} ({c['resumed']:,} resumed)  "
                f"dropped: {dropped}  requests {c['requests']:,} (retried {c['retried']:,}), "
-               f"{c['tokens_generated']:,} tokens in {stats['wall_seconds']:.1f}s")
+               f"{c['tokens_generated']:,} tokens in {stats['wall_seconds']:.1f}s"
+               + (f" ({c['tokens_unknown']:,} answers without a token count)" if c["tokens_unknown"] else ""))
+    if stats["failures"]:
+        click.echo("  failed for good (in the errors file; --resume retries them): "
+                   + ", ".join(f"{k} {v:,}" for k, v in stats["failures"].items()))
     for url, numbers in stats["servers"].items():
         left_out = f", left out {', '.join(numbers['left_out'])}" if numbers["left_out"] else ""
         click.echo(f"  {url}: {numbers['requests']:,} requests, {numbers['failed']:,} failed, "

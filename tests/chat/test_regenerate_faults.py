@@ -111,3 +111,101 @@ def test_every_server_killed_mid_run_ends_with_the_documented_error(tmp_path):
             regenerate([source], output, urls, config, progress=False, warn=lambda m: None)
     assert time.monotonic() - started < 60
     assert 100 <= lines(output) < 600
+
+
+ONE_TRY_EACH = ClientConfig(concurrency=4, request_timeout=60.0, attempts=4, backoff=0.01, probe_interval=0.1)
+
+
+def regenerate_quietly(source, output, urls, warnings=None, resume=False, **options):
+    config = RegenerateConfig("echo", client=options.pop("client", ONE_TRY_EACH), **options)
+    return regenerate([source], output, urls, config, resume=resume, progress=False,
+                      warn=(warnings.append if warnings is not None else lambda m: None))
+
+
+@pytest.mark.parametrize("fault", ["empty", "whitespace", "abort", "reasoning-only", "no-choices", "html",
+                                   "error-object", "truncated-json", "wrong-types", "cut"])
+def test_an_answer_that_is_not_one_is_retried_elsewhere_never_written(tmp_path, fault):
+    """Issue 25 class 3: "", whitespace and finish_reason "abort" (partial text) were written and
+    later turns conditioned on them. Beside a good server, every conversation still gets real answers."""
+    records = chats(30)
+    source = write_jsonl(tmp_path / "in.jsonl", records)
+    with echo_servers(("--fault", fault), ()) as (urls, _):
+        stats = regenerate_quietly(source, tmp_path / "out.jsonl", urls)
+    assert_regenerated(tmp_path / "out.jsonl", records)
+    assert stats["dropped"] == {} and stats["finish_reasons"] == {"stop": 60}
+    assert stats["servers"][urls[0]]["failed"] > 0
+    if fault == "abort":
+        assert stats["counters"]["answers_abort"] > 0  # every finish reason received is counted
+
+
+@pytest.mark.parametrize("fault, reason", [("empty", "empty_answer"), ("whitespace", "empty_answer"),
+                                           ("abort", "finish_abort"), ("reasoning-only", "no_content"),
+                                           ("error-object", "bad_answer")])
+def test_a_server_answering_only_non_answers_sends_every_conversation_to_the_errors_file(tmp_path, fault, reason):
+    records = chats(5)
+    source = write_jsonl(tmp_path / "in.jsonl", records)
+    output = tmp_path / "out.jsonl"
+    client = ClientConfig(concurrency=4, request_timeout=60.0, attempts=2, backoff=0.01, probe_interval=0.1,
+                          failures_to_rest=10**6)
+    with echo_servers(("--fault", fault),) as (urls, _):
+        stats = regenerate_quietly(source, output, urls, client=client)
+    errors = [orjson.loads(line) for line in (tmp_path / "out.jsonl.errors").read_bytes().splitlines()]
+    assert not output.read_bytes() and stats["records_out"] == 0
+    assert stats["dropped"] == {"failed": 5} and stats["failures"] == {reason: 5}
+    assert sorted(e["id"] for e in errors) == [r["id"] for r in records] and {e["reason"] for e in errors} == {reason}
+
+
+def test_empty_answers_and_other_finish_reasons_are_kept_when_asked(tmp_path):
+    records = chats(4, turns=1)
+    source = write_jsonl(tmp_path / "in.jsonl", records)
+    with echo_servers(("--fault", "empty"),) as (urls, _):
+        stats = regenerate_quietly(source, tmp_path / "empty.jsonl", urls, keep_empty_answers=True)
+    assert stats["records_out"] == 4 and all(r["conversations"][1]["content"] == ""
+                                             for r in map(orjson.loads, (tmp_path / "empty.jsonl").read_bytes().splitlines()))
+    with echo_servers(("--fault", "abort"),) as (urls, _):
+        stats = regenerate_quietly(source, tmp_path / "abort.jsonl", urls, finish_reasons=("stop", "length", "abort"))
+    assert stats["records_out"] == 4 and stats["finish_reasons"] == {"abort": 4}
+    with pytest.raises(ValueError, match="finish_reasons is empty"):
+        RegenerateConfig("echo", finish_reasons=("", " "))
+
+
+def test_a_garbage_usage_count_is_unknown_tokens_said_once_never_the_end_of_the_run(tmp_path):
+    """Issue 25 class 4: usage.completion_tokens "n/a" on 5% of answers ended the run with
+    `invalid literal for int()`; a second choice was taken silently."""
+    records = chats(60)
+    source = write_jsonl(tmp_path / "in.jsonl", records)
+    warnings: list[str] = []
+    with echo_servers(("--fault", "bad-usage", "--fault-every", "20"), ("--fault", "two-choices")) as (urls, _):
+        stats = regenerate_quietly(source, tmp_path / "out.jsonl", urls, warnings)
+    assert_regenerated(tmp_path / "out.jsonl", records)  # choices[0], the echo's answer, every time
+    assert stats["dropped"] == {} and 0 < stats["counters"]["tokens_unknown"] <= 120 // 20
+    assert stats["counters"]["tokens_generated"] == 8 * (120 - stats["counters"]["tokens_unknown"])
+    assert sum("usage.completion_tokens 'n/a'" in w for w in warnings) == 1  # said once, naming the server
+    assert any(urls[0] in w and "usage" in w for w in warnings)
+    assert sum("choices; the first is taken" in w for w in warnings) == 1
+
+
+def whole_input(stats: dict) -> dict:
+    """The stats that describe the input and output; counters and servers are one run's work."""
+    return {k: v for k, v in stats.items() if k not in ("counters", "servers", "wall_seconds")}
+
+
+def test_stats_after_a_resume_equal_those_of_an_uninterrupted_run(tmp_path):
+    """Issue 25 class 5: 120 lines with 20 duplicate ids said `dropped: duplicate_id 20`, and
+    `dropped: none`, records in 100, after --resume."""
+    records = chats(100)
+    lines_in = records + [{**r, "conversations": r["conversations"][:2]} for r in records[:20]]
+    source = write_jsonl(tmp_path / "in.jsonl", lines_in)
+    with echo_servers((),) as (urls, _):
+        whole = regenerate_quietly(source, tmp_path / "whole.jsonl", urls)
+        again = regenerate_quietly(source, tmp_path / "whole.jsonl", urls, resume=True)
+        output = tmp_path / "cut.jsonl"
+        regenerate_quietly(source, output, urls)
+        kept = output.read_bytes().splitlines(keepends=True)[:37]
+        output.write_bytes(b"".join(kept) + b'{"id": "c9', )  # killed in the middle of a line
+        resumed = regenerate_quietly(source, output, urls, resume=True)
+    assert whole["records_in"] == 120 and whole["dropped"] == {"duplicate_id": 20}
+    assert whole_input(again) == whole_input(whole) and again["counters"]["resumed"] == 100
+    assert whole_input(resumed) == whole_input(whole) and resumed["counters"]["resumed"] == 37
+    assert orjson.loads((tmp_path / "cut.stats.json").read_bytes()) == resumed
+    assert_regenerated(output, records)

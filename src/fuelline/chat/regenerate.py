@@ -13,11 +13,19 @@ line, from a kill mid-write, is cut off first) and skips exactly those, so nothi
 twice or missed whatever order results came in. A conversation whose request failed for good
 goes to the errors file (`OUT.errors`, never a data suffix, so it is not read as records) with
 the reason; `drop_truncated` sends answers cut by `max_tokens` there too, as a final decision
-that a resumed run does not redo, while failures are retried by a resumed run.
+that a resumed run does not redo, while failures are retried by a resumed run (which first
+removes them from the errors file).
 
-Stats (stats.json beside the output) follow the stage contract: records in = written +
-dropped by reason (failed, truncated, duplicate_id), plus requests, retries, tokens and each
-server's share, so the funnel report shows this step.
+An answer is only taken when it is one: an empty or whitespace-only content, or a finish reason
+other than `finish_reasons` (default stop and length; a server's "abort" comes with partial
+text), is a failure, retried like a dropped connection, so no later turn is conditioned on it;
+`keep_empty_answers` and `finish_reasons` widen this on purpose.
+
+Stats (stats.json beside the output) follow the stage contract and describe the whole input,
+however many resumed runs made the output: records in = written + dropped by reason (failed,
+truncated, duplicate_id), failures by reason, the finish reasons of the answers written.
+`counters` and `servers` are the work of this run alone: requests, retries, tokens, and how
+many answers of each finish reason came back, taken or not.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -45,6 +54,7 @@ PRESETS: dict[str, dict[str, float]] = {
 }
 RECORDS_FILE, STATS_FILE = "regenerated.jsonl", "stats.json"
 FINAL_REASONS = {"truncated"}  # decisions a resumed run keeps; other errors are retried
+TAKEN_FINISH_REASONS = ("stop", "length")
 FSYNC_EVERY_S = 1.0
 
 
@@ -59,6 +69,8 @@ class RegenerateConfig:
     max_tokens: int = 4096
     disable_thinking: bool = False
     drop_truncated: bool = False
+    keep_empty_answers: bool = False
+    finish_reasons: tuple[str, ...] = TAKEN_FINISH_REASONS  # answers ending otherwise are failures
     client: ClientConfig = field(default_factory=ClientConfig)
 
     def __post_init__(self):
@@ -66,6 +78,18 @@ class RegenerateConfig:
             raise ValueError(f"unknown preset {self.preset!r}; choose one of {', '.join(PRESETS)}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, not {self.max_tokens}")
+        self.finish_reasons = tuple(r.strip() for r in self.finish_reasons if r.strip())
+        if not self.finish_reasons:
+            raise ValueError("finish_reasons is empty: no answer would be taken (the default is stop,length)")
+
+    def answer_problem(self, answer: Completion) -> tuple[str, str] | None:
+        """(reason, detail) when `answer` is not an answer this run takes (see the module doc)."""
+        if not self.keep_empty_answers and not answer.content.strip():
+            return "empty_answer", f"{answer.server} answered {answer.content!r} (finish reason {answer.finish_reason!r})"
+        if answer.finish_reason not in self.finish_reasons:
+            return (f"finish_{answer.finish_reason}", f"{answer.server} answered with finish reason "
+                    f"{answer.finish_reason!r}, not {' or '.join(self.finish_reasons)}: {answer.content[:100]!r}")
+        return None
 
     def sampling(self) -> dict[str, Any]:
         """The request fields: the preset's values, overridden by explicit ones."""
@@ -115,11 +139,30 @@ def _ids_of_lines(path: Path, cut_torn_line: bool) -> Iterator[tuple[int, dict]]
                              "something else than fuelline; repair or remove it") from None
 
 
-def finished_ids(paths: OutputPaths) -> tuple[set[str], set[str]]:
-    """(ids written, ids dropped for good) by an earlier run."""
-    written = {record["id"] for _, record in _ids_of_lines(paths.records, True)}
-    dropped = {r["id"] for _, r in _ids_of_lines(paths.errors, True) if r.get("reason") in FINAL_REASONS}
-    return written, dropped
+@dataclass
+class Earlier:
+    """What earlier runs left: ids written and dropped for good, and the counts of what was written."""
+
+    written: set[str] = field(default_factory=set)
+    dropped: set[str] = field(default_factory=set)
+    finish_reasons: Counter = field(default_factory=Counter)
+    truncated_kept: int = 0
+
+
+def earlier_runs(paths: OutputPaths) -> Earlier:
+    """What earlier runs left. Errors that are not final are removed from the errors file (atomically):
+    this run retries them, and lists them again if they fail again."""
+    earlier = Earlier()
+    for _, record in _ids_of_lines(paths.records, True):
+        earlier.written.add(record["id"])
+        reasons = record.get("meta", {}).get("regenerated", {}).get("finish_reasons", [])
+        earlier.finish_reasons.update(reasons)
+        earlier.truncated_kept += "length" in reasons
+    final = [r for _, r in _ids_of_lines(paths.errors, True) if r.get("reason") in FINAL_REASONS]
+    earlier.dropped = {r["id"] for r in final}
+    if paths.errors.exists():
+        write_bytes_atomic(paths.errors, b"".join(orjson.dumps(r) + b"\n" for r in final))
+    return earlier
 
 
 class _Appender:
@@ -168,6 +211,7 @@ class _Run:
     requests: int = 0
     tokens: int = 0
     failures: dict[str, int] = field(default_factory=dict)
+    finish_reasons: Counter = field(default_factory=Counter)  # of the answers written
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -193,25 +237,24 @@ class Regenerator:
                 if path.exists() and path.stat().st_size:
                     raise ValueError(f"{path} exists from an earlier run; pass --resume to continue it, "
                                      "or remove it to start over")
-        written, dropped = finished_ids(self.paths) if self.resume else (set(), set())
-        return asyncio.run(self._run(written, dropped))
+        return asyncio.run(self._run(earlier_runs(self.paths) if self.resume else Earlier()))
 
-    async def _run(self, written: set[str], dropped: set[str]) -> dict:
+    async def _run(self, earlier: Earlier) -> dict:
         from fuelline.progress import progress_bar
 
         total = sum(count_units(f) or 0 for f in self.files)
         outputs, errors = _Appender(self.paths.records), _Appender(self.paths.errors)
-        bar = progress_bar(total=total, initial=len(written) + len(dropped), desc="regenerate", unit="conv",
-                           disable=not self.progress, smoothing=0.1)
+        bar = progress_bar(total=total, initial=len(earlier.written) + len(earlier.dropped), desc="regenerate",
+                           unit="conv", disable=not self.progress, smoothing=0.1)
         try:
             async with ServerPool(self.servers, self.config.client, self.warn) as pool:
                 await pool.check(self.config.model)
                 queue: asyncio.Queue = asyncio.Queue(maxsize=2 * sum(s.limit for s in pool.servers))
                 workers = [asyncio.create_task(self._worker(pool, queue, outputs, errors, bar))
                            for _ in range(sum(s.limit for s in pool.servers))]
-                feeder = asyncio.create_task(self._feed(queue, written | dropped, len(workers)))
+                feeder = asyncio.create_task(self._feed(queue, earlier.written | earlier.dropped, len(workers)))
                 await _first_failure([feeder, *workers])
-                stats = self._stats(pool, len(written), len(dropped))
+                stats = self._stats(pool, earlier)
         finally:
             bar.close()
             outputs.close()
@@ -225,14 +268,13 @@ class Regenerator:
             for line, record in iter_file_records(source):
                 _check_record(record, source, line)
                 rid = record["id"]
-                if rid in skip:
-                    continue
-                if rid in seen:
+                if rid in seen:  # before the skip: a resumed run counts the whole input's duplicates
                     self.warn(f"warning: {source}:{line}: id {rid!r} was seen before; only its first record is used")
                     self.run_counts.duplicates += 1
                     continue
                 seen.add(rid)
-                await queue.put(record)
+                if rid not in skip:
+                    await queue.put(record)
         for _ in range(workers):
             await queue.put(None)
 
@@ -268,9 +310,10 @@ class Regenerator:
             if turn["role"] != "assistant":
                 history.append({"role": turn["role"], "content": turn["content"]})
                 continue
-            answer: Completion = await pool.complete(self.config.model, history, self.sampling)
+            answer: Completion = await pool.complete(self.config.model, history, self.sampling,
+                                                     check=self.config.answer_problem)
             self.run_counts.requests += 1
-            self.run_counts.tokens += answer.completion_tokens
+            self.run_counts.tokens += answer.completion_tokens or 0
             history.append({"role": "assistant", "content": answer.content})
             finish.append(answer.finish_reason)
             servers.add(answer.server)
@@ -278,6 +321,7 @@ class Regenerator:
             if self.config.drop_truncated:
                 return None
             self.run_counts.truncated_kept += 1
+        self.run_counts.finish_reasons.update(finish)
         left_out = sorted({f for s in pool.servers if s.url in servers for f in s.left_out})
         meta = {**record.get("meta", {}), "regenerated": {
             **({"identity": self.identity} if self.identity is not None else {}),
@@ -285,21 +329,25 @@ class Regenerator:
             **({"left_out": left_out} if left_out else {})}}
         return {**record, "conversations": history, "meta": meta}
 
-    def _stats(self, pool: ServerPool, resumed: int, resumed_dropped: int) -> dict:
+    def _stats(self, pool: ServerPool, earlier: Earlier) -> dict:
         c = self.run_counts
-        written = resumed + c.written
-        dropped = {k: v for k, v in (("failed", c.failed), ("truncated", c.truncated_dropped + resumed_dropped),
+        written = len(earlier.written) + c.written
+        dropped = {k: v for k, v in (("failed", c.failed), ("truncated", c.truncated_dropped + len(earlier.dropped)),
                                      ("duplicate_id", c.duplicates)) if v}
+        finish_reasons = earlier.finish_reasons + c.finish_reasons
         return {
             "stage": "regenerate", "records_in": written + sum(dropped.values()), "records_out": written,
-            "dropped": dropped,
-            "counters": {"resumed": resumed, "regenerated": c.written, "requests": c.requests,
-                         "retried": pool.retries,
-                         "tokens_generated": c.tokens, "truncated_answers_kept": c.truncated_kept},
-            "failures": c.failures,
+            "dropped": dropped, "failures": dict(sorted(c.failures.items())),
+            "finish_reasons": dict(sorted(finish_reasons.items())),
+            "truncated_answers_kept": earlier.truncated_kept + c.truncated_kept,
+            "counters": {"resumed": len(earlier.written), "regenerated": c.written, "requests": c.requests,
+                         "retried": pool.retries, "tokens_generated": c.tokens, "tokens_unknown": pool.tokens_unknown,
+                         **{f"answers_{k}": v for k, v in sorted(pool.finish_reasons.items())}},
             "servers": {s.url: {**s.counts, "rests": s.rests, "left_out": sorted(s.left_out)} for s in pool.servers},
             **({"identity": self.identity} if self.identity is not None else {}),
             "model": self.config.model, "sampling": self.sampling,
+            "answers_taken": {"finish_reasons": list(self.config.finish_reasons),
+                              "empty": self.config.keep_empty_answers},
             "client": asdict(self.config.client),
             "wall_seconds": round(time.perf_counter() - c.started, 3),
         }

@@ -11,7 +11,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fuelline.chat.regenerate import PRESETS, OutputPaths, RegenerateConfig, regenerate, resolve_servers
+from fuelline.chat.regenerate import PRESETS, TAKEN_FINISH_REASONS, OutputPaths, RegenerateConfig, regenerate, resolve_servers
 from fuelline.pipeline.stage import StageConfig
 from fuelline.pipeline.task import Task
 from fuelline.serve.client import ClientConfig
@@ -31,9 +31,16 @@ class RegenerateStepConfig(StageConfig):
     max_tokens: int = field(default=4096, metadata={"help": "longest answer"})
     disable_thinking: bool = field(default=False, metadata={"help": "chat_template_kwargs enable_thinking false"})
     drop_truncated: bool = field(default=False, metadata={"help": "drop conversations with a truncated answer"})
+    keep_empty_answers: bool = field(default=False, metadata={"help": "take empty and whitespace-only answers "
+                                                                      "(default: failures, retried)"})
+    finish_reasons: list[str] = field(default_factory=lambda: list(TAKEN_FINISH_REASONS),
+                                      metadata={"help": "finish reasons of the answers taken; an answer ending "
+                                                        "otherwise (abort, ...) is a failure, retried"})
     concurrency: int = field(default=64, metadata={"help": "requests in flight per server"})
     request_timeout: float = field(default=600.0, metadata={"help": "seconds per request"})
     attempts: int = field(default=5, metadata={"help": "tries per request"})
+    all_down_timeout: float = field(default=300.0, metadata={"help": "seconds without any server answering "
+                                                                     "before the step stops"})
     serve_model: str = field(default="", metadata={"help": "start `fuelline serve` servers of this model directory "
                                                             "for the step, and stop them after it"})
     serve_engine: str = field(default="transformers", metadata={"help": "engine of the servers started",
@@ -44,7 +51,7 @@ class RegenerateStepConfig(StageConfig):
 
 
 HOW_NOT_WHAT = ("servers", "servers_file", "serve_engine", "serve_ports", "serve_gpus_per_server", "concurrency",
-                "request_timeout", "attempts")
+                "request_timeout", "attempts", "all_down_timeout")
 
 
 class RegenerateTask(Task):
@@ -81,8 +88,10 @@ class RegenerateTask(Task):
         config = RegenerateConfig(
             model=model, preset=cfg.preset, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
             min_p=cfg.min_p, max_tokens=cfg.max_tokens, disable_thinking=cfg.disable_thinking,
-            drop_truncated=cfg.drop_truncated,
-            client=ClientConfig(concurrency=cfg.concurrency, request_timeout=cfg.request_timeout, attempts=cfg.attempts))
+            drop_truncated=cfg.drop_truncated, keep_empty_answers=cfg.keep_empty_answers,
+            finish_reasons=tuple(cfg.finish_reasons),
+            client=ClientConfig(concurrency=cfg.concurrency, request_timeout=cfg.request_timeout, attempts=cfg.attempts,
+                                all_down_timeout=cfg.all_down_timeout))
         paths = OutputPaths.of(output)
         started_before = any(p.exists() and p.stat().st_size for p in (paths.records, paths.errors))
         if started_before and paths.stats.exists():

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,8 +50,8 @@ class _Retryable(Exception):
 @dataclass
 class Completion:
     content: str
-    finish_reason: str
-    completion_tokens: int
+    finish_reason: str  # "unknown" when the server gave none
+    completion_tokens: int | None  # None when the server's usage gave no count
     server: str
 
 
@@ -105,6 +106,9 @@ class ServerPool:
         self._probes: set[asyncio.Task] = set()
         self._down_since: float | None = None
         self.retries = 0  # attempts after a request's first
+        self.finish_reasons: dict[str, int] = {}  # of every answer received, taken or not
+        self.tokens_unknown = 0  # answers whose usage gave no token count
+        self._noted: set[tuple[str, str]] = set()
 
     async def __aenter__(self):
         import aiohttp
@@ -203,14 +207,18 @@ class ServerPool:
         self._changed()
         self.warn(f"note: {server.url} answers again; back in rotation")
 
-    async def complete(self, model: str, messages: list[dict], sampling: dict[str, Any]) -> Completion:
-        """One chat completion, retried and failed over as the module doc says."""
+    async def complete(self, model: str, messages: list[dict], sampling: dict[str, Any],
+                       check: Callable[[Completion], tuple[str, str] | None] | None = None) -> Completion:
+        """One chat completion, retried and failed over as the module doc says. `check` says why an
+        answer is not one the caller takes ((reason, detail), e.g. empty): it is retried as a failure."""
         tried: set[str] = set()
         last: _Retryable | None = None
         for attempt in range(1, self.config.attempts + 1):
             server = await self._acquire(tried)
             try:
                 completion = await self._send(server, model, messages, sampling)
+                if check is not None and (problem := check(completion)) is not None:
+                    raise _Retryable(*problem)
             except _Retryable as e:
                 last = e
                 server.counts["failed"] += 1
@@ -227,6 +235,45 @@ class ServerPool:
                 self.retries += 1
                 await asyncio.sleep(min(self.config.backoff * 2 ** (attempt - 1), self.config.backoff_max))
         raise RequestFailed(last.reason, f"{last.detail} (after {self.config.attempts} attempts)", self.config.attempts)
+
+    def _parse(self, raw: bytes, server: Server) -> Completion:
+        """The answer's content only: reasoning a server returns apart (`reasoning_content`) is left
+        out. A body without a text content fails the request; a server's bookkeeping never does: a
+        `usage` without a token count counts as unknown, and extra choices are ignored, each said once."""
+        try:
+            answer = orjson.loads(raw)
+            choices = answer["choices"]
+            choice = choices[0]
+            content = choice["message"].get("content")
+        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError) as e:
+            raise _Retryable("bad_answer", f"{server.url} answered 200 without a chat completion "
+                                           f"({type(e).__name__}: {e}): {raw[:200]!r}") from None
+        finish = choice.get("finish_reason")
+        finish = finish if isinstance(finish, str) and finish else "unknown"
+        self.finish_reasons[finish] = self.finish_reasons.get(finish, 0) + 1
+        if content is None:
+            raise _Retryable("no_content", f"{server.url} answered without content (finish reason {finish!r})")
+        if not isinstance(content, str):
+            raise _Retryable("bad_answer", f"{server.url} answered a {type(content).__name__} as content: "
+                                           f"{raw[:200]!r}")
+        if len(choices) > 1:
+            self._note(server, "choices", f"{server.url} answered {len(choices)} choices; the first is taken")
+        usage = answer.get("usage")
+        tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0:
+            server.counts["tokens"] += tokens
+        else:
+            self._note(server, "usage", f"{server.url} answered usage.completion_tokens {tokens!r}, not a count; "
+                                        "such answers count as unknown in the token totals")
+            self.tokens_unknown += 1
+            tokens = None
+        return Completion(content, finish, tokens, server.url)
+
+    def _note(self, server: Server, kind: str, message: str) -> None:
+        """A warning said once per server and kind."""
+        if (server.url, kind) not in self._noted:
+            self._noted.add((server.url, kind))
+            self.warn(f"warning: {message}")
 
     async def _send(self, server: Server, model: str, messages: list[dict], sampling: dict[str, Any]) -> Completion:
         import aiohttp
@@ -247,7 +294,7 @@ class ServerPool:
             except aiohttp.ClientError as e:  # dropped connection, bad framing, …
                 raise _Retryable("connection_error", f"{server.url}: {type(e).__name__}: {e}")
             if status == 200:
-                return _parse_completion(raw, server)
+                return self._parse(raw, server)
             text = raw[:500].decode("utf-8", errors="replace")
             refused = _refused_fields(status, text) & set(sampling) & set(body)  # those this request carried
             if refused:
@@ -265,20 +312,3 @@ def _refused_fields(status: int, text: str) -> set[str]:
         return set()
     match = UNEXPECTED_FIELDS.search(text)
     return {f.strip(" '\"") for f in match.group(1).split(",") if f.strip(" '\"")} if match else set()
-
-
-def _parse_completion(raw: bytes, server: Server) -> Completion:
-    """The answer's content only: reasoning a server returns separately (`reasoning_content`) is left out."""
-    try:
-        answer = orjson.loads(raw)
-        choice = answer["choices"][0]
-        content = choice["message"].get("content")
-    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError) as e:
-        raise _Retryable("bad_answer", f"{server.url} answered 200 without a chat completion ({e}): {raw[:200]!r}")
-    if not isinstance(content, str):
-        raise _Retryable("empty_answer", f"{server.url} answered without content (finish reason "
-                                         f"{choice.get('finish_reason')!r})")
-    usage = answer.get("usage")
-    tokens = int(usage.get("completion_tokens") or 0) if isinstance(usage, dict) else 0
-    server.counts["tokens"] += tokens
-    return Completion(content, str(choice.get("finish_reason") or "unknown"), tokens, server.url)

@@ -14,7 +14,9 @@ make it fail on purpose, and a benchmark can find the client's ceiling without a
 - `--reasoning` adds a separate `reasoning_content` to each answer, as reasoning parsers of
   SGLang and vLLM do, so a client can be checked to leave it out of the answer.
 - `--fault` applies to every `--fault-every`-th chat request (1: all of them): `http500` answers
-  500, `drop` closes the connection without an answer, `stall` never answers.
+  500, `drop` closes the connection without an answer, `stall` never answers, `cut` closes it
+  in the middle of the body; the others answer 200 with a body that is wrong in one way
+  (`ANSWER_FAULTS`), as servers in the wild do.
 """
 
 from __future__ import annotations
@@ -26,6 +28,56 @@ import hashlib
 import orjson
 
 ANSWER_WORDS = 8
+
+
+def _set(path: str, value):
+    """A fault that sets one field of the answer, `path` as in choices.0.message.content."""
+    *parents, last = [int(k) if k.isdigit() else k for k in path.split(".")]
+
+    def fault(answer: dict) -> None:
+        node = answer
+        for key in parents:
+            node = node[key]
+        node[last] = value
+    return fault
+
+
+def _abort(answer: dict) -> None:
+    choice = answer["choices"][0]
+    choice["message"]["content"] = " ".join(choice["message"]["content"].split()[:2])
+    choice["finish_reason"] = "abort"
+
+
+def _second_choice(answer: dict) -> None:
+    answer["choices"].append({**answer["choices"][0], "index": 1,
+                              "message": {"role": "assistant", "content": "another answer"}})
+
+
+def _reasoning_only(answer: dict) -> None:
+    answer["choices"][0]["message"] = {"role": "assistant", "content": None, "reasoning_content": "thinking..."}
+
+
+def _wrong_types(answer: dict) -> None:
+    answer["choices"][0]["message"]["content"] = 42
+    answer["choices"][0]["finish_reason"] = 1
+
+
+# Faults of a 200 answer: a function that changes the answer, or the raw body sent instead.
+ANSWER_FAULTS = {
+    "empty": _set("choices.0.message.content", ""),
+    "whitespace": _set("choices.0.message.content", " \n\t "),
+    "abort": _abort,  # partial text, as SGLang and vLLM end an aborted request
+    "bad-usage": _set("usage.completion_tokens", "n/a"),
+    "two-choices": _second_choice,
+    "no-choices": _set("choices", []),
+    "no-message": lambda a: a["choices"][0].pop("message"),
+    "reasoning-only": _reasoning_only,
+    "wrong-types": _wrong_types,
+    "html": b"<html><body><h1>502 Bad Gateway</h1></body></html>",
+    "error-object": b'{"error": {"message": "model overloaded", "type": "server_error", "code": 503}}',
+    "truncated-json": None,  # the answer's bytes cut in half
+}
+FAULTS = ("http500", "drop", "stall", "cut", *ANSWER_FAULTS)
 
 
 def echo_answer(messages: list[dict]) -> str:
@@ -50,13 +102,14 @@ class EchoServer:
         from aiohttp import web
 
         self.requests += 1
-        if self.fault and self.requests % self.fault_every == 0:
-            if self.fault == "http500":
-                return web.Response(status=500, text="injected failure")
-            if self.fault == "drop":
-                request.transport.close()
-                return web.Response(status=500)
-            await asyncio.Event().wait()  # stall
+        fault = self.fault if self.fault and self.requests % self.fault_every == 0 else None
+        if fault == "http500":
+            return web.Response(status=500, text="injected failure")
+        if fault == "drop":
+            request.transport.close()
+            return web.Response(status=500)
+        if fault == "stall":
+            await asyncio.Event().wait()
         body = orjson.loads(await request.read())
         unexpected = self.reject_fields & set(body)
         if unexpected:
@@ -70,12 +123,33 @@ class EchoServer:
         message = {"role": "assistant", "content": content}
         if self.reasoning:
             message["reasoning_content"] = "REASONING: let me think about it"
-        return web.Response(body=orjson.dumps({
+        answer = {
             "id": f"chatcmpl-{self.requests}", "object": "chat.completion", "model": self.model,
             "choices": [{"index": 0, "finish_reason": finish, "message": message}],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": min(limit, len(words)),
                       "total_tokens": prompt_tokens + min(limit, len(words))},
-        }), content_type="application/json")
+        }
+        if fault == "cut":
+            return await _cut(request, orjson.dumps(answer))
+        change = ANSWER_FAULTS.get(fault)
+        if callable(change):
+            change(answer)
+        raw = change if isinstance(change, bytes) else orjson.dumps(answer)
+        if fault == "truncated-json":
+            raw = raw[:len(raw) // 2]
+        return web.Response(body=raw, content_type="text/html" if fault == "html" else "application/json")
+
+
+async def _cut(request, raw: bytes):
+    """Headers promising the whole body, half of it, then the connection closed."""
+    from aiohttp import web
+
+    response = web.StreamResponse(headers={"Content-Type": "application/json"})
+    response.content_length = len(raw)
+    await response.prepare(request)
+    await response.write(raw[:len(raw) // 2])
+    request.transport.close()
+    return response
 
 
 def main() -> None:
@@ -85,7 +159,7 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--model", default="echo")
-    parser.add_argument("--fault", choices=["http500", "drop", "stall"])
+    parser.add_argument("--fault", choices=FAULTS)
     parser.add_argument("--fault-every", type=int, default=1)
     parser.add_argument("--reject-fields", default="")
     parser.add_argument("--delay", type=float, default=0.0)
