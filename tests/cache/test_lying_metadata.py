@@ -89,12 +89,13 @@ def test_a_lying_fuelline_manifest_or_index_is_refused_when_opened(tmp_path, nam
 @pytest.mark.parametrize("fmt", [FUELLINE, DEEPSPEC_V2])
 def test_verify_and_the_reader_compare_the_manifest_with_the_builds_record(tmp_path, fmt):
     """A v2 manifest has no checksum of its own; the build's stats.json tells another valid
-    layer list from the one it captured."""
+    layer list from the one it captured. What stats.json records beyond a v2 manifest's fields
+    (token counts, fingerprints) is not asked of it."""
     path = cache(tmp_path, fmt)
     manifest = orjson.loads((path / MANIFEST).read_bytes())
     stats = {"records_out": 12, "cache": {"format": fmt, "layers": [2, 5, 9], "hidden_size": 8, "shards": 3,
-                                          "hidden_dtype": "bfloat16"},
-             "identity": {"model": manifest["target_model_name_or_path"]}}
+                                          "hidden_dtype": "bfloat16", "tokens": 1234},
+             "identity": {"model": manifest["target_model_name_or_path"], "model_fingerprint": "sha256:…"}}
     (path / STATS).write_bytes(orjson.dumps(stats))
     assert verify_cache(path) == []
     CacheDataset(path)

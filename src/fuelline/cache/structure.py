@@ -108,9 +108,9 @@ def check_stats(directory: Path, manifest: dict, problems: Problems) -> None:
         return
     for key, where in [("format", ("cache", "format"))] + list(STATS_FIELDS.items()):
         found, recorded = _lookup(stats, where)
-        if not found:
-            continue  # stats.json of an older build: it does not record this one
-        value = cache_format(manifest) if key == "format" else manifest.get(key, "(missing)")
+        if not found or (key != "format" and key not in manifest):
+            continue  # recorded by an older build, or not a field of this format (a removed one changes the digest)
+        value = cache_format(manifest) if key == "format" else manifest[key]
         if value != recorded:
             problems.add("manifest", f"{MANIFEST}: {key} is {value!r}, but {STATS} records {recorded!r} for the "
                                      "build: the manifest was edited, or the files are from different builds")
