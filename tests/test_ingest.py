@@ -1,6 +1,5 @@
 from fuelline.ingest import IngestConfig, IngestStage
-from fuelline.pipeline.stage import Drop, Location
-from fuelline.records import fallback_id
+from fuelline.records import Drop, Location, fallback_id
 
 HERE = Location("/data/a/poems.jsonl", 7)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fuelline.pipeline.stage import Drop, Location, Stage, StageConfig
-from fuelline.records import document, fallback_id
+from fuelline.pipeline.stage import Stage, StageConfig
+from fuelline.records import Drop, Location, document_from_raw
 
 
 @dataclass
@@ -33,23 +33,3 @@ class IngestStage(Stage):
             return Drop("too_short")
         return result
 
-
-def document_from_raw(record: dict, location: Location, *, text_key: str = "text", id_key: str = "id",
-                      meta_keys: list[str] | None = None) -> dict | Drop:
-    """A document record from a raw one, or a Drop saying which field is missing or wrong."""
-    if text_key not in record:
-        return Drop("missing_text", f"no field {text_key!r}")
-    text = record[text_key]
-    if isinstance(text, list) and all(isinstance(t, str) for t in text):
-        text = "\n".join(text)
-    elif not isinstance(text, str):
-        return Drop("bad_text_type", f"{text_key!r} is {type(text).__name__}, not a string or list of strings")
-    if not text.strip():
-        return Drop("empty_text")
-    upstream_id = record.get(id_key)
-    doc_id = str(upstream_id) if upstream_id not in (None, "") else fallback_id(location.source, location.line)
-    if meta_keys:
-        meta = {k: record[k] for k in meta_keys if k in record}
-    else:
-        meta = {k: v for k, v in record.items() if k not in (text_key, id_key)}
-    return document(doc_id, text, meta)

@@ -2,15 +2,35 @@
 
 Records stay plain dicts (they are read and written as JSON at every stage boundary), and this
 module owns their shape: how a document, chat or eval record is built, how its stable id is
-derived, and the per-record random draws (split, dropout) that must not depend on workers.
+derived, and the per-record random draws (split, dropout) that must not depend on workers. It
+also owns the two small values every stage passes around with a record: where it came from
+(`Location`) and why it was dropped (`Drop`), so that a module which builds or filters records
+needs nothing from the pipeline.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import xxhash
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a record came from: its file and 1-based line (or array element, or Parquet row)."""
+
+    source: str
+    line: int
+
+
+@dataclass(frozen=True)
+class Drop:
+    """Returned by `Stage.apply` to drop a record; `reason` names the rule, as in stats.json."""
+
+    reason: str
+    detail: str | None = None
 
 
 def document(id: str, text: str, meta: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -47,3 +67,24 @@ def fallback_id(source: str, line: int) -> str:
     """
     return xxhash.xxh3_128_hexdigest(f"{os.path.basename(source)}:{line}".encode())
 
+
+
+def document_from_raw(record: dict, location: Location, *, text_key: str = "text", id_key: str = "id",
+                      meta_keys: list[str] | None = None) -> dict | Drop:
+    """A document record from a raw one, or a Drop saying which field is missing or wrong."""
+    if text_key not in record:
+        return Drop("missing_text", f"no field {text_key!r}")
+    text = record[text_key]
+    if isinstance(text, list) and all(isinstance(t, str) for t in text):
+        text = "\n".join(text)
+    elif not isinstance(text, str):
+        return Drop("bad_text_type", f"{text_key!r} is {type(text).__name__}, not a string or list of strings")
+    if not text.strip():
+        return Drop("empty_text")
+    upstream_id = record.get(id_key)
+    doc_id = str(upstream_id) if upstream_id not in (None, "") else fallback_id(location.source, location.line)
+    if meta_keys:
+        meta = {k: record[k] for k in meta_keys if k in record}
+    else:
+        meta = {k: v for k, v in record.items() if k not in (text_key, id_key)}
+    return document(doc_id, text, meta)

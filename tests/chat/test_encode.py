@@ -18,7 +18,7 @@ from fuelline.chat.encode import (ChatTokenizer, EncodedChat, encode_chat, encod
                                   supervised_tokens)
 from fuelline.chat.templates import ChatTemplate, get_template, render
 from fuelline.io import read_records
-from fuelline.pipeline.stage import Drop
+from fuelline.records import Drop
 
 from ..conftest import shared_file
 from .test_templates import CHATML_GENERATION_JINJA, CHATML_JINJA

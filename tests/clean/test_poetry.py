@@ -7,7 +7,7 @@ from fuelline.clean.poetry import UNKNOWN_AUTHOR, chinese_numeral, clean_poem, n
 from fuelline.clean.stage import CleanConfig, CleanStage
 from fuelline.io import read_records
 from fuelline.pipeline.executor import RunOptions, run_stage
-from fuelline.pipeline.stage import Drop
+from fuelline.records import Drop
 
 from ..conftest import shared_file
 

@@ -3,11 +3,11 @@ import random
 import orjson
 
 from fuelline.clean.stage import CleanConfig, CleanStage
-from fuelline.clean.text import normalize_text, words
 from fuelline.clean.web import WebRules, clean_web_text
 from fuelline.io import read_records
 from fuelline.pipeline.executor import RunOptions, run_stage
-from fuelline.pipeline.stage import Drop
+from fuelline.records import Drop
+from fuelline.text import normalize_text, words
 
 RULES = WebRules()
 rng = random.Random(3)

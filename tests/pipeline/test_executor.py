@@ -12,14 +12,16 @@ import zstandard
 
 from fuelline.io import read_records
 from fuelline.pipeline.executor import RunOptions, StageOutputMismatch, run_stage
-from fuelline.pipeline.stage import Drop, Stage
+from fuelline.pipeline.stage import Stage
+from fuelline.records import Drop
 
 from ..conftest import shared_file
 
 SLOW_STAGE_SCRIPT = textwrap.dedent("""
     import sys, time
     from fuelline.pipeline.executor import RunOptions, run_stage
-    from fuelline.pipeline.stage import Drop, Stage
+    from fuelline.pipeline.stage import Stage
+    from fuelline.records import Drop
 
     class SlowFilter(Stage):
         name = "slow_filter"

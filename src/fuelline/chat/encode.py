@@ -42,7 +42,7 @@ import numpy as np
 import tokenizers
 
 from fuelline.chat.templates import ChatTemplate, conversation_turns, get_template, render
-from fuelline.pipeline.stage import Drop
+from fuelline.records import Drop
 from fuelline.tokenizer.fast import fast_encoder
 
 TOO_LONG, TOO_FEW_LOSS_TOKENS = "too_long", "too_few_loss_tokens"

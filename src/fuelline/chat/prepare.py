@@ -31,8 +31,8 @@ from fuelline.chat.schemas import SCHEMAS, normalize_record
 from fuelline.io.atomic import write_bytes_atomic
 from fuelline.io.readers import iter_file_records
 from fuelline.pipeline.shards import InputShard
-from fuelline.pipeline.stage import Drop, Location, PrepareContext, ShardContext, Stage, StageConfig
-from fuelline.records import chat, eval_prompts, fallback_id, unit_interval
+from fuelline.pipeline.stage import PrepareContext, ShardContext, Stage, StageConfig
+from fuelline.records import Drop, Location, chat, eval_prompts, fallback_id, unit_interval
 
 SCHEMA_COUNTER, CATEGORY_COUNTER = "schema.", "category."
 OUTCOMES = ("in", "train", "eval", "dropped")

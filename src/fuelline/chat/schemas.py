@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fuelline.pipeline.stage import Drop
+from fuelline.records import Drop
 
 SCHEMAS = ("sharegpt", "openai", "alpaca", "qa")
 ROLES = {

@@ -60,7 +60,8 @@ from fuelline.io.paths import expand_inputs
 from fuelline.io.readers import RecordError, iter_file_records
 from fuelline.io.spill import PARTITIONS, group_ranges, hash_partition, read_spill, spill_counts, write_spill
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
-from fuelline.pipeline.stage import Location, PrepareContext, ShardContext, Stage, StageConfig
+from fuelline.pipeline.stage import PrepareContext, ShardContext, Stage, StageConfig
+from fuelline.records import Location
 
 BUFFER_ENTRIES = 1 << 22  # (hash, is_edge) pairs held before a spill
 STAGED_ENTRIES = 1 << 16  # Python ints gathered before one copy into the buffer (~3 MB)

@@ -8,12 +8,11 @@ from typing import Iterable, Iterator
 from fuelline.clean.boilerplate import BoilerplateStage
 from fuelline.clean.poetry import clean_poem
 from fuelline.clean.web import WebRules, clean_web_text
-from fuelline.ingest import document_from_raw
 from fuelline.io.readers import iter_file_records
 from fuelline.io.rejects import Rejects
 from fuelline.pipeline.shards import InputShard
-from fuelline.pipeline.stage import Drop, Location, PrepareContext, ShardContext, Stage, StageConfig
-from fuelline.records import fallback_id
+from fuelline.pipeline.stage import PrepareContext, ShardContext, Stage, StageConfig
+from fuelline.records import Drop, Location, document_from_raw, fallback_id
 
 CONVERSIONS = ["none", "t2s", "s2t", "tw2s", "hk2s", "s2tw"]  # OpenCC configuration names
 

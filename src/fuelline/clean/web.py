@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from fuelline.clean.text import is_spaced_word, normalize_text, words
-from fuelline.pipeline.stage import Drop
+from fuelline.records import Drop
+from fuelline.text import is_spaced_word, normalize_text, words
 
 TERMINAL = tuple('.!?"”」』。！？…') + ("'",)
 BULLETS = ("•", "·", "-", "*", "●", "▪", "–", "—", "►")

@@ -21,7 +21,7 @@ import numpy as np
 import xxhash
 from numba import njit
 
-from fuelline.clean.text import cjk_share, words
+from fuelline.text import cjk_share, words
 
 FNV_OFFSET = 0xCBF29CE484222325
 FNV_PRIME = 0x100000001B3

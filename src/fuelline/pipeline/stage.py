@@ -20,22 +20,7 @@ from typing import Any, Callable, ClassVar, Iterable, Iterator, Sequence
 
 from fuelline.io.rejects import Rejects
 from fuelline.pipeline.shards import InputShard
-
-
-@dataclass(frozen=True)
-class Location:
-    """Where a record came from: its file and 1-based line (or array element, or Parquet row)."""
-
-    source: str
-    line: int
-
-
-@dataclass(frozen=True)
-class Drop:
-    """Returned by `Stage.apply` to drop a record; `reason` names the rule, as in stats.json."""
-
-    reason: str
-    detail: str | None = None
+from fuelline.records import Drop, Location
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Character classes and text normalization shared by the cleaning profiles.
+"""Character classes and text normalization, shared by the cleaning profiles, dedup and chat.
 
 CJK text has no spaces between words, so every count here that a Latin-script rule would make
 by splitting on whitespace is made per character for Han, kana and hangul: `words("江南好，风景旧曾谙")`
