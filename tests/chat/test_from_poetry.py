@@ -10,7 +10,7 @@ from fuelline.chat.from_poetry import (IMAGERY_FILE, KINDS, TEMPLATES, ChatFromP
 from fuelline.chat.imagery import LEXICON, THEMES, ImageryStats, count_imagery, distinctive_imagery, find_imagery
 from fuelline.clean.poetry import chinese_numeral
 from fuelline.io import read_records
-from fuelline.pack.templates import DYNASTY_NAMES
+from fuelline.clean.poetry import DYNASTY_NAMES
 from fuelline.pipeline.executor import RunOptions, run_stage
 
 GENRE = {"shi": "诗", "ci": "词", "qu": "曲"}

@@ -47,14 +47,13 @@ from typing import Any, Iterable, Iterator
 import orjson
 
 from fuelline.chat.imagery import ImageryStats, distinctive_imagery, lexicon_fingerprint
-from fuelline.clean.poetry import CLAUSE_SPLIT, UNKNOWN_AUTHOR_FORMS
-from fuelline.clean.text import han_count
+from fuelline.clean.poetry import CLAUSE_SPLIT, DYNASTY_NAMES, UNKNOWN_AUTHOR_FORMS
 from fuelline.io.atomic import write_bytes_atomic
 from fuelline.io.readers import iter_file_records
-from fuelline.pack.templates import DYNASTY_NAMES
 from fuelline.pipeline.shards import InputShard
-from fuelline.pipeline.stage import Location, PrepareContext, ShardContext, Stage, StageConfig
-from fuelline.records import unit_interval
+from fuelline.pipeline.stage import PrepareContext, ShardContext, Stage, StageConfig
+from fuelline.records import Location, unit_interval
+from fuelline.text import han_count
 
 GENRES = {"shi": "诗", "ci": "词", "qu": "曲"}
 OTHER_GENRE = "诗歌"

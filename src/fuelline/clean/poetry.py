@@ -19,8 +19,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from fuelline.clean.text import HAN, PRIVATE_USE, han_count, normalize_text
-from fuelline.pipeline.stage import Drop
+from fuelline.records import Drop
+from fuelline.text import HAN, PRIVATE_USE, han_count, normalize_text
 
 FORM_BY_SOURCE = {
     **dict.fromkeys(["quantangshi", "quansongshi", "yuding_quantangshi", "tangshi_300", "tangshi_bulu",
@@ -29,6 +29,9 @@ FORM_BY_SOURCE = {
     **dict.fromkeys(["quansongci", "songci_300", "huajianji", "nantang_erzhu", "nalanxingde"], "ci"),
     "yuanqu": "qu",
 }
+# The corpus's dynasty keys (`meta.dynasty`) and the names a poem is presented with (packing, chat).
+DYNASTY_NAMES = {"tang": "唐", "song": "宋", "yuan": "元", "wudai": "五代", "qing": "清", "han": "汉",
+                 "zhanguo": "战国", "zhou": "周", "ming": "明"}
 UNKNOWN_AUTHOR = "佚名"
 UNKNOWN_AUTHOR_FORMS = {"不詳", "不详", "佚名", "無名氏", "无名氏", "失名", "闕名", "阙名", "無名", "无名"}
 

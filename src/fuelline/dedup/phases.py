@@ -38,20 +38,17 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fuelline.dedup.clusters import connected_components, jaccard_pairs, keepers
+from fuelline.dedup.config import DedupConfig
 from fuelline.dedup.exact import group_labels
 from fuelline.dedup.lsh import bucket_pairs, candidate_probability, unique_pairs
 from fuelline.dedup.simhash import choose_blocks, find_probability, hamming_pairs
 from fuelline.io.atomic import atomic_write, run_once
 from fuelline.io.spill import PARTITIONS, group_ranges, range_partition, read_spill, spill_counts, write_spill
 from fuelline.io.writers import JsonlZstWriter
-
-if TYPE_CHECKING:
-    from fuelline.dedup.stage import DedupConfig
 
 KEEP, EXACT, NEAR = 0, 1, 2
 ROWS_PER_TASK = 8_000_000  # exact keys (32 B) or band hashes (16 B) a task holds

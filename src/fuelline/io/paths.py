@@ -2,7 +2,8 @@
 
 Each may be a local path or an fsspec URL (`s3://bucket/corpus/`, `memory://x/*.jsonl`): a local
 file comes back as a `Path`, a file at a URL as its URL (a `str`), which the readers fetch
-through the cache of `fuelline.io.remote` when they open it.
+through the cache of `fuelline.io.remote` when they open it. A directory a stage wrote is read
+as its part files (`fuelline.io.stage_layout`).
 """
 
 from __future__ import annotations
@@ -14,17 +15,11 @@ from typing import Iterable
 
 from fuelline.io.atomic import is_temp_name
 from fuelline.io.remote import filesystem, is_url
+from fuelline.io.stage_layout import BOOKKEEPING_FILES, STAGE_PART_PREFIX, STAGE_PLAN_FILE
 
 COMPRESSIONS = (".gz", ".zst", ".zstd", ".bz2", ".xz")
 LINE_FORMATS = (".jsonl", ".ndjson")
 DATA_SUFFIXES = LINE_FORMATS + (".json", ".parquet")
-
-# A directory written by a fuelline stage holds its data as part-* files next to bookkeeping
-# (stats.json, _plan.json, _done/, _rejects/); reading the directory means reading the parts.
-STAGE_PLAN_FILE = "_plan.json"
-STAGE_PART_PREFIX = "part-"
-# What every step writes beside its data; never records, so a directory read skips them.
-BOOKKEEPING_FILES = {"stats.json", "pipeline.json", "funnel.json"}
 
 
 def split_suffixes(path: str | os.PathLike) -> tuple[str, str | None]:

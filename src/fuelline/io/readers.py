@@ -21,7 +21,7 @@ import lzma
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any, Iterable, Iterator, Literal
+from typing import IO, Any, Iterable, Iterator, Literal, Protocol
 
 import orjson
 import zstandard
@@ -29,7 +29,6 @@ import zstandard
 from fuelline.io.json_escapes import SurrogateGuard
 from fuelline.io.paths import LINE_FORMATS, expand_inputs, split_suffixes
 from fuelline.io.remote import is_url, local_copy
-from fuelline.io.rejects import Rejects
 
 CHUNK_BYTES = 256 << 10  # small blocks stay in cache while split and parsed: ~10% faster than 4 MiB
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -150,10 +149,18 @@ def _located(path: str | os.PathLike) -> tuple[Path | str, Path]:
     return path, path
 
 
+class RejectSink(Protocol):
+    """Where a skipped bad record goes: `fuelline.io.rejects.Rejects`, which writes with
+    `fuelline.io.writers`. Named by its one method, so that reading depends on no writer."""
+
+    def add(self, reason: str, record: Any, *, source: str | None = None, line: int | None = None,
+            detail: str | None = None) -> None: ...
+
+
 class _Reporter:
     """Raises or records a bad record, following `on_error`; `local` is the file read for `source`."""
 
-    def __init__(self, source: Path | str, on_error: OnError, rejects: Rejects | None, local: Path | None = None):
+    def __init__(self, source: Path | str, on_error: OnError, rejects: RejectSink | None, local: Path | None = None):
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
         self.source, self.on_error, self.rejects = source, on_error, rejects
@@ -505,7 +512,7 @@ def _head_without_bom(stream: IO[bytes]) -> bytes:
 
 
 def iter_file_records(path: str | os.PathLike, *, start: int = 0, stop: int | None = None,
-                      on_error: OnError = "raise", rejects: Rejects | None = None,
+                      on_error: OnError = "raise", rejects: RejectSink | None = None,
                       max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[tuple[int, dict]]:
     """(location, record) pairs of one file; location is the 1-based line, array element or row.
 
@@ -533,7 +540,7 @@ def iter_file_records(path: str | os.PathLike, *, start: int = 0, stop: int | No
 
 
 def read_records(sources: str | os.PathLike | Iterable[str | os.PathLike], *, on_error: OnError = "raise",
-                 rejects: Rejects | None = None, max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[dict]:
+                 rejects: RejectSink | None = None, max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[dict]:
     """Stream the records (dicts) of files, directories or globs, in order.
 
     A malformed record raises `RecordError` ("FILE:LINE: what is wrong"); with

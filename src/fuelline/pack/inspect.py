@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fuelline.fingerprints import tokenizer_fingerprint
 from fuelline.formats.tokens import MANIFEST, TokenFiles, TokenFormatError
-from fuelline.tokenizer.train import tokenizer_fingerprint
 
 IGNORE = -100
 

@@ -27,18 +27,19 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from fuelline.fingerprints import tokenizer_fingerprint
 from fuelline.formats.tokens import DTYPES, TokenDatasetWriter, check_dtype, dtype_for
 from fuelline.io.atomic import atomic_write, remove_temp_files, write_bytes_atomic
 from fuelline.io.lock import exclusive_output
-from fuelline.io.paths import STAGE_PART_PREFIX, expand_inputs
+from fuelline.io.paths import expand_inputs
 from fuelline.io.readers import RecordError, iter_file_records
 from fuelline.io.remote import refuse_url
+from fuelline.io.stage_layout import STAGE_PART_PREFIX
 from fuelline.pack.templates import TEMPLATES
-from fuelline.pipeline.executor import RunOptions, open_executor
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.pipeline.task import resumed
+from fuelline.pipeline.workers import RunOptions, open_executor
 from fuelline.records import unit_interval
-from fuelline.tokenizer.train import tokenizer_fingerprint
 
 SPLITS = ("train", "val")
 SHARD_ARRAYS = ("ids", "val", "lengths", "mask", "dropped")

@@ -24,11 +24,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fuelline.records import unit_interval
+from fuelline.clean.poetry import DYNASTY_NAMES
+from fuelline.records import Drop, unit_interval
 from fuelline.tokenizer.fast import EncodedBatch, fast_encoder
-
-DYNASTY_NAMES = {"tang": "唐", "song": "宋", "yuan": "元", "wudai": "五代", "qing": "清", "han": "汉",
-                 "zhanguo": "战国", "zhou": "周", "ming": "明"}
 
 
 @dataclass
@@ -193,7 +191,6 @@ class ChatPackTemplate(Template):
 
     def render(self, records: list[dict]) -> Rendered:
         from fuelline.chat.encode import encode_chats
-        from fuelline.pipeline.stage import Drop
 
         results = encode_chats([r["conversations"] for r in records], self.chat_tokenizer, self.chat_template,
                                self.max_length, min_loss_tokens=self.min_loss_tokens)

@@ -1,6 +1,6 @@
 """Running a stage over input shards, resumably, on an executor: local processes or Ray tasks.
 
-Layout of a stage's output directory:
+Layout of a stage's output directory (its names: `fuelline.io.stage_layout`):
 
     _plan.json        what this directory is the output of (stage options, inputs, shards)
     part-00000.*      output shard k, written atomically
@@ -21,8 +21,8 @@ finished (before that, e.g. after a stop on bad input, the new options simply re
 `restart` discards whatever the directory holds and starts over. A run holds the directory's lock
 (`fuelline.io.lock`) for its whole life, so a second run into it is refused at once.
 
-The executor only runs functions on items: `WorkerPool` here (processes on this machine) and
-`RayExecutor` in `ray_executor` (Ray tasks on a cluster) run the same shard function over the
+The executor only runs functions on items (`fuelline.pipeline.workers`): `WorkerPool` (processes
+on this machine) and `RayExecutor` (Ray tasks on a cluster) run the same shard function over the
 same shards, so which one ran, like how many workers, changes nothing on disk and is no part of
 `_plan.json`: a run begun on one may be resumed on the other.
 """
@@ -31,67 +31,32 @@ from __future__ import annotations
 
 import functools
 import os
-import queue
 import time
 from collections import Counter
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
-from typing import Callable, Iterator, Protocol, Self, Sequence
+from typing import Callable, Iterator
 
 import orjson
-from tqdm import tqdm
 
 from fuelline.io.atomic import remove_temp_files, write_bytes_atomic
-from fuelline.io.paths import STAGE_PART_PREFIX, STAGE_PLAN_FILE, expand_inputs
+from fuelline.io.paths import expand_inputs
 from fuelline.io.readers import READ_ERROR_REASONS, iter_file_records
 from fuelline.io.rejects import Rejects
+from fuelline.io.stage_layout import DONE_DIR, PREPARE_DIR, REJECTS_DIR, STAGE_PART_PREFIX, STAGE_PLAN_FILE, STATS_FILE
 from fuelline.io.writers import OUTPUT_FORMATS, RecordWriter, open_writer
-from fuelline.pipeline.lifetime import die_with_parent
-from fuelline.pipeline.output import (
-    DONE_DIR,
-    PREPARE_DIR,
-    REJECTS_DIR,
-    STATS_FILE,
-    OutputStore,
-    StageOutputMismatch,
-    open_output,
-)
-from fuelline.pipeline.ray_executor import RayExecutor  # imports Ray itself only when it is opened
+from fuelline.pipeline.output import OutputStore, StageOutputMismatch, open_output
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
-from fuelline.pipeline.stage import Location, PrepareContext, ShardContext, Stage
+from fuelline.pipeline.stage import PrepareContext, ShardContext, Stage
+from fuelline.pipeline.workers import (
+    EXECUTORS,  # noqa: F401  cli.py imports it from here
+    RunOptions,
+    open_executor,
+)
 from fuelline.progress import progress_bar
+from fuelline.records import Location
 
 PLAN_VERSION = 1
 PROGRESS_EVERY = 4096
-EXECUTORS = ("local", "ray")
-
-
-@dataclass
-class RunOptions:
-    """How a stage is run; none of these change its output bytes except format and on_error."""
-
-    workers: int | None = None  # None: every core this process may use
-    shard_size: int = 50_000
-    output_format: str = "jsonl.zst"
-    on_error: str = "raise"
-    keep_rejects: bool = True
-    restart: bool = False  # discard what the output directory holds
-    progress: bool = True
-    executor: str = "local"  # local: processes on this machine; ray: Ray tasks (`ray_executor`)
-    ray_address: str | None = None  # executor ray: "auto" or HOST:PORT; None starts a cluster here for the run
-
-    def __post_init__(self):
-        if self.executor not in EXECUTORS:
-            raise ValueError(f"executor must be {' or '.join(EXECUTORS)}, not {self.executor!r}")
-        if self.ray_address is not None and self.executor != "ray":
-            raise ValueError(f"ray_address {self.ray_address!r} is for the ray executor, but executor is "
-                             f"{self.executor!r}: set executor to \"ray\" (--executor ray) or drop the address")
-
-    def resolved_workers(self, pending: int) -> int:
-        workers = self.workers or len(os.sched_getaffinity(0))
-        return max(1, min(workers, pending))
 
 
 def _dumps(obj) -> bytes:
@@ -100,10 +65,6 @@ def _dumps(obj) -> bytes:
 
 def _read_json(path: Path):
     return orjson.loads(path.read_bytes())
-
-
-def _part_path(output_dir: Path, shard: InputShard, output_format: str) -> Path:
-    return output_dir / f"{shard.part_name}{OUTPUT_FORMATS[output_format].suffix}"
 
 
 def output_targets(stage: Stage, output_dir: Path, locations: dict[str, str | os.PathLike] | None = None
@@ -256,125 +217,6 @@ def _prepare_output(stage: Stage, inputs: list[Path | str], store: OutputStore, 
     write_bytes_atomic(plan_path, _dumps({**identity, "shards": [s.to_json() for s in shards]}))
     store.publish([STAGE_PLAN_FILE])
     return shards
-
-
-class Executor(Protocol):
-    """What runs a stage's work: `WorkerPool` (processes here) or `RayExecutor` (Ray tasks).
-
-    Opened as a context manager; leaving it ends its workers. The first error a task raises is
-    re-raised by `map` or `run_shards` once the tasks not yet started are cancelled.
-    """
-
-    def __enter__(self) -> Self: ...
-
-    def __exit__(self, *exc) -> None: ...
-
-    def map(self, fn: Callable, items: Sequence, desc: str, *, progress: bool) -> list:
-        """`[fn(x) for x in items]` on the workers (`fn` picklable), with a progress bar of items."""
-
-    def run_shards(self, run: Callable[..., dict], shards: list[InputShard], bar: tqdm) -> None:
-        """`run(shard, progress=…)` for every shard (`progress` optional), counting records on `bar`."""
-
-
-def open_executor(options: RunOptions, tasks: int) -> Executor:
-    """The executor `options` ask for, with at most `tasks` workers where it starts them."""
-    workers = options.resolved_workers(tasks)
-    if options.executor == "ray":
-        return RayExecutor(options.ray_address, workers)
-    return WorkerPool(workers)
-
-
-class WorkerPool:
-    """The processes of one stage run: started on first use, shared by `prepare` and the shards.
-
-    Spawned, not forked (the parent may hold threads: pyarrow, tqdm); starting them and
-    importing numba in each costs about a second, paid once per stage. With one worker
-    everything runs in this process. Workers end when this process ends, however it ends
-    (`fuelline.pipeline.lifetime`).
-    """
-
-    def __init__(self, workers: int):
-        self.workers = workers
-        self._pool: ProcessPoolExecutor | None = None
-        self._updates = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
-
-    def _executor(self) -> ProcessPoolExecutor:
-        if self._pool is None:
-            ctx = get_context("spawn")
-            self._updates = ctx.Queue()
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init_worker,
-                                             initargs=(self._updates, os.getpid()))
-        return self._pool
-
-    def _gather(self, futures: dict, on_result: Callable[[int, object], None], bar: tqdm | None) -> None:
-        """Wait for every future, in completion order; the first error cancels the rest."""
-        running = set(futures)
-        try:
-            while running:
-                done, running = wait(running, timeout=0.2, return_when=FIRST_COMPLETED)
-                if bar is not None:
-                    _drain(self._updates, bar)
-                for future in done:
-                    on_result(futures[future], future.result())  # a worker's error re-raised here
-        except BaseException:
-            for future in running:
-                future.cancel()  # finished work stays finished; queued work is not started
-            raise
-
-    def map(self, fn: Callable, items: Sequence, desc: str, *, progress: bool) -> list:
-        """`[fn(x) for x in items]`, on the workers, with a progress bar."""
-        results: list = [None] * len(items)
-        with progress_bar(total=len(items), desc=desc, disable=not progress, leave=False) as bar:
-            if self.workers == 1:
-                for i, item in enumerate(items):
-                    results[i] = fn(item)
-                    bar.update()
-                return results
-
-            def store(i: int, result) -> None:
-                results[i] = result
-                bar.update()
-
-            self._gather({self._executor().submit(fn, item): i for i, item in enumerate(items)}, store, None)
-        return results
-
-    def run_shards(self, run: Callable[..., dict], shards: list[InputShard], bar: tqdm) -> None:
-        """`run(shard, progress=…)` for every shard; a worker's progress reaches `bar` through a queue."""
-        if self.workers == 1:
-            for shard in shards:
-                run(shard, progress=bar.update)
-            return
-        futures = {self._executor().submit(_run_in_worker, run, s): s for s in shards}
-        self._gather(futures, lambda shard, marker: None, bar)
-        _drain(self._updates, bar)
-
-
-_worker_updates = None
-
-
-def _init_worker(updates, parent_pid: int) -> None:
-    global _worker_updates
-    die_with_parent(parent_pid)
-    _worker_updates = updates
-
-
-def _run_in_worker(run: Callable[..., dict], shard: InputShard) -> dict:
-    return run(shard, progress=_worker_updates.put)
-
-
-def _drain(updates, bar: tqdm) -> None:
-    while True:
-        try:
-            bar.update(updates.get_nowait())
-        except queue.Empty:
-            return
 
 
 def aggregate_stats(stage: Stage, markers: list[dict]) -> dict:

@@ -1,6 +1,6 @@
 """Where a stage's output lives: a local directory, or an fsspec URL its files are uploaded to.
 
-The layout (`fuelline.pipeline.executor` writes it) is the same for both: `_plan.json`, part
+The layout (`fuelline.io.stage_layout`; `fuelline.pipeline.executor` writes it) is the same for both: `_plan.json`, part
 files, `_rejects/`, `_done/` markers, `_prepare/`, and `stats.json` last. For a URL
 (`s3://bucket/clean`) the run writes into a local staging directory under the cache
 (`fuelline.io.remote.staging_dir`) and `RemoteOutput` uploads each finished shard's files, its
@@ -18,10 +18,14 @@ from typing import Callable
 
 from fuelline.io.atomic import is_temp_name, write_bytes_atomic
 from fuelline.io.lock import exclusive_output
-from fuelline.io.paths import STAGE_PLAN_FILE
 from fuelline.io.remote import RemoteDir, canonical, is_url, staging_dir
-
-DONE_DIR, REJECTS_DIR, PREPARE_DIR, STATS_FILE = "_done", "_rejects", "_prepare", "stats.json"
+from fuelline.io.stage_layout import (
+    DONE_DIR,
+    PREPARE_DIR,
+    REJECTS_DIR,  # noqa: F401  cli.py imports it from here
+    STAGE_PLAN_FILE,
+    STATS_FILE,
+)
 
 
 class StageOutputMismatch(RuntimeError):

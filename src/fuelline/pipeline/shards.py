@@ -14,6 +14,7 @@ from pathlib import Path
 
 from fuelline.io.readers import count_units
 from fuelline.io.remote import describe_url, is_url
+from fuelline.io.stage_layout import STAGE_PART_PREFIX
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class InputShard:
 
     @property
     def part_name(self) -> str:
-        return f"part-{self.shard_id:05d}"
+        return f"{STAGE_PART_PREFIX}{self.shard_id:05d}"
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -13,7 +13,6 @@ two-character tokens (aligned from the start of each run), `bytelevel` is the GP
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 import unicodedata
@@ -23,6 +22,7 @@ from typing import Iterator
 import numpy as np
 import orjson
 
+from fuelline.fingerprints import tokenizer_fingerprint
 from fuelline.io import read_records
 from fuelline.io.atomic import write_bytes_atomic
 from fuelline.tokenizer.fast import fast_encoder
@@ -61,10 +61,6 @@ def document_texts(inputs, text_key: str = "text") -> Iterator[str]:
         text = record.get(text_key)
         if isinstance(text, str) and text:
             yield text
-
-
-def tokenizer_fingerprint(directory: str | os.PathLike) -> str:
-    return hashlib.sha256((Path(directory) / "tokenizer.json").read_bytes()).hexdigest()
 
 
 def save_for_transformers(tokenizer, directory: Path, model_max_length: int = 1 << 20) -> None:

@@ -1,0 +1,171 @@
+"""Where a stage's work runs: the options of a run, and the executors that run its tasks.
+
+An executor only runs functions on items: `WorkerPool` (processes on this machine) and
+`RayExecutor` (`fuelline.pipeline.ray_executor`, Ray tasks on a cluster) run the same function
+over the same items and return the results in their order, so which one ran, like how many
+workers, changes no byte of the output. The stage runner (`fuelline.pipeline.executor`) and
+the packer (`fuelline.pack.packer`) both run on them.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from multiprocessing import get_context
+from typing import Callable, Protocol, Self, Sequence
+
+from tqdm import tqdm
+
+from fuelline.pipeline.lifetime import die_with_parent
+from fuelline.pipeline.ray_executor import RayExecutor  # imports Ray itself only when it is opened
+from fuelline.pipeline.shards import InputShard
+from fuelline.progress import progress_bar
+
+EXECUTORS = ("local", "ray")
+
+
+@dataclass
+class RunOptions:
+    """How a stage is run; none of these change its output bytes except format and on_error."""
+
+    workers: int | None = None  # None: every core this process may use
+    shard_size: int = 50_000
+    output_format: str = "jsonl.zst"
+    on_error: str = "raise"
+    keep_rejects: bool = True
+    restart: bool = False  # discard what the output directory holds
+    progress: bool = True
+    executor: str = "local"  # local: processes on this machine; ray: Ray tasks (`ray_executor`)
+    ray_address: str | None = None  # executor ray: "auto" or HOST:PORT; None starts a cluster here for the run
+
+    def __post_init__(self):
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor must be {' or '.join(EXECUTORS)}, not {self.executor!r}")
+        if self.ray_address is not None and self.executor != "ray":
+            raise ValueError(f"ray_address {self.ray_address!r} is for the ray executor, but executor is "
+                             f"{self.executor!r}: set executor to \"ray\" (--executor ray) or drop the address")
+
+    def resolved_workers(self, pending: int) -> int:
+        workers = self.workers or len(os.sched_getaffinity(0))
+        return max(1, min(workers, pending))
+
+
+class Executor(Protocol):
+    """What runs a stage's work: `WorkerPool` (processes here) or `RayExecutor` (Ray tasks).
+
+    Opened as a context manager; leaving it ends its workers. The first error a task raises is
+    re-raised by `map` or `run_shards` once the tasks not yet started are cancelled.
+    """
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(self, *exc) -> None: ...
+
+    def map(self, fn: Callable, items: Sequence, desc: str, *, progress: bool) -> list:
+        """`[fn(x) for x in items]` on the workers (`fn` picklable), with a progress bar of items."""
+
+    def run_shards(self, run: Callable[..., dict], shards: list[InputShard], bar: tqdm) -> None:
+        """`run(shard, progress=…)` for every shard (`progress` optional), counting records on `bar`."""
+
+
+def open_executor(options: RunOptions, tasks: int) -> Executor:
+    """The executor `options` ask for, with at most `tasks` workers where it starts them."""
+    workers = options.resolved_workers(tasks)
+    if options.executor == "ray":
+        return RayExecutor(options.ray_address, workers)
+    return WorkerPool(workers)
+
+
+class WorkerPool:
+    """The processes of one stage run: started on first use, shared by `prepare` and the shards.
+
+    Spawned, not forked (the parent may hold threads: pyarrow, tqdm); starting them and
+    importing numba in each costs about a second, paid once per stage. With one worker
+    everything runs in this process. Workers end when this process ends, however it ends
+    (`fuelline.pipeline.lifetime`).
+    """
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+        self._updates = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+
+    def _executor(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            ctx = get_context("spawn")
+            self._updates = ctx.Queue()
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init_worker,
+                                             initargs=(self._updates, os.getpid()))
+        return self._pool
+
+    def _gather(self, futures: dict, on_result: Callable[[int, object], None], bar: tqdm | None) -> None:
+        """Wait for every future, in completion order; the first error cancels the rest."""
+        running = set(futures)
+        try:
+            while running:
+                done, running = wait(running, timeout=0.2, return_when=FIRST_COMPLETED)
+                if bar is not None:
+                    _drain(self._updates, bar)
+                for future in done:
+                    on_result(futures[future], future.result())  # a worker's error re-raised here
+        except BaseException:
+            for future in running:
+                future.cancel()  # finished work stays finished; queued work is not started
+            raise
+
+    def map(self, fn: Callable, items: Sequence, desc: str, *, progress: bool) -> list:
+        """`[fn(x) for x in items]`, on the workers, with a progress bar."""
+        results: list = [None] * len(items)
+        with progress_bar(total=len(items), desc=desc, disable=not progress, leave=False) as bar:
+            if self.workers == 1:
+                for i, item in enumerate(items):
+                    results[i] = fn(item)
+                    bar.update()
+                return results
+
+            def store(i: int, result) -> None:
+                results[i] = result
+                bar.update()
+
+            self._gather({self._executor().submit(fn, item): i for i, item in enumerate(items)}, store, None)
+        return results
+
+    def run_shards(self, run: Callable[..., dict], shards: list[InputShard], bar: tqdm) -> None:
+        """`run(shard, progress=…)` for every shard; a worker's progress reaches `bar` through a queue."""
+        if self.workers == 1:
+            for shard in shards:
+                run(shard, progress=bar.update)
+            return
+        futures = {self._executor().submit(_run_in_worker, run, s): s for s in shards}
+        self._gather(futures, lambda shard, marker: None, bar)
+        _drain(self._updates, bar)
+
+
+_worker_updates = None
+
+
+def _init_worker(updates, parent_pid: int) -> None:
+    global _worker_updates
+    die_with_parent(parent_pid)
+    _worker_updates = updates
+
+
+def _run_in_worker(run: Callable[..., dict], shard: InputShard) -> dict:
+    return run(shard, progress=_worker_updates.put)
+
+
+def _drain(updates, bar: tqdm) -> None:
+    while True:
+        try:
+            bar.update(updates.get_nowait())
+        except queue.Empty:
+            return
