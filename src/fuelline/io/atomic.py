@@ -18,7 +18,7 @@ import re
 import secrets
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Callable, Iterator
+from typing import IO, Callable, Iterator, NoReturn
 
 import orjson
 
@@ -51,11 +51,15 @@ def is_disk_full(error: BaseException) -> bool:
     return error.errno is None and bool(_SHORT_WRITE.fullmatch(str(error)))
 
 
-def as_disk_full(error: BaseException, path: str | os.PathLike) -> BaseException:
-    """`DiskFull(path)` for a disk-full error that names no file yet, else `error` itself."""
+def reraise_naming(error: BaseException, path: str | os.PathLike) -> NoReturn:
+    """Raise `error` again, as `DiskFull(path)` if it says the disk is full and names no file yet.
+
+    Called from an `except` clause; the hot write paths call it there rather than entering
+    `naming_disk_full`, which costs a context manager per write.
+    """
     if isinstance(error, DiskFull) or not is_disk_full(error):
-        return error
-    return DiskFull(path)
+        raise error
+    raise DiskFull(path) from error
 
 
 @contextmanager
@@ -64,10 +68,7 @@ def naming_disk_full(path: str | os.PathLike) -> Iterator[None]:
     try:
         yield
     except OSError as e:
-        full = as_disk_full(e, path)
-        if full is e:
-            raise
-        raise full from e
+        reraise_naming(e, path)
 
 
 def is_temp_name(name: str) -> bool:
@@ -96,19 +97,13 @@ class _TempFile(io.BufferedWriter):
         try:
             return super().write(data)
         except OSError as e:
-            full = as_disk_full(e, self.final_path)
-            if full is e:
-                raise
-            raise full from e
+            reraise_naming(e, self.final_path)
 
     def flush(self) -> None:  # also what close() calls
         try:
             super().flush()
         except OSError as e:
-            full = as_disk_full(e, self.final_path)
-            if full is e:
-                raise
-            raise full from e
+            reraise_naming(e, self.final_path)
 
 
 class AtomicFile:
@@ -156,10 +151,7 @@ def atomic_write(path: str | os.PathLike) -> Iterator[IO[bytes]]:
         yield target.file
     except BaseException as e:
         target.abort()
-        full = as_disk_full(e, target.path)
-        if full is e:
-            raise
-        raise full from e
+        reraise_naming(e, target.path)
     target.commit()
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import zstandard
 
-from fuelline.io.atomic import AtomicFile, as_disk_full, atomic_write, naming_disk_full
+from fuelline.io.atomic import AtomicFile, atomic_write, naming_disk_full, reraise_naming
 
 ZSTD_LEVEL = 3
 
@@ -73,10 +73,7 @@ class JsonlZstWriter(RecordWriter):
         try:
             self._stream.write(line)
         except OSError as e:
-            full = as_disk_full(e, self.path)
-            if full is e:
-                raise
-            raise full from e
+            reraise_naming(e, self.path)
         self.count += 1
 
     def _finish(self) -> None:
