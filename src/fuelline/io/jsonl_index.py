@@ -163,10 +163,6 @@ def index_file(path: Path, cache_dir: Path) -> tuple[np.ndarray, int, int]:
     return offsets, before.st_size, before.st_mtime_ns
 
 
-def load_or_build_offsets(path: Path, cache_dir: Path) -> np.ndarray:
-    return index_file(path, cache_dir)[0]
-
-
 class JsonlIndex:
     """Records of one or more plain .jsonl files, addressable by global position.
 

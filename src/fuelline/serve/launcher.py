@@ -186,12 +186,6 @@ class ServerGroup:
         """Make a running or coming `stop()` skip what is left of the grace period."""
         self._hurry.set()
 
-    def stop_server(self, i: int) -> None:
-        """Stop server i and keep it stopped (the monitor leaves it alone) until `restart_server(i)`."""
-        with self._lock:
-            self._terminate(self.servers[i])
-            self._set_state(self.servers[i], "stopped")
-
     def kill_server(self, i: int, sig: int = signal.SIGKILL) -> int:
         """Send `sig` to server i's process only, as a crash would; the monitor restarts it. Returns the pid."""
         process = self.servers[i].process
