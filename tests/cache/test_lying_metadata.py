@@ -116,3 +116,11 @@ def test_the_default_read_checks_each_records_checksum(tmp_path):
     dataset = CacheDataset(path)
     with pytest.raises(CacheFormatError, match=r"shard-00001\.bin: sample 6: checksum mismatch"):
         dataset[6]
+
+
+def test_an_index_shorter_than_one_record_is_a_problem_not_a_crash(tmp_path):
+    path = cache(tmp_path, FUELLINE)
+    (path / INDEX).write_bytes((path / INDEX).read_bytes()[:20])
+    problems = verify_cache(path)
+    assert problems and "samples.idx: size 20 is not a multiple" in problems[0]
+    rejected(path, "size 20 is not a multiple")
