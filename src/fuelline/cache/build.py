@@ -45,7 +45,7 @@ from fuelline.pipeline.lifetime import die_with_parent
 from fuelline.pipeline.shards import describe_inputs
 from fuelline.pipeline.task import resumed
 from fuelline.progress import progress_bar, transformers_bars
-from fuelline.tokenizer.train import tokenizer_fingerprint
+from fuelline.fingerprints import tokenizer_fingerprint
 
 
 
