@@ -129,8 +129,11 @@ def test_an_answer_that_is_not_one_is_retried_elsewhere_never_written(tmp_path, 
     later turns conditioned on them. Beside a good server, every conversation still gets real answers."""
     records = chats(30)
     source = write_jsonl(tmp_path / "in.jsonl", records)
+    # A retry goes back to the faulty server when the good one is full: enough attempts that no
+    # conversation fails for good on a loaded machine, and a faulty server that rests a while.
+    client = ClientConfig(concurrency=4, request_timeout=60.0, attempts=10, backoff=0.01, probe_interval=1.0)
     with echo_servers(("--fault", fault), ()) as (urls, _):
-        stats = regenerate_quietly(source, tmp_path / "out.jsonl", urls)
+        stats = regenerate_quietly(source, tmp_path / "out.jsonl", urls, client=client)
     assert_regenerated(tmp_path / "out.jsonl", records)
     assert stats["dropped"] == {} and stats["finish_reasons"] == {"stop": 60}
     assert stats["servers"][urls[0]]["failed"] > 0
