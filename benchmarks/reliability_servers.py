@@ -29,7 +29,6 @@ from functools import partial
 from pathlib import Path
 
 import orjson
-
 from common import SHARED_DATA
 from trials import Tally, cli, failure_outcome, free_port, run
 

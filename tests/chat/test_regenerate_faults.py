@@ -13,7 +13,7 @@ import pytest
 from fuelline.chat.regenerate import RegenerateConfig, regenerate
 from fuelline.serve.client import ClientConfig, NoServerError, ServerPool
 
-from .test_regenerate import FAST_CLIENT, assert_regenerated, echo_servers, free_port, lines
+from .test_regenerate import assert_regenerated, echo_servers, free_port, lines
 
 QUESTION = [{"role": "user", "content": "q"}]
 
@@ -25,8 +25,8 @@ def abandoning(coro, seconds: float):
 
     async def bounded():
         task = asyncio.ensure_future(coro)
-        done, _ = await asyncio.wait([task], timeout=seconds)
-        return (True, task.result()) if done else (False, None)
+        await asyncio.wait([task], timeout=seconds)
+        return (True, task.result()) if task.done() else (False, None)
 
     try:
         return loop.run_until_complete(bounded())
@@ -50,7 +50,7 @@ def test_requests_waiting_for_a_dead_server_stop_cleanly_when_cancelled():
                 await asyncio.sleep(0.05)
                 for task in tasks:
                     task.cancel()
-                done, pending = await asyncio.wait(tasks, timeout=30)
+                _, pending = await asyncio.wait(tasks, timeout=30)
                 if pending:
                     return f"round {number}: {len(pending)} of 32 requests never ended after cancel"
                 errors = [t.exception() for t in tasks if not t.cancelled()]
@@ -163,8 +163,8 @@ def test_empty_answers_and_other_finish_reasons_are_kept_when_asked(tmp_path):
     source = write_jsonl(tmp_path / "in.jsonl", records)
     with echo_servers(("--fault", "empty"),) as (urls, _):
         stats = regenerate_quietly(source, tmp_path / "empty.jsonl", urls, keep_empty_answers=True)
-    assert stats["records_out"] == 4 and all(r["conversations"][1]["content"] == ""
-                                             for r in map(orjson.loads, (tmp_path / "empty.jsonl").read_bytes().splitlines()))
+    written = [orjson.loads(line) for line in (tmp_path / "empty.jsonl").read_bytes().splitlines()]
+    assert stats["records_out"] == 4 and all(r["conversations"][1]["content"] == "" for r in written)
     with echo_servers(("--fault", "abort"),) as (urls, _):
         stats = regenerate_quietly(source, tmp_path / "abort.jsonl", urls, finish_reasons=("stop", "length", "abort"))
     assert stats["records_out"] == 4 and stats["finish_reasons"] == {"abort": 4}

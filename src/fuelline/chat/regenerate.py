@@ -84,11 +84,11 @@ class RegenerateConfig:
 
     def answer_problem(self, answer: Completion) -> tuple[str, str] | None:
         """(reason, detail) when `answer` is not an answer this run takes (see the module doc)."""
+        said = f"{answer.server} answered {answer.content[:100]!r} with finish reason {answer.finish_reason!r}"
         if not self.keep_empty_answers and not answer.content.strip():
-            return "empty_answer", f"{answer.server} answered {answer.content!r} (finish reason {answer.finish_reason!r})"
+            return "empty_answer", said
         if answer.finish_reason not in self.finish_reasons:
-            return (f"finish_{answer.finish_reason}", f"{answer.server} answered with finish reason "
-                    f"{answer.finish_reason!r}, not {' or '.join(self.finish_reasons)}: {answer.content[:100]!r}")
+            return f"finish_{answer.finish_reason}", f"{said}, not {' or '.join(self.finish_reasons)}"
         return None
 
     def sampling(self) -> dict[str, Any]:
