@@ -15,7 +15,7 @@ import click
 
 from fuelline import __version__
 from fuelline.io.remote import is_url, refuse_url
-from fuelline.pipeline.executor import EXECUTORS
+from fuelline.pipeline.workers import EXECUTORS
 from fuelline.pipeline.registry import STAGES, stage_class
 from fuelline.cache.cli import cache as cache_group
 from fuelline.serve.cli import serve_command
@@ -135,7 +135,7 @@ def _require_kept(stats: dict) -> None:
 
 
 def _rejects_note(stats: dict, output: Path | str | None) -> str:
-    from fuelline.pipeline.output import REJECTS_DIR
+    from fuelline.io.stage_layout import REJECTS_DIR
 
     if output is None or not stats.get("dropped"):
         return ""

@@ -47,11 +47,7 @@ from fuelline.io.writers import OUTPUT_FORMATS, RecordWriter, open_writer
 from fuelline.pipeline.output import OutputStore, StageOutputMismatch, open_output
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.pipeline.stage import PrepareContext, ShardContext, Stage
-from fuelline.pipeline.workers import (
-    EXECUTORS,  # noqa: F401  cli.py imports it from here
-    RunOptions,
-    open_executor,
-)
+from fuelline.pipeline.workers import RunOptions, open_executor
 from fuelline.progress import progress_bar
 from fuelline.records import Location
 

@@ -22,7 +22,6 @@ from fuelline.io.remote import RemoteDir, canonical, is_url, staging_dir
 from fuelline.io.stage_layout import (
     DONE_DIR,
     PREPARE_DIR,
-    REJECTS_DIR,  # noqa: F401  cli.py imports it from here
     STAGE_PLAN_FILE,
     STATS_FILE,
 )
