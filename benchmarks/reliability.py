@@ -56,6 +56,7 @@ import zstandard
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHARED_DATA, write_result  # noqa: E402
 import reliability_cache  # noqa: E402
+import reliability_servers  # noqa: E402
 import reliability_templates  # noqa: E402
 from trials import OUTCOMES, Tally, cli, damage_file, failure_outcome, free_port, isolated, judged, run, table  # noqa: E402
 
@@ -506,6 +507,8 @@ def main() -> None:
                   flush=True)
         print("(e) chat template spans fuzzed against transformers' assistant masks", flush=True)
         tallies += shown(reliability_templates.scenarios(work, full=full, seed=args.seed))
+        print("(f) chat regenerate against servers that answer wrongly or die", flush=True)
+        tallies += shown(reliability_servers.scenarios(work, full=full, seed=args.seed))
     finally:
         for server in SERVERS:
             server.kill()
