@@ -52,6 +52,8 @@ import numpy as np
 import orjson
 import xxhash
 
+from fuelline.formats.errors import FormatError
+
 MANIFEST, INDEX = "manifest.json", "samples.idx"
 DEEPSPEC_V2, FUELLINE = "deepspec-v2", "fuelline"
 FORMATS = (DEEPSPEC_V2, FUELLINE)
@@ -79,11 +81,8 @@ V2_REQUIRED = ("version", "num_samples", "num_shards", "target_layer_ids", "hidd
                "mask_dtype", "index_record_size", "hidden_size", "shards")
 
 
-class CacheFormatError(ValueError):
+class CacheFormatError(FormatError):
     """A target cache that is missing, unfinished, damaged or inconsistent; says which file and what."""
-
-    def __init__(self, path: str | os.PathLike, what: str):
-        super().__init__(f"{os.fspath(path)}: {what}")
 
 
 def shard_name(shard_id: int) -> str:

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from fuelline.formats.errors import FormatError
 from fuelline.io.atomic import AtomicFile, write_bytes_atomic
 
 FORMAT, VERSION = "fuelline.tokens", 1
@@ -47,11 +48,8 @@ OFFSET_BLOCK = 1 << 22  # docs.idx entries checked at a time when opening (32 Mi
 SCAN_BLOCK = 1 << 24  # tokens (or mask bytes) read at a time by verify_token_dataset
 
 
-class TokenFormatError(ValueError):
+class TokenFormatError(FormatError):
     """A token dataset that is missing, incomplete, corrupted or inconsistent."""
-
-    def __init__(self, path: str | os.PathLike, what: str):
-        super().__init__(f"{os.fspath(path)}: {what}")
 
 
 def dtype_for(max_id: int) -> str:
