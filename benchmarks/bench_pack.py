@@ -52,7 +52,7 @@ from common import SHARED_DATA, MemoryPeaks, descendants, machine, write_result
 CORPUS = SHARED_DATA / "chinese-poetry.jsonl.zst"
 MODES = ("han-chars", "han-pairs", "bytelevel")
 VOCAB = 4096
-BATCH = 4096  # texts per encode_batch call: PackConfig.batch_size
+BATCH = 4096  # texts per encode_batch call: packer.BATCH_SIZE
 PACK_CONFIGS = ((1, 1, None), (1, 2, None), (2, 1, None), (2, 1, "tokenizers"))  # workers x threads, FUELLINE_ENCODER
 SIZES = (1, 2, 4)
 SCALE_WORKERS = 2

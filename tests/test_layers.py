@@ -10,8 +10,8 @@ own layer or lower ones. The layers, lowest first, as the code stands:
    `Drop`), `fingerprints`, `progress`, `io` (readers, writers, paths, the stage layout),
    `formats` (one module per on-disk format);
 1. text: `text`, the character classes and normalization that clean, dedup and chat share;
-2. the stage contract and the workers: `pipeline.stage` (Stage, contexts), `pipeline.shards`,
-   `pipeline.task`, `pipeline.lifetime`, `pipeline.workers` and `pipeline.ray_executor` (what
+2. the stage contract and the workers: `pipeline.stage` (Stage, contexts), `pipeline.options`
+   (a step's Config fields), `pipeline.shards`, `pipeline.task`, `pipeline.lifetime`, `pipeline.workers` and `pipeline.ray_executor` (what
    runs a map of tasks: the stage runner and the packer both use them);
 3. the tools stages use: `tokenizer`, `serve` (inference servers), `loader`, `models`;
 4. record stages: ingest, clean, dedup, and the funnel `report`;
@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / "fuelline"
 LAYERS: list[list[str]] = [
     ["fuelline", "fuelline.records", "fuelline.fingerprints", "fuelline.progress", "fuelline.io", "fuelline.formats"],
     ["fuelline.text"],
-    ["fuelline.pipeline.stage", "fuelline.pipeline.shards", "fuelline.pipeline.task", "fuelline.pipeline.lifetime",
-     "fuelline.pipeline.workers", "fuelline.pipeline.ray_executor"],
+    ["fuelline.pipeline.stage", "fuelline.pipeline.options", "fuelline.pipeline.shards", "fuelline.pipeline.task",
+     "fuelline.pipeline.lifetime", "fuelline.pipeline.workers", "fuelline.pipeline.ray_executor"],
     ["fuelline.tokenizer", "fuelline.serve", "fuelline.loader", "fuelline.models"],
     ["fuelline.ingest", "fuelline.clean", "fuelline.dedup", "fuelline.report"],
     ["fuelline.chat"],

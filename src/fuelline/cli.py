@@ -203,9 +203,19 @@ def run(pipeline_file, run_dir, inputs, workers, restart, quiet, executor, ray_a
 
 
 def _option_for(field: dataclasses.Field, hint) -> click.Option:
+    """The CLI option of a Config field (pipeline/options.py). Its default is None, "not given", so
+    the Config's own default (or a --config file's value) applies; help shows the Config's default."""
+    from fuelline.pipeline.options import NO_DEFAULT, default_of
+
     flag = "--" + field.name.replace("_", "-")
     help_text = field.metadata.get("help", "")
-    if hint is bool or _optional_of(hint) is bool:  # default None: the config's own default
+    if field.metadata.get("step_ref"):  # a pipeline's @STEP; here a directory that must exist
+        return click.Option([flag], required=True, type=click.Path(exists=True, file_okay=False), help=help_text)
+    default = default_of(field)
+    shown = ",".join(map(str, default)) if isinstance(default, list) else default
+    if shown not in (NO_DEFAULT, None, "") and not isinstance(shown, bool):
+        help_text += f"  [default: {shown}]"
+    if hint is bool or _optional_of(hint) is bool:
         return click.Option([f"{flag}/--no-{field.name.replace('_', '-')}"], default=None, help=help_text)
     if typing.get_origin(hint) is list:
         (item,) = typing.get_args(hint)
@@ -218,6 +228,17 @@ def _option_for(field: dataclasses.Field, hint) -> click.Option:
     return click.Option([flag], type=kind, default=None, help=help_text)
 
 
+def _config_params(config_cls) -> list[click.Option]:
+    """One option per field of a step's Config."""
+    hints = typing.get_type_hints(config_cls)
+    return [_option_for(f, hints[f.name]) for f in dataclasses.fields(config_cls)]
+
+
+def _given(values: dict) -> dict:
+    """The options given on the command line (None and () are "not given"), lists as lists."""
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in values.items() if v is not None and v != ()}
+
+
 def _optional_of(hint):
     """X for `X | None`, else None."""
     if typing.get_origin(hint) not in (typing.Union, types.UnionType):
@@ -228,7 +249,6 @@ def _optional_of(hint):
 
 def _stage_options(cls) -> list[click.Option]:
     """Input, run options, `--config` and the stage's own options (its Config's fields)."""
-    hints = typing.get_type_hints(cls.Config)
     params = [
         click.Option(["--input", "-i", "inputs"], multiple=True, required=True, help="files, directories or globs"),
         *_run_params(),
@@ -240,7 +260,7 @@ def _stage_options(cls) -> list[click.Option]:
         click.Option(["--no-rejects"], is_flag=True, help="count dropped records but do not keep them"),
         click.Option(["--config", "config_file"], type=click.Path(exists=True, dir_okay=False),
                      help="TOML file of this stage's options; options given here override it"),
-        *[_option_for(f, hints[f.name]) for f in dataclasses.fields(cls.Config)],
+        *_config_params(cls.Config),
     ]
     if hasattr(cls, "explain_report"):  # stages that can show why they would remove what they remove
         params.append(click.Option(["--explain"], type=int, is_flag=False, flag_value=30, default=None,
@@ -255,9 +275,8 @@ def _run_from_cli(name: str, cls, inputs, output, *, workers, restart, quiet, ex
     from fuelline.pipeline.config import build_dataclass, read_toml
     from fuelline.pipeline.executor import RunOptions, run_stage
 
-    given = {k: (list(v) if isinstance(v, tuple) else v) for k, v in values.items() if v is not None and v != ()}
     from_file = read_toml(config_file) if config_file else {}
-    config = build_dataclass(cls.Config, {**from_file, **given}, config_file or f"fuelline {name}")
+    config = build_dataclass(cls.Config, {**from_file, **_given(values)}, config_file or f"fuelline {name}")
     if explain:
         click.echo(cls.explain_report(list(inputs), config, explain))
         return None
@@ -415,41 +434,19 @@ def regenerate_command(inputs, output, servers, servers_file, model, concurrency
 chat.add_command(_stage_command("chat-from-poetry", "from-poetry"))
 
 
-@main.command(params=_run_params())
-@click.option("--input", "-i", "inputs", multiple=True, required=True, help="document records (files, dirs, globs)")
-@click.option("--tokenizer", "tokenizer_dir", required=True, type=click.Path(exists=True, file_okay=False),
-              help="tokenizer directory (from `fuelline tokenizer train` or `from-tiktoken`)")
-@click.option("--output", "-o", required=True, type=click.Path(file_okay=False),
-              help="output directory: train/, val/ and a copy of the tokenizer")
-@click.option("--template", type=click.Choice(["poetry", "plain", "chat"]), default="poetry", show_default=True,
-              help="documents: poetry or plain; chat records (SFT): chat, with an assistant-only mask")
-@click.option("--chat-template", default="chatml", show_default=True,
-              help="--template chat: chatml, qwen, qwen3, llama3, gemma4, or auto (the tokenizer's own Jinja)")
-@click.option("--max-length", type=int, default=0, show_default=True,
-              help="--template chat: cut longer conversations at a turn boundary (0: no limit)")
-@click.option("--min-loss-tokens", type=int, default=1, show_default=True,
-              help="--template chat: drop conversations with fewer supervised tokens")
-@click.option("--metadata-dropout", type=float, default=0.25, show_default=True,
-              help="share of poetry documents packed without title, author and dynasty")
-@click.option("--val-fraction", type=float, default=0.05, show_default=True,
-              help="share of documents that go to val/")
-@click.option("--seed", type=int, default=42, show_default=True, help="decides split and dropout per document")
-@click.option("--dtype", type=click.Choice(["auto", "uint16", "uint32"]), default="auto", show_default=True,
-              help="token id type on disk; auto: uint16 when the vocabulary fits, else uint32")
-@click.option("--threads", type=int, default=None, help="tokenizer threads per worker (default: the library's own)")
-@click.option("--shard-size", type=int, default=50_000, show_default=True,
-              help="records per shard: the unit of work of a worker and of resume")
-def pack(inputs, tokenizer_dir, output, template, chat_template, max_length, min_loss_tokens, metadata_dropout,
-         val_fraction, seed, dtype, threads, shard_size, workers, restart, quiet, executor, ray_address):
-    """Tokenize documents (or chat records) into train/ and val/ token datasets with a loss mask."""
+@main.command(help=stage_class("pack").description, params=[
+    click.Option(["--input", "-i", "inputs"], multiple=True, required=True, help="document records (files, dirs, globs)"),
+    click.Option(["--output", "-o"], required=True, type=click.Path(file_okay=False),
+                 help="output directory: train/, val/ and a copy of the tokenizer"),
+    *_config_params(stage_class("pack").Config), *_run_params()])
+def pack(inputs, output, workers, restart, quiet, executor, ray_address, **values):
     from fuelline.pack.packer import PackConfig
     from fuelline.pack.packer import pack as run_pack
+    from fuelline.pipeline.config import build_dataclass
 
-    config = PackConfig(template=template, metadata_dropout=metadata_dropout, val_fraction=val_fraction,
-                        seed=seed, dtype=dtype, chat_template=chat_template, max_length=max_length,
-                        min_loss_tokens=min_loss_tokens, shard_size=shard_size)
-    stats = run_pack(list(inputs), tokenizer_dir, output, config, workers=workers, threads=threads,
-                     restart=restart, progress=not quiet, executor=executor or "local", ray_address=ray_address)
+    config = build_dataclass(PackConfig, _given(values), "fuelline pack")
+    stats = run_pack(list(inputs), config.tokenizer, output, config, workers=workers, restart=restart,
+                     progress=not quiet, executor=executor or "local", ray_address=ray_address)
     for split, numbers in stats["splits"].items():
         click.echo(f"{split:<6} {numbers['documents']:>9,} documents {numbers['tokens']:>12,} tokens  "
                    f"supervised {numbers['supervised_share']:.2%}  metadata dropped {numbers['metadata_dropout_share']:.2%}")
@@ -526,23 +523,19 @@ def tokenizer() -> None:
     """Train a BPE tokenizer, or convert a tiktoken vocabulary."""
 
 
-@tokenizer.command("train")
-@click.option("--input", "-i", "inputs", multiple=True, required=True, help="document records (files, dirs, globs)")
-@click.option("--output", "-o", required=True, type=click.Path(file_okay=False), callback=_local_only,
-              help="tokenizer directory to write")
-@click.option("--vocab-size", type=int, default=4096, show_default=True, help="tokens in the vocabulary, merges included")
-@click.option("--pretokenize", type=click.Choice(["han-chars", "han-pairs", "bytelevel"]), default="han-chars",
-              show_default=True, help="how text is cut before BPE merges: han-chars, every Han character a "
-              "token of its own (merges only inside other scripts); han-pairs, at most two Han characters per "
-              "token; bytelevel, GPT-2's rule (a whole run of Han characters may merge)")
-@click.option("--min-frequency", type=int, default=2, show_default=True,
-              help="a pair must occur this often to become a merge")
-def train(inputs, output, vocab_size, pretokenize, min_frequency):
-    """Train a byte-level BPE tokenizer on the text of document records (never on metadata)."""
+@tokenizer.command("train", help=stage_class("tokenizer").description, params=[
+    click.Option(["--input", "-i", "inputs"], multiple=True, required=True, help="document records (files, dirs, globs)"),
+    click.Option(["--output", "-o"], required=True, type=click.Path(file_okay=False), callback=_local_only,
+                 help="tokenizer directory to write"),
+    *_config_params(stage_class("tokenizer").Config)])
+def train(inputs, output, **values):
+    from dataclasses import asdict
+
+    from fuelline.pipeline.config import build_dataclass
     from fuelline.tokenizer.train import train_tokenizer
 
-    report = train_tokenizer(list(inputs), output, vocab_size=vocab_size, pretokenize=pretokenize,
-                             min_frequency=min_frequency)
+    config = build_dataclass(stage_class("tokenizer").Config, _given(values), "fuelline tokenizer train")
+    report = train_tokenizer(list(inputs), output, **asdict(config))
     click.echo(f"trained on {report['documents']:,} documents in {report['train_seconds']} s: "
                f"{report['vocab_size']:,} tokens, {report['tokens_per_char']} tokens per character, "
                f"{report['isolated_share']:.1%} of punctuation marks are tokens of their own; wrote {output}")

@@ -36,6 +36,7 @@ from fuelline.io.readers import RecordError, iter_file_records
 from fuelline.io.remote import refuse_url
 from fuelline.io.stage_layout import STAGE_PART_PREFIX
 from fuelline.pack.templates import TEMPLATES
+from fuelline.pipeline.options import identity_values, option
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.pipeline.task import resumed
 from fuelline.pipeline.workers import RunOptions, open_executor
@@ -44,20 +45,28 @@ from fuelline.records import unit_interval
 SPLITS = ("train", "val")
 SHARD_ARRAYS = ("ids", "val", "lengths", "mask", "dropped")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+BATCH_SIZE = 4096  # records per encode batch of the tokenizer
 
 
 @dataclass
 class PackConfig:
-    template: str = "poetry"
-    metadata_dropout: float = 0.25
-    val_fraction: float = 0.05
-    seed: int = 42
-    dtype: str = "auto"
-    chat_template: str = "chatml"  # template "chat": the chat template, and the limits below
-    max_length: int = 0  # 0: no limit
-    min_loss_tokens: int = 1
-    shard_size: int = 50_000
-    batch_size: int = 4096
+    """The options of `fuelline pack` and of a pipeline's pack step, declared once for both."""
+
+    tokenizer: str = option("@tokenizer", "tokenizer directory (from `fuelline tokenizer train` or `from-tiktoken`;"
+                            " in a pipeline file also @STEP)", identity=False, step_ref=True)
+    template: str = option("poetry", "documents: poetry or plain; chat records (SFT): chat, with an assistant-only "
+                           "mask", choices=list(TEMPLATES))
+    chat_template: str = option("chatml", "--template chat: chatml, qwen, qwen3, llama3, gemma4, or auto "
+                                "(the tokenizer's own Jinja)")
+    max_length: int = option(0, "--template chat: cut longer conversations at a turn boundary (0: no limit)")
+    min_loss_tokens: int = option(1, "--template chat: drop conversations with fewer supervised tokens")
+    metadata_dropout: float = option(0.25, "share of poetry documents packed without title, author and dynasty")
+    val_fraction: float = option(0.05, "share of documents that go to val/")
+    seed: int = option(42, "decides split and dropout per document")
+    dtype: str = option("auto", "token id type on disk; auto: uint16 when the vocabulary fits, else uint32",
+                        choices=["auto", *DTYPES])
+    threads: int = option(0, "tokenizer threads per worker (0: the library's own)", identity=False)
+    shard_size: int = option(50_000, "records per shard: the unit of work of a worker and of resume")
 
     def template_options(self, tokenizer_dir: str | os.PathLike) -> dict:
         options = {"metadata_dropout": self.metadata_dropout, "seed": self.seed}
@@ -115,7 +124,7 @@ def encode_shard(shard: InputShard, *, tokenizer_path: str, config: PackConfig, 
         if problem:
             raise RecordError(shard.source, line, problem)
         records.append(record)
-        if len(records) == config.batch_size:
+        if len(records) == BATCH_SIZE:
             flush()
     flush()
     ids = np.concatenate([p.ids for p in parts]) if parts else np.zeros(0, dtype=np.int64)
@@ -138,7 +147,7 @@ def encode_shard(shard: InputShard, *, tokenizer_path: str, config: PackConfig, 
 
 
 def _identity(files: list[Path], tokenizer_dir: Path, config: PackConfig) -> dict:
-    return {"config": asdict(config), "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer_dir),
+    return {"config": identity_values(config), "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer_dir),
             "inputs": describe_inputs(files)}
 
 
@@ -204,9 +213,11 @@ def split_stats(manifest: dict, lengths: np.ndarray, dropped: int) -> dict:
 
 
 def pack(inputs, tokenizer_dir: str | os.PathLike, output: str | os.PathLike, config: PackConfig | None = None, *,
-         workers: int | None = None, threads: int | None = None, restart: bool = False, progress: bool = True,
+         workers: int | None = None, restart: bool = False, progress: bool = True,
          executor: str = "local", ray_address: str | None = None) -> dict:
     """Pack document records into OUTPUT/train and OUTPUT/val; return (and write) stats.json.
+
+    `tokenizer_dir` is `config.tokenizer` made a directory by the caller (a pipeline's @STEP).
 
     `executor` and `ray_address` choose where the shards are tokenized (`RunOptions`); the bytes
     are the same on either.
@@ -228,12 +239,12 @@ def pack(inputs, tokenizer_dir: str | os.PathLike, output: str | os.PathLike, co
     # without the template's special tokens, before anything is written
     files = expand_inputs(inputs)
     with exclusive_output(output):
-        return _pack(files, tokenizer, tokenizer_dir, output, config, dtype, run_options, threads, restart, progress,
+        return _pack(files, tokenizer, tokenizer_dir, output, config, dtype, run_options, restart, progress,
                      started)
 
 
 def _pack(files, tokenizer, tokenizer_dir: Path, output: Path, config: PackConfig, dtype: str, run_options: RunOptions,
-          threads, restart: bool, progress: bool, started: float) -> dict:
+          restart: bool, progress: bool, started: float) -> dict:
     """`pack`, once the output's lock is held."""
     tokenizer_path = tokenizer_dir / "tokenizer.json"
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
@@ -260,7 +271,7 @@ def _pack(files, tokenizer, tokenizer_dir: Path, output: Path, config: PackConfi
         shards = plan_shards(files, config.shard_size)
         write_bytes_atomic(plan_path, orjson.dumps({"identity": identity, "shards": [s.to_json() for s in shards]}))
     encode = functools.partial(encode_shard, tokenizer_path=str(tokenizer_path), config=config, workdir=workdir,
-                               threads=threads)
+                               threads=config.threads or None)
     with open_executor(run_options, len(shards)) as executor:
         markers = executor.map(encode, shards, "pack: tokenizing", progress=progress)
     encoded = time.perf_counter()

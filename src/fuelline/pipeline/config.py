@@ -132,7 +132,8 @@ def load_pipeline(path: str | os.PathLike) -> list[PipelineStep]:
         names.add(name)
         inputs = table.pop("input", [])
         inputs = [inputs] if isinstance(inputs, str) else list(inputs)
-        run_values = {**defaults, **{k: table.pop(k) for k in list(table) if k in RUN_OPTION_KEYS}}
+        own = {f.name for f in dataclasses.fields(cls.Config)}  # pack's shard_size is its own, not the run's
+        run_values = {**defaults, **{k: table.pop(k) for k in list(table) if k in RUN_OPTION_KEYS - own}}
         options = build_dataclass(RunOptions, run_values, where)
         config = build_dataclass(cls.Config, table, f"{where} ({cls.name})")
         steps.append(PipelineStep(name, cls(config), options, inputs))

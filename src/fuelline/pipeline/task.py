@@ -17,6 +17,7 @@ import orjson
 
 from fuelline.io.paths import expand_inputs
 from fuelline.io.remote import is_url
+from fuelline.pipeline.options import identity_values
 from fuelline.pipeline.shards import describe_inputs
 from fuelline.pipeline.stage import StageConfig
 
@@ -24,16 +25,17 @@ from fuelline.pipeline.stage import StageConfig
 class Task:
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
-    Config: ClassVar[type[StageConfig]] = StageConfig
+    Config: ClassVar[type] = StageConfig  # a dataclass of `option` fields (pipeline/options.py)
     produces_records: ClassVar[bool] = False  # True: later steps read its output by default
     needs_input: ClassVar[bool] = True
     parallel: ClassVar[bool] = False  # True: runs on an executor; `run` takes `executor` and `ray_address` too
 
-    def __init__(self, config: StageConfig | None = None):
+    def __init__(self, config=None):
         self.config = config if config is not None else self.Config()
 
     def identity(self, inputs: list[str]) -> dict[str, Any]:
-        return {"task": self.name, "config": dataclasses.asdict(self.config),
+        """What a finished run is recognized by: the options that decide the output, and the inputs."""
+        return {"task": self.name, "config": identity_values(self.config),
                 "inputs": describe_inputs(expand_inputs(inputs)) if inputs else []}
 
     def finished(self, output: Path, inputs: list[str]) -> dict | None:
