@@ -28,7 +28,7 @@ def forward_alone(model_dir: Path, plan, layers: list[int], device) -> float:
     """Seconds for every batch of the plan's forward, synchronized, nothing else."""
     import torch
 
-    from fuelline.cache.build import load_model, padded_batch
+    from fuelline.cache.forward import load_model, padded_batch
     from fuelline.cache.capture import HiddenStateCapture
 
     capture = HiddenStateCapture(load_model(model_dir, device), layers)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
@@ -81,13 +80,15 @@ def build(model, inputs, output, layers, chat_template, max_length, min_loss_tok
     """Run the target over the conversations once and store its hidden states (resumable; torchrun for ranks)."""
     from fuelline.cache.build import build_cache
     from fuelline.cache.plan import CacheConfig
+    from fuelline.cache.ranks import Ranks
 
     config = CacheConfig(layers=_layers(layers), chat_template=chat_template, max_length=max_length,
                          min_loss_tokens=min_loss_tokens, format=fmt, hidden_dtype=hidden_dtype,
                          max_shard_bytes=max_shard_bytes, min_shards=min_shards, batch_tokens=batch_tokens,
                          device=device, force=force, writer_thread=not inline_writes, queue_bytes=queue_bytes)
-    stats = build_cache(model, list(inputs), output, config, progress=progress)
-    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, rank 0 reports
+    ranks = Ranks.from_env()  # torchrun's RANK, WORLD_SIZE, LOCAL_RANK: read here, once
+    stats = build_cache(model, list(inputs), output, config, progress=progress, ranks=ranks)
+    if ranks.rank != 0:  # under torchrun, rank 0 reports
         return
     click.echo(summary(stats, output))
 

@@ -22,20 +22,32 @@ import time
 from pathlib import Path
 
 import numpy as np
-import xxhash
 
 from fuelline.cache.plan import Shard
-from fuelline.formats.target_cache import Layout, index_entry, shard_name
+from fuelline.formats.target_cache import Layout, checksum_of, index_entry, shard_name
+
+
+def build_file(build_dir: Path, shard_id: int, suffix: str) -> Path:
+    """A shard's file in `.build/`: `.bin` (its data, the cache's own file name), `.idx` (its index
+    records), `.stats.json` (its timing); `.bin.partial` and `.idx.partial` while written."""
+    return build_dir / (shard_name(shard_id).removesuffix(".bin") + suffix)
+
+
+def shard_done(build_dir: Path, shard_id: int) -> bool:
+    """Its index has its final name, and its data lies in `.build/` or already in the cache (a merge
+    stopped midway moved it)."""
+    data = build_file(build_dir, shard_id, ".bin")
+    return build_file(build_dir, shard_id, ".idx").exists() and (data.exists() or (build_dir.parent / data.name).exists())
 
 
 class ShardWriter:
     def __init__(self, build_dir: Path, shard: Shard, layout: Layout, offsets: np.ndarray):
         """`offsets[k]`: where the shard's k-th record starts (len(offsets) = records + 1)."""
         self.shard, self.layout, self.offsets = shard, layout, offsets
-        name = shard_name(shard.shard_id)
-        self.data_path = build_dir / (name + ".partial")
-        self.index_path = build_dir / (name[: -len(".bin")] + ".idx.partial")
-        self.done_data, self.done_index = build_dir / name, build_dir / (name[: -len(".bin")] + ".idx")
+        self.data_path = build_file(build_dir, shard.shard_id, ".bin.partial")
+        self.index_path = build_file(build_dir, shard.shard_id, ".idx.partial")
+        self.done_data = build_file(build_dir, shard.shard_id, ".bin")
+        self.done_index = build_file(build_dir, shard.shard_id, ".idx")
         self.index_dtype = layout.index_dtype()
         self.data = self.index = None
 
@@ -65,12 +77,9 @@ class ShardWriter:
                 raise RuntimeError(f"{self.data_path}: record {position} would start at {self.data.tell():,}, "
                                    f"the plan says {offset:,}")
             parts, fields = self.layout.pieces(record_id, arrays)
-            digest = xxhash.xxh3_64()
-            for part in parts:
-                self.data.write(part)
-                digest.update(part)
+            self.data.writelines(parts)
             index[k] = index_entry(self.layout, self.shard.first_sample_id + position, self.shard.shard_id,
-                                   int(arrays["input_ids"].shape[0]), offset, fields, digest.intdigest(),
+                                   int(arrays["input_ids"].shape[0]), offset, fields, checksum_of(parts),
                                    len(record_id.encode("utf-8")), loss_tokens)
         self.data.flush()
         os.fsync(self.data.fileno())

@@ -63,6 +63,7 @@ BF16, FP8 = "bfloat16", "float8_e4m3fn"
 HIDDEN_DTYPES = {"bf16": BF16, "bfloat16": BF16, "fp8": FP8, "float8_e4m3fn": FP8}
 TOKEN_DTYPE, MASK_DTYPE, SCALE_DTYPE = "int32", "uint8", "float32"
 ALIGN = 64
+CHECKSUM = "xxh3_64"  # of records, index records and the manifest (fuelline format)
 FP8_MAX = 448.0  # the largest finite float8_e4m3fn
 
 TENSORS = ("input_ids", "attention_mask", "loss_mask", "target_hidden_states", "target_last_hidden_states")
@@ -209,7 +210,16 @@ class Layout:
 
 
 def checksum(data) -> int:
+    """The fuelline format's checksum of a record's bytes (`CHECKSUM`, named in its manifest)."""
     return xxhash.xxh3_64_intdigest(data)
+
+
+def checksum_of(parts) -> int:
+    """`checksum` of the buffers `parts` back to back, without joining them (as `pieces` returns a record)."""
+    digest = xxhash.xxh3_64()
+    for part in parts:
+        digest.update(part)
+    return digest.intdigest()
 
 
 def index_entry(layout: Layout, sample_id: int, shard_id: int, seq_len: int, offset: int, fields: dict[str, int],
@@ -220,6 +230,30 @@ def index_entry(layout: Layout, sample_id: int, shard_id: int, seq_len: int, off
     if layout.format == FUELLINE:  # index_checksum: filled by `seal_index` once the manifest is known
         return sample_id, shard_id, seq_len, offset, fields["end"], digest, id_len, loss_tokens, 0
     return (sample_id, shard_id, seq_len, *(offset + fields[name] for name in TENSORS))
+
+
+def cache_manifest(layout: Layout, layer_ids: list[int], shards: list[tuple[int, int]], build: dict[str, Any]) -> dict:
+    """The manifest of a finished cache. `shards`: each shard's (bytes, samples), in shard id order;
+    `build`: what the build records of itself, the manifest fields `target_model_name_or_path`,
+    `chat_template`, `max_length`, `min_loss_tokens`, `num_tokens`, `num_loss_tokens`,
+    `model_fingerprint`, `tokenizer_fingerprint` and `sources` (each input's path, size and sha256).
+    Version 2 keeps only what the reference writes, and the sources' paths."""
+    entries = [{"shard_id": k, "file_name": shard_name(k)} for k in range(len(shards))]
+    common = {
+        "num_samples": sum(samples for _, samples in shards), "num_shards": len(shards),
+        "target_layer_ids": list(layer_ids), "hidden_dtype": layout.hidden_dtype, "token_dtype": TOKEN_DTYPE,
+        "mask_dtype": MASK_DTYPE, "index_record_size": layout.index_dtype().itemsize,
+        "hidden_size": layout.hidden_size, "shards": entries,
+        **{key: build[key] for key in ("target_model_name_or_path", "chat_template", "max_length", "min_loss_tokens")},
+    }
+    if layout.format == DEEPSPEC_V2:
+        return {"version": DEEPSPEC_VERSION, **common, "source_jsonl_paths": [s["path"] for s in build["sources"]]}
+    for entry, (nbytes, samples) in zip(entries, shards):
+        entry.update(num_bytes=nbytes, num_samples=samples)
+    return {"format": FUELLINE_FORMAT_NAME, "version": FUELLINE_VERSION, **common, "alignment": ALIGN,
+            "checksum": CHECKSUM, "scale_dtype": SCALE_DTYPE if layout.scaled else None,
+            **{key: build[key] for key in ("model_fingerprint", "tokenizer_fingerprint", "sources", "num_tokens",
+                                           "num_loss_tokens")}}
 
 
 def manifest_digest(manifest: dict[str, Any]) -> int:

@@ -1,0 +1,87 @@
+"""The merge step of a cache build, on rank 0 once every shard is done: the shard files moved
+into the cache directory, the shard indexes concatenated into `samples.idx` (dense sample ids,
+sealed with the manifest's digest in the fuelline format), `stats.json`, and `manifest.json`
+last, so a cache with a manifest is whole.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from fuelline.cache.plan import CacheConfig, Plan, layout_for
+from fuelline.cache.writer import build_file, shard_done
+from fuelline.formats.target_cache import (FUELLINE, INDEX, STATS, Layout, cache_manifest, manifest_digest,
+                                           seal_index, shard_name, write_manifest)
+from fuelline.io.atomic import atomic_write, fsync_dir, write_bytes_atomic
+
+
+def merge(output: Path, plan: Plan, config: CacheConfig, wall_seconds: float) -> dict:
+    """Every shard done: shards into place, samples.idx, stats.json, then manifest.json; returns the stats."""
+    build = plan.build_dir
+    layout = layout_for(config, plan.hidden_size)
+    missing = [s.shard_id for s in plan.shards if not shard_done(build, s.shard_id)]
+    if missing:
+        raise RuntimeError(f"shard(s) {missing} are not finished; run the build again to finish them")
+    stats = _stats(plan, layout, config, wall_seconds)
+    manifest = _manifest(plan, layout, config, stats)
+    stats["manifest_digest"] = f"{manifest_digest(manifest):016x}"  # what verify and readers check it against
+    index = np.concatenate([np.fromfile(build_file(build, s.shard_id, ".idx"), dtype=layout.index_dtype())
+                            for s in plan.shards]) if plan.shards else np.zeros(0, layout.index_dtype())
+    if layout.format == FUELLINE:
+        seal_index(index, manifest)
+    with atomic_write(output / INDEX) as f:
+        f.write(index.tobytes())
+    for shard in plan.shards:
+        name = shard_name(shard.shard_id)
+        if (build / name).exists():
+            os.replace(build / name, output / name)
+    fsync_dir(output)
+    write_bytes_atomic(output / STATS, orjson.dumps(stats, option=orjson.OPT_INDENT_2))
+    write_manifest(output, manifest)
+    shutil.rmtree(build)
+    return stats
+
+
+def _stats(plan: Plan, layout: Layout, config: CacheConfig, wall_seconds: float) -> dict:
+    samples, _, _ = plan.tokens()
+    timing = {"forward_seconds": 0.0, "wait_seconds": 0.0, "write_seconds": 0.0, "wall_seconds": 0.0}
+    for shard in plan.shards:
+        path = build_file(plan.build_dir, shard.shard_id, ".stats.json")
+        if path.exists():
+            for key, value in orjson.loads(path.read_bytes()).items():
+                if key in timing:
+                    timing[key] += value
+    tokens = int(samples["length"].sum()) if len(samples) else 0
+    padded = sum(s.cost for s in plan.shards)
+    loss_tokens = int(samples["loss_tokens"].sum()) if len(samples) else 0
+    cache = {
+        "tokens": tokens, "loss_tokens": loss_tokens,
+        "supervised_share": round(loss_tokens / tokens, 4) if tokens else 0.0,
+        "padding_share": round(1 - tokens / padded, 4) if padded else 0.0,
+        "shards": len(plan.shards), "bytes": plan.total_bytes,
+        "bytes_per_token": round(plan.total_bytes / tokens, 2) if tokens else 0.0,
+        "format": config.format, "hidden_dtype": layout.hidden_dtype, "layers": list(config.layers),
+        "hidden_size": plan.hidden_size,
+        "forward_seconds": round(timing["forward_seconds"], 3), "writer_wait_seconds": round(timing["wait_seconds"], 3),
+        "write_seconds": round(timing["write_seconds"], 3), "shard_seconds": round(timing["wall_seconds"], 3),
+        "forward_share": round(timing["forward_seconds"] / timing["wall_seconds"], 4) if timing["wall_seconds"] else 0.0,
+    }
+    return {"stage": "cache", "identity": plan.identity, "records_in": plan.records_in, "records_out": len(samples),
+            "dropped": dict(sorted(plan.dropped.items())), "counters": {"truncated": plan.truncated},
+            "cache": cache, "wall_seconds": round(wall_seconds, 3)}
+
+
+def _manifest(plan: Plan, layout: Layout, config: CacheConfig, stats: dict) -> dict:
+    """The format's manifest, of what this build records of itself."""
+    identity = plan.identity
+    build = {"target_model_name_or_path": identity["model"], "chat_template": config.chat_template,
+             "max_length": config.max_length, "min_loss_tokens": config.min_loss_tokens,
+             "num_tokens": stats["cache"]["tokens"], "num_loss_tokens": stats["cache"]["loss_tokens"],
+             "model_fingerprint": identity["model_fingerprint"],
+             "tokenizer_fingerprint": identity["tokenizer_fingerprint"], "sources": identity["inputs"]}
+    return cache_manifest(layout, config.layers, [(s.nbytes, len(s.samples)) for s in plan.shards], build)
