@@ -10,9 +10,9 @@ import pytest
 
 from fuelline.cache.dataset import CacheDataset
 from fuelline.cache.inspect import cache_info, format_info, validate_for_draft, verify_cache
-from fuelline.cache.structure import LIMIT
 from fuelline.formats.target_cache import (BF16, DEEPSPEC_V2, FP8, FUELLINE, FUELLINE_INDEX, INDEX, MANIFEST,
                                            V2_INDEX, CacheFormatError, Layout, shard_name)
+from fuelline.formats.target_cache_checks import LIMIT
 
 from .synthetic import TARGET_MODEL, write_cache
 

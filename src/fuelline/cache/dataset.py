@@ -15,7 +15,7 @@ read a sample:
 Open shards are kept in a small LRU; the dataset pickles without them (DataLoader workers
 reopen what they read). Everything a damaged cache can get wrong is a `CacheFormatError` that
 names the file and the sample. Opening a cache makes every check that reads no record
-(`fuelline.cache.structure`: the manifest against stats.json and the index checksums, record
+(`fuelline.formats.target_cache_checks`: the manifest against stats.json and the index checksums, record
 sizes, bounds, shards tiled), so a manifest or index that lies is an error before the first
 sample; a shard that changes after that is one when a sample in it is read.
 
@@ -37,9 +37,9 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from fuelline.cache.fp8 import dequantize
-from fuelline.cache.structure import opened
 from fuelline.formats.target_cache import (FUELLINE, SCALES, CacheFormatError, checksum, layout_of, read_index,
                                            read_manifest)
+from fuelline.formats.target_cache_checks import opened
 
 HIDDEN = ("target_hidden_states", "target_last_hidden_states")
 RETURNED = ("input_ids", "loss_mask") + HIDDEN + SCALES  # attention_mask is all ones: never returned

@@ -3,8 +3,8 @@ and does it fit the draft model about to be trained on it (`validate_for_draft`)
 
 `verify_cache` lists every problem instead of stopping at the first, so one run tells what a
 damaged cache needs (rebuild a shard, or everything); the reader (`CacheDataset`) raises at the
-first problem it meets instead. Record contents are read shard by shard, in offset order,
-through a large buffer: sequential I/O, even on a network file system. numpy only: no torch.
+first problem it meets instead. The checks themselves are the format's
+(`fuelline.formats.target_cache_checks`). numpy only: no torch.
 """
 
 from __future__ import annotations
@@ -18,11 +18,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from fuelline.cache.structure import Problems, check_structure
 from fuelline.formats.target_cache import (FUELLINE, INDEX, MANIFEST, CacheFormatError, Layout, cache_format,
-                                           checksum, layout_of, read_index, read_manifest)
-
-READ_BUFFER = 16 << 20
+                                           layout_of, read_index, read_manifest)
+from fuelline.formats.target_cache_checks import Problems, check_records, check_structure, load_index
 
 
 def verify_cache(path: str | os.PathLike) -> list[str]:
@@ -44,61 +42,6 @@ def verify_cache(path: str | os.PathLike) -> list[str]:
     if layout.format == FUELLINE:
         check_records(directory, manifest, layout, index, spans, problems)
     return problems.result()
-
-
-def load_index(directory: Path, manifest: dict, layout: Layout, problems: Problems) -> np.ndarray | None:
-    """The index; when its size is wrong, the problem and then the whole records it does hold."""
-    path = directory / INDEX
-    try:
-        return np.asarray(read_index(directory, manifest))
-    except CacheFormatError as e:
-        problems.add("index", str(e))
-    except OSError as e:
-        problems.add("index", f"{path}: cannot be read ({e.strerror or e})")
-        return None
-    if not path.exists():
-        return None
-    dtype = layout.index_dtype()
-    return np.fromfile(path, dtype=dtype, count=path.stat().st_size // dtype.itemsize)
-
-
-def check_records(directory: Path, manifest: dict, layout: Layout, index: np.ndarray, spans: np.ndarray,
-                  problems: Problems) -> None:
-    """fuelline: read every readable record (in offset order, through a large buffer) and check
-    its checksum, its id, its loss token count and its attention mask."""
-    readable = (spans[:, 1] > spans[:, 0]) & (index["nbytes"] == layout.record_sizes(
-        index["seq_len"], index["id_len"]))
-    for k, entry in enumerate(manifest["shards"]):
-        samples = np.flatnonzero(readable & (index["shard_id"] == k))
-        if not len(samples):
-            continue
-        samples = samples[np.argsort(index["offset"][samples], kind="stable")]
-        name = entry["file_name"]
-        try:
-            with open(directory / name, "rb", buffering=READ_BUFFER) as f:
-                for i in samples.tolist():
-                    record = index[i]
-                    f.seek(int(record["offset"]))
-                    check_record(name, i, record, f.read(int(record["nbytes"])), layout, problems)
-        except OSError as e:
-            problems.add("unreadable shards", f"{name}: cannot be read ({e.strerror or e})")
-
-
-def check_record(shard: str, i: int, record, data: bytes, layout: Layout, problems: Problems) -> None:
-    if checksum(data) != int(record["checksum"]):
-        problems.add("checksums", f"{shard}: sample {i}: checksum mismatch (the record is damaged)")
-    seq_len, id_len = int(record["seq_len"]), int(record["id_len"])
-    try:
-        data[:id_len].decode("utf-8")
-    except UnicodeDecodeError:
-        problems.add("record ids", f"{shard}: sample {i}: the record id is not UTF-8")
-    at = layout.relative_offsets(seq_len, id_len)
-    loss = np.frombuffer(data, np.uint8, seq_len, at["loss_mask"])
-    if int(loss.sum()) != int(record["loss_tokens"]):
-        problems.add("loss tokens", f"{shard}: sample {i}: the loss mask has {int(loss.sum())} supervised tokens, "
-                                    f"the index says {int(record['loss_tokens'])}")
-    if not (np.frombuffer(data, np.uint8, seq_len, at["attention_mask"]) == 1).all():
-        problems.add("attention masks", f"{shard}: sample {i}: the attention mask is not all ones")
 
 
 def cache_info(path: str | os.PathLike) -> dict[str, Any]:

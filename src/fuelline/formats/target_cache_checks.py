@@ -1,7 +1,8 @@
-"""What a target cache's manifest, index and shard sizes must agree on, checked without reading a
-record: the checks `CacheDataset` makes when it opens a cache and `verify_cache` makes before it
-reads the records.
+"""The checks of a target cache's bytes (`target_cache.py` owns the bytes, this module what they
+must agree on). `CacheDataset` makes the structural ones when it opens a cache (`opened`);
+`fuelline cache verify` makes them all and lists every problem (`Problems`).
 
+Without reading a record (`check_structure`):
 - the manifest against `stats.json`, the build's own record of it, where there is one (caches
   built by DeepSpec have none): the fields both record, and the manifest's digest;
 - fuelline: every index record's `index_checksum`, which covers the record and the manifest;
@@ -14,6 +15,10 @@ reads the records.
 So a manifest or index that lies about sizes (hidden_size, layers, dtype, seq_len, offsets,
 shard ids) cannot place a tensor on bytes that are not its own. Every check is vectorized over
 the index: about 0.5 s for a million samples, most of it the index checksums.
+
+Reading every record (`check_records`, fuelline format): its checksum, UTF-8 id, loss token
+count and all-ones attention mask, shard by shard in offset order through a large buffer:
+sequential I/O, even on a network file system.
 """
 
 from __future__ import annotations
@@ -26,9 +31,11 @@ import numpy as np
 import orjson
 
 from fuelline.formats.target_cache import (ALIGN, FUELLINE, INDEX, MANIFEST, STATS, TENSORS, CacheFormatError,
-                                           Layout, cache_format, index_checksums, manifest_digest, read_index)
+                                           Layout, cache_format, checksum, index_checksums, manifest_digest,
+                                           read_index)
 
 LIMIT = 20  # problems of one kind listed before they are only counted
+READ_BUFFER = 16 << 20
 
 # Manifest fields and where stats.json records the same value (None: the key is the same).
 STATS_FIELDS = {
@@ -240,3 +247,58 @@ def check_tiling(manifest: dict, index: np.ndarray, spans: np.ndarray, sizes: li
         if int(ends[-1]) != sizes[k] and not (starts < ends[:-1]).any():
             problems.add("gaps", f"{name}: its samples end at byte {int(ends[-1]):,}, the shard holds {sizes[k]:,} "
                                  "bytes (bytes no sample owns)")
+
+
+def load_index(directory: Path, manifest: dict, layout: Layout, problems: Problems) -> np.ndarray | None:
+    """The index; when its size is wrong, the problem and then the whole records it does hold."""
+    path = directory / INDEX
+    try:
+        return np.asarray(read_index(directory, manifest))
+    except CacheFormatError as e:
+        problems.add("index", str(e))
+    except OSError as e:
+        problems.add("index", f"{path}: cannot be read ({e.strerror or e})")
+        return None
+    if not path.exists():
+        return None
+    dtype = layout.index_dtype()
+    return np.fromfile(path, dtype=dtype, count=path.stat().st_size // dtype.itemsize)
+
+
+def check_records(directory: Path, manifest: dict, layout: Layout, index: np.ndarray, spans: np.ndarray,
+                  problems: Problems) -> None:
+    """fuelline: read every readable record (in offset order, through a large buffer) and check
+    its checksum, its id, its loss token count and its attention mask."""
+    readable = (spans[:, 1] > spans[:, 0]) & (index["nbytes"] == layout.record_sizes(
+        index["seq_len"], index["id_len"]))
+    for k, entry in enumerate(manifest["shards"]):
+        samples = np.flatnonzero(readable & (index["shard_id"] == k))
+        if not len(samples):
+            continue
+        samples = samples[np.argsort(index["offset"][samples], kind="stable")]
+        name = entry["file_name"]
+        try:
+            with open(directory / name, "rb", buffering=READ_BUFFER) as f:
+                for i in samples.tolist():
+                    record = index[i]
+                    f.seek(int(record["offset"]))
+                    check_record(name, i, record, f.read(int(record["nbytes"])), layout, problems)
+        except OSError as e:
+            problems.add("unreadable shards", f"{name}: cannot be read ({e.strerror or e})")
+
+
+def check_record(shard: str, i: int, record, data: bytes, layout: Layout, problems: Problems) -> None:
+    if checksum(data) != int(record["checksum"]):
+        problems.add("checksums", f"{shard}: sample {i}: checksum mismatch (the record is damaged)")
+    seq_len, id_len = int(record["seq_len"]), int(record["id_len"])
+    try:
+        data[:id_len].decode("utf-8")
+    except UnicodeDecodeError:
+        problems.add("record ids", f"{shard}: sample {i}: the record id is not UTF-8")
+    at = layout.relative_offsets(seq_len, id_len)
+    loss = np.frombuffer(data, np.uint8, seq_len, at["loss_mask"])
+    if int(loss.sum()) != int(record["loss_tokens"]):
+        problems.add("loss tokens", f"{shard}: sample {i}: the loss mask has {int(loss.sum())} supervised tokens, "
+                                    f"the index says {int(record['loss_tokens'])}")
+    if not (np.frombuffer(data, np.uint8, seq_len, at["attention_mask"]) == 1).all():
+        problems.add("attention masks", f"{shard}: sample {i}: the attention mask is not all ones")
