@@ -18,6 +18,7 @@ from fuelline.io.remote import is_url, refuse_url
 from fuelline.pipeline.workers import EXECUTORS
 from fuelline.pipeline.registry import STAGES, stage_class
 from fuelline.cache.cli import cache as cache_group
+from fuelline.chat.regenerate import RegenerateConfig
 from fuelline.serve.cli import serve_command
 
 # Exceptions that mean a mistake in what the user gave (a path, an option, a file's content) and
@@ -207,31 +208,37 @@ def _option_for(field: dataclasses.Field, hint) -> click.Option:
     the Config's own default (or a --config file's value) applies; help shows the Config's default."""
     from fuelline.pipeline.options import NO_DEFAULT, default_of
 
-    flag = "--" + field.name.replace("_", "-")
+    flag, name = field.metadata.get("flag") or "--" + field.name.replace("_", "-"), field.name
     help_text = field.metadata.get("help", "")
     if field.metadata.get("step_ref"):  # a pipeline's @STEP; here a directory that must exist
-        return click.Option([flag], required=True, type=click.Path(exists=True, file_okay=False), help=help_text)
+        return click.Option([flag, name], required=True, type=click.Path(exists=True, file_okay=False), help=help_text)
     default = default_of(field)
     shown = ",".join(map(str, default)) if isinstance(default, list) else default
     if shown not in (NO_DEFAULT, None, "") and not isinstance(shown, bool):
         help_text += f"  [default: {shown}]"
     if hint is bool or _optional_of(hint) is bool:
-        return click.Option([f"{flag}/--no-{field.name.replace('_', '-')}"], default=None, help=help_text)
+        return click.Option([f"{flag}/--no-{flag[2:]}", name], default=None, help=help_text)
+    if field.metadata.get("comma_list"):
+        return click.Option([flag, name], default=None, help=help_text,
+                            callback=lambda _ctx, _param, value: None if value is None else value.split(","))
     if typing.get_origin(hint) is list:
         (item,) = typing.get_args(hint)
-        return click.Option([flag], multiple=True, type=item, help=f"{help_text} (repeatable)")
+        return click.Option([flag, name], multiple=True, type=item, help=f"{help_text} (repeatable)")
     choices = field.metadata.get("choices")
     if choices:
         kind = click.Choice(choices)
+    elif field.metadata.get("existing_file"):
+        kind = click.Path(exists=True, dir_okay=False)
     else:  # `int | None` and the like: the non-None member
         kind = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
-    return click.Option([flag], type=kind, default=None, help=help_text)
+    return click.Option([flag, name], type=kind, default=None, help=help_text)
 
 
 def _config_params(config_cls) -> list[click.Option]:
-    """One option per field of a step's Config."""
-    hints = typing.get_type_hints(config_cls)
-    return [_option_for(f, hints[f.name]) for f in dataclasses.fields(config_cls)]
+    """One option per option of a step's Config (those of its groups included)."""
+    from fuelline.pipeline.options import option_fields
+
+    return [_option_for(f, hint) for f, hint in option_fields(config_cls)]
 
 
 def _given(values: dict) -> dict:
@@ -368,49 +375,22 @@ def _chat_prepare_command() -> click.Command:
 chat.add_command(_chat_prepare_command())
 
 
-@chat.command("regenerate")
-@click.option("--input", "-i", "inputs", multiple=True, required=True, help="chat records (files, dirs, globs)")
-@click.option("--output", "-o", required=True, type=click.Path(), callback=_local_only,
-              help="OUT.jsonl (errors in OUT.jsonl.errors, stats in OUT.stats.json), or a directory for all three")
-@click.option("--server", "servers", multiple=True, help="HOST:PORT or URL of an OpenAI-compatible server (repeatable)")
-@click.option("--servers-file", type=click.Path(exists=True, dir_okay=False), help="written by `fuelline serve`")
-@click.option("--model", default=None, help="model name sent with each request (default: the servers file's)")
-@click.option("--concurrency", type=int, default=64, show_default=True, help="requests in flight per server")
-@click.option("--preset", type=click.Choice(["qwen3", "gemma4", "none"]), default="none", show_default=True,
-              help="the target family's recommended sampling (qwen3: temperature 0.7, top-p 0.8, top-k 20; gemma4: 1.0, "
-                   "0.95, 64; none: the server's defaults); explicit values override it")
-@click.option("--temperature", type=float, default=None, help="sampling temperature (default: the preset's, else the server's)")
-@click.option("--top-p", type=float, default=None, help="nucleus sampling: keep the smallest set of tokens with this mass")
-@click.option("--top-k", type=int, default=None, help="sample among the K most likely tokens")
-@click.option("--min-p", type=float, default=None, help="drop tokens below this share of the likeliest token's probability")
-@click.option("--max-tokens", type=int, default=4096, show_default=True, help="most tokens generated per answer")
-@click.option("--disable-thinking", is_flag=True, help="send chat_template_kwargs {enable_thinking: false}")
-@click.option("--drop-truncated", is_flag=True, help="drop conversations with an answer cut by --max-tokens")
-@click.option("--keep-empty-answers", is_flag=True,
-              help="take empty and whitespace-only answers (default: failures, retried, then in OUT.errors)")
-@click.option("--finish-reasons", default="stop,length", show_default=True,
-              help="finish reasons of the answers taken, comma-separated; an answer ending otherwise (abort, ...) "
-                   "is a failure, retried, then in OUT.errors")
-@click.option("--resume", is_flag=True, help="continue OUT: skip the ids it holds (a torn last line is cut off)")
-@click.option("--request-timeout", type=float, default=600.0, show_default=True, help="seconds per request")
-@click.option("--attempts", type=int, default=5, show_default=True, help="tries per request before it fails for good")
-@click.option("--all-down-timeout", type=float, default=300.0, show_default=True,
-              help="seconds without any server answering before the run stops with an error")
-@click.option("--quiet", "-q", is_flag=True, help="no progress bar")
-def regenerate_command(inputs, output, servers, servers_file, model, concurrency, preset, temperature, top_p, top_k,
-                       min_p, max_tokens, disable_thinking, drop_truncated, keep_empty_answers, finish_reasons, resume,
-                       request_timeout, attempts, all_down_timeout, quiet):
-    """Regenerate every assistant answer with the target model, through OpenAI-compatible servers."""
-    from fuelline.chat.regenerate import RegenerateConfig, regenerate, resolve_servers
-    from fuelline.serve.client import ClientConfig
+@chat.command("regenerate", help=stage_class("regenerate").description, params=[
+    click.Option(["--input", "-i", "inputs"], multiple=True, required=True, help="chat records (files, dirs, globs)"),
+    click.Option(["--output", "-o"], required=True, type=click.Path(), callback=_local_only,
+                 help="OUT.jsonl (errors in OUT.jsonl.errors, stats in OUT.stats.json), or a directory for all three"),
+    *_config_params(RegenerateConfig),
+    click.Option(["--resume"], is_flag=True, help="continue OUT: skip the ids it holds (a torn last line is cut off)"),
+    click.Option(["--quiet", "-q"], is_flag=True, help="no progress bar")])
+def regenerate_command(inputs, output, resume, quiet, **values):
+    from dataclasses import replace
 
-    model, urls = resolve_servers(model, list(servers), servers_file)
-    config = RegenerateConfig(model=model, preset=preset, temperature=temperature, top_p=top_p, top_k=top_k,
-                              min_p=min_p, max_tokens=max_tokens, disable_thinking=disable_thinking,
-                              drop_truncated=drop_truncated, keep_empty_answers=keep_empty_answers,
-                              finish_reasons=tuple(finish_reasons.split(",")),
-                              client=ClientConfig(concurrency=concurrency, request_timeout=request_timeout,
-                                                  attempts=attempts, all_down_timeout=all_down_timeout))
+    from fuelline.chat.regenerate import regenerate, resolve_servers
+    from fuelline.pipeline.config import build_dataclass
+
+    config = build_dataclass(RegenerateConfig, _given(values), "fuelline chat regenerate")
+    model, urls = resolve_servers(config.model, config.servers, config.servers_file)
+    config = replace(config, model=model)
     try:
         stats = regenerate(list(inputs), output, urls, config, resume=resume, progress=not quiet,
                            warn=lambda message: click.echo(message, err=True))

@@ -9,13 +9,16 @@ from click.testing import CliRunner
 
 from fuelline.cli import main
 from fuelline.pipeline.config import load_pipeline, run_pipeline
+from fuelline.pipeline.options import option_fields
 
 # step -> (its CLI command, the arguments it requires besides --input and --output)
 STEPS = {
     "pack": (["pack"], ["--tokenizer", "{dir}"]),
     "tokenizer": (["tokenizer", "train"], []),
+    "regenerate": (["chat", "regenerate"], []),
 }
-NOT_OPTIONS = {"inputs", "output", "workers", "restart", "quiet", "executor", "ray_address"}  # where and how it runs
+NOT_OPTIONS = {"inputs", "output", "workers", "restart", "resume", "quiet", "executor", "ray_address"}  # where and how it runs
+PIPELINE_ONLY = {"regenerate": {"serve_model", "serve_engine", "serve_ports", "serve_gpus_per_server"}}  # servers a step starts
 
 
 def _command(words):
@@ -25,8 +28,8 @@ def _command(words):
     return command
 
 
-def _cli_config(step, tmp_path, monkeypatch):
-    """The config the CLI command builds when given only what it requires."""
+def _cli_config(step, tmp_path, monkeypatch, *given):
+    """The config the CLI command builds when given what it requires and `given`."""
     from fuelline.pipeline import config
 
     words, required = STEPS[step]
@@ -38,7 +41,7 @@ def _cli_config(step, tmp_path, monkeypatch):
 
     monkeypatch.setattr(config, "build_dataclass", capture)
     args = [a.format(dir=tmp_path) for a in required]
-    result = CliRunner().invoke(main, [*words, "-i", str(tmp_path), "-o", str(tmp_path / "out"), *args])
+    result = CliRunner().invoke(main, [*words, "-i", str(tmp_path), "-o", str(tmp_path / "out"), *args, *given])
     assert seen, result.output
     return seen[0]
 
@@ -48,12 +51,12 @@ def test_the_cli_and_a_pipeline_file_take_the_same_keys_and_defaults(step, tmp_p
     pipeline = tmp_path / "p.toml"
     pipeline.write_text(f'[[stage]]\nuse = "{step}"\n')
     from_file = load_pipeline(pipeline)[0].stage.config
-    keys = {f.name for f in dataclasses.fields(from_file)}
+    keys = {f.name for f, _ in option_fields(type(from_file))} - PIPELINE_ONLY.get(step, set())
     assert {p.name for p in _command(STEPS[step][0]).params} - NOT_OPTIONS == keys
     from_cli = _cli_config(step, tmp_path, monkeypatch)
-    references = {f.name for f in dataclasses.fields(from_file) if f.metadata.get("step_ref")}  # @STEP in a file
-    assert {k: v for k, v in dataclasses.asdict(from_cli).items() if k not in references} == \
-        {k: v for k, v in dataclasses.asdict(from_file).items() if k not in references}
+    references = {f.name for f, _ in option_fields(type(from_file)) if f.metadata.get("step_ref")}  # @STEP in a file
+    compared = dataclasses.asdict(from_file).keys() - references - PIPELINE_ONLY.get(step, set())
+    assert {k: dataclasses.asdict(from_cli)[k] for k in compared} == {k: dataclasses.asdict(from_file)[k] for k in compared}
 
 
 def test_a_pack_steps_shard_size_sets_its_number_of_shards(tmp_path):
@@ -72,3 +75,18 @@ def test_a_pack_step_refuses_an_unknown_key_and_lists_the_known_ones(tmp_path):
     pipeline.write_text('[[stage]]\nuse = "pack"\nshard_sise = 3\n')
     with pytest.raises(ValueError, match=r"unknown option\(s\) shard_sise; valid: .*shard_size"):
         load_pipeline(pipeline)
+
+
+def test_regenerate_options_reach_its_config_from_the_cli_and_from_a_pipeline_file(tmp_path, monkeypatch):
+    from_cli = _cli_config("regenerate", tmp_path, monkeypatch, "--server", "a:1", "--server", "b:2",
+                           "--finish-reasons", "stop,abort", "--concurrency", "3", "--disable-thinking")
+    monkeypatch.undo()
+    assert (from_cli.servers, from_cli.finish_reasons, from_cli.client.concurrency, from_cli.disable_thinking) == \
+        (["a:1", "b:2"], ["stop", "abort"], 3, True)
+    pipeline = tmp_path / "p.toml"
+    pipeline.write_text('[[stage]]\nuse = "regenerate"\nmodel = "m"\nconcurrency = 3\nfinish_reasons = ["stop"]\n')
+    step = load_pipeline(pipeline)[0].stage
+    assert (step.config.client.concurrency, step.config.finish_reasons) == (3, ["stop"])
+    identity = step.identity([])["config"]
+    assert identity["model"] == "m" and identity["finish_reasons"] == ["stop"]
+    assert not {"servers", "servers_file", "concurrency", "serve_ports", "backoff"} & identity.keys()  # how, not what

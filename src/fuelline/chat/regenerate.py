@@ -44,6 +44,7 @@ from fuelline.io.atomic import write_bytes_atomic
 from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import expand_inputs
 from fuelline.io.readers import RecordError, count_units, iter_file_records
+from fuelline.pipeline.options import option
 from fuelline.serve.client import ClientConfig, Completion, NoServerError, RequestFailed, ServerPool
 
 # Recommended sampling of each target family in non-thinking mode (temperature, top_p, top_k, min_p).
@@ -60,17 +61,28 @@ FSYNC_EVERY_S = 1.0
 
 @dataclass
 class RegenerateConfig:
-    model: str
-    preset: str = "none"
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    max_tokens: int = 4096
-    disable_thinking: bool = False
-    drop_truncated: bool = False
-    keep_empty_answers: bool = False
-    finish_reasons: tuple[str, ...] = TAKEN_FINISH_REASONS  # answers ending otherwise are failures
+    """The options of `fuelline chat regenerate` and of a pipeline's regenerate step: which model, which
+    servers, how it samples, which answers it takes, and (`client`) how requests are sent."""
+
+    model: str = option("", "model name sent with each request (default: the servers file's)")
+    servers: list[str] = option(help="HOST:PORT or URL of an OpenAI-compatible server", factory=list,
+                                flag="--server", identity=False)
+    servers_file: str = option("", "written by `fuelline serve`", existing_file=True, identity=False)
+    preset: str = option("none", "the target family's recommended sampling (qwen3: temperature 0.7, top-p 0.8, "
+                         "top-k 20; gemma4: 1.0, 0.95, 64; none: the server's defaults); explicit values override it",
+                         choices=list(PRESETS))
+    temperature: float | None = option(None, "sampling temperature (default: the preset's, else the server's)")
+    top_p: float | None = option(None, "nucleus sampling: keep the smallest set of tokens with this mass")
+    top_k: int | None = option(None, "sample among the K most likely tokens")
+    min_p: float | None = option(None, "drop tokens below this share of the likeliest token's probability")
+    max_tokens: int = option(4096, "most tokens generated per answer")
+    disable_thinking: bool = option(False, "send chat_template_kwargs {enable_thinking: false}")
+    drop_truncated: bool = option(False, "drop conversations with an answer cut by --max-tokens")
+    keep_empty_answers: bool = option(False, "take empty and whitespace-only answers (default: failures, retried, "
+                                      "then in OUT.errors)")
+    finish_reasons: list[str] = option(help="finish reasons of the answers taken, comma-separated; an answer ending "
+                                       "otherwise (abort, ...) is a failure, retried, then in OUT.errors",
+                                       factory=lambda: list(TAKEN_FINISH_REASONS), comma_list=True)
     client: ClientConfig = field(default_factory=ClientConfig)
 
     def __post_init__(self):
@@ -78,7 +90,7 @@ class RegenerateConfig:
             raise ValueError(f"unknown preset {self.preset!r}; choose one of {', '.join(PRESETS)}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, not {self.max_tokens}")
-        self.finish_reasons = tuple(r.strip() for r in self.finish_reasons if r.strip())
+        self.finish_reasons = [r.strip() for r in self.finish_reasons if r.strip()]
         if not self.finish_reasons:
             raise ValueError("finish_reasons is empty: no answer would be taken (the default is stop,length)")
 

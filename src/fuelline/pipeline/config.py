@@ -33,6 +33,7 @@ from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import expand_inputs
 from fuelline.io.remote import refuse_url
 from fuelline.pipeline.executor import RunOptions, run_stage
+from fuelline.pipeline.options import build_config, option_fields
 from fuelline.pipeline.ray_executor import RayExecutor
 from fuelline.pipeline.registry import stage_class
 from fuelline.pipeline.stage import Stage
@@ -78,16 +79,16 @@ def describe_type(hint: Any) -> str:
 
 
 def build_dataclass(cls: type, values: dict[str, Any], where: str):
-    """An instance of dataclass `cls` from `values`, refusing unknown keys and wrong types."""
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
+    """An instance of dataclass `cls` from `values` (its options, pipeline/options.py), refusing
+    unknown keys and wrong types."""
+    hints = {f.name: hint for f, hint in option_fields(cls)}
+    unknown = sorted(set(values) - set(hints))
     if unknown:
-        raise ValueError(f"{where}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+        raise ValueError(f"{where}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(sorted(hints))}")
     for key, value in values.items():
         if not _check_type(value, hints[key]):
             raise ValueError(f"{where}: option {key!r} must be {describe_type(hints[key])}, found {value!r}")
-    return cls(**values)
+    return build_config(cls, values)
 
 
 @dataclass
@@ -132,7 +133,7 @@ def load_pipeline(path: str | os.PathLike) -> list[PipelineStep]:
         names.add(name)
         inputs = table.pop("input", [])
         inputs = [inputs] if isinstance(inputs, str) else list(inputs)
-        own = {f.name for f in dataclasses.fields(cls.Config)}  # pack's shard_size is its own, not the run's
+        own = {f.name for f, _ in option_fields(cls.Config)}  # pack's shard_size is its own, not the run's
         run_values = {**defaults, **{k: table.pop(k) for k in list(table) if k in RUN_OPTION_KEYS - own}}
         options = build_dataclass(RunOptions, run_values, where)
         config = build_dataclass(cls.Config, table, f"{where} ({cls.name})")

@@ -4,11 +4,15 @@ Each field carries its default, its help text, its choices, and whether it is pa
 step makes (`identity`): `--threads` or `--concurrency` change how fast, never what, so a run
 that differs only in them resumes. The CLI options (cli.py), the pipeline-file keys
 (pipeline/config.py) and the identity a finished step is recognized by are all read from here.
+
+A field whose type is itself such a dataclass is a group (regenerate's `client`): its options are
+the step's options too, with flat names (`concurrency`, not `client.concurrency`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -17,10 +21,16 @@ NO_DEFAULT = dataclasses.MISSING
 
 def option(default: Any = NO_DEFAULT, help: str = "", *, factory: Callable[[], Any] | None = None,
            choices: list[str] | tuple[str, ...] | None = None, identity: bool = True,
-           step_ref: bool = False) -> Any:
+           step_ref: bool = False, flag: str | None = None, comma_list: bool = False,
+           existing_file: bool = False, user: bool = True) -> Any:
     """A Config field. `step_ref`: a directory that a pipeline file may name as @STEP (an earlier
-    step's output, the default there); the CLI requires it and checks that it exists."""
-    metadata = {"help": help, "identity": identity, "step_ref": step_ref}
+    step's output, the default there); the CLI requires it and checks that it exists. `flag`: the
+    CLI flag when it is not the field's name (`--server` for `servers`); `comma_list`: a list given
+    on the CLI as one comma-separated value (`--finish-reasons stop,length`); `existing_file`: the
+    CLI checks that the file exists. `user=False`: a tuning knob for tests and benchmarks, neither
+    a CLI option nor a pipeline key."""
+    metadata = {"help": help, "identity": identity, "step_ref": step_ref, "flag": flag, "comma_list": comma_list,
+                "existing_file": existing_file, "user": user}
     if choices:
         metadata["choices"] = list(choices)
     if factory is not None:
@@ -35,7 +45,39 @@ def default_of(field: dataclasses.Field) -> Any:
     return field.default
 
 
+def _groups(cls: type) -> dict[str, type]:
+    """The fields of `cls` that are groups of options, and the group's class."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])}
+
+
+def option_fields(cls: type) -> list[tuple[dataclasses.Field, Any]]:
+    """(field, type hint) of every user option of Config class `cls`, those of its groups included."""
+    hints, groups = typing.get_type_hints(cls), _groups(cls)
+    found = []
+    for f in dataclasses.fields(cls):
+        if f.name in groups:
+            found += option_fields(groups[f.name])
+        elif f.metadata.get("user", True):
+            found.append((f, hints[f.name]))
+    return found
+
+
+def build_config(cls: type, values: dict[str, Any]):
+    """`cls` from flat option values: a group's options go to the group, the others keep their defaults."""
+    values = dict(values)
+    for name, group in _groups(cls).items():
+        own = {f.name for f, _ in option_fields(group)}
+        values[name] = build_config(group, {k: values.pop(k) for k in list(values) if k in own})
+    return cls(**values)
+
+
 def identity_values(config) -> dict[str, Any]:
-    """The fields of `config` that decide what the step writes, as plain values."""
-    values = dataclasses.asdict(config)
-    return {f.name: values[f.name] for f in dataclasses.fields(config) if f.metadata.get("identity", True)}
+    """The options of `config` that decide what the step writes, as plain values."""
+    plain, values = dataclasses.asdict(config), {}
+    for f in dataclasses.fields(config):
+        if dataclasses.is_dataclass(getattr(config, f.name)):
+            values.update(identity_values(getattr(config, f.name)))
+        elif f.metadata.get("identity", True):
+            values[f.name] = plain[f.name]
+    return values

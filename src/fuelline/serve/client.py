@@ -25,6 +25,8 @@ from typing import Any
 
 import orjson
 
+from fuelline.pipeline.options import option
+
 RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
 UNEXPECTED_FIELDS = re.compile(r"[Uu]nexpected fields?[^{\[]*[{\[]([^}\]]*)[}\]]")
 
@@ -73,14 +75,18 @@ class Server:
 
 @dataclass
 class ClientConfig:
-    concurrency: int = 64  # requests in flight per server
-    request_timeout: float = 600.0
-    attempts: int = 5
-    backoff: float = 0.5  # seconds before the first retry, doubled each time, at most backoff_max
-    backoff_max: float = 30.0
-    failures_to_rest: int = 3
-    probe_interval: float = 2.0
-    all_down_timeout: float = 300.0
+    """How requests are sent and retried; none of it changes the answers, so none is part of a step's identity."""
+
+    concurrency: int = option(64, "requests in flight per server", identity=False)
+    request_timeout: float = option(600.0, "seconds per request", identity=False)
+    attempts: int = option(5, "tries per request before it fails for good", identity=False)
+    all_down_timeout: float = option(300.0, "seconds without any server answering before the run stops with an "
+                                     "error", identity=False)
+    backoff: float = option(0.5, "seconds before the first retry, doubled each time, at most backoff_max",
+                            identity=False, user=False)
+    backoff_max: float = option(30.0, "longest wait between retries", identity=False, user=False)
+    failures_to_rest: int = option(3, "failures in a row that rest a server", identity=False, user=False)
+    probe_interval: float = option(2.0, "seconds between probes of a resting server", identity=False, user=False)
 
 
 def parse_server(address: str) -> str:
