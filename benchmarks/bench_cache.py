@@ -197,7 +197,7 @@ def main() -> None:
         overlap_chats = work / "overlap.jsonl"  # fewer conversations: each mode runs twice, alternating
         overlap_chats.write_text("".join(chats.read_text().splitlines(keepends=True)[: args.conversations // 2]))
         for name, threaded in [("writer thread", True), ("inline", False)] * 2:
-            stats = build(model, overlap_chats, work / f"run-{name}", writer_thread=threaded)
+            stats = build(model, overlap_chats, work / f"run-{name}", inline_writes=not threaded)
             if name in runs and runs[name]["shard_seconds"] <= stats["shard_seconds"]:
                 continue  # keep the less disturbed of the two
             runs[name] = {"conversations_per_s": round(stats["records_out"] / stats["shard_seconds"], 2),

@@ -6,9 +6,6 @@ one help text, for the CLI and for pipeline files alike. Heavy imports happen in
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
 from pathlib import Path
 
 import click
@@ -19,6 +16,7 @@ from fuelline.pipeline.workers import EXECUTORS
 from fuelline.pipeline.registry import STAGES, stage_class
 from fuelline.cache.cli import cache as cache_group
 from fuelline.chat.regenerate import RegenerateConfig
+from fuelline.cli_options import config_params, given
 from fuelline.serve.cli import serve_command
 
 # Exceptions that mean a mistake in what the user gave (a path, an option, a file's content) and
@@ -203,57 +201,6 @@ def run(pipeline_file, run_dir, inputs, workers, restart, quiet, executor, ray_a
     _print_stats(all_stats, _step_dirs(run_dir, len(all_stats)))
 
 
-def _option_for(field: dataclasses.Field, hint) -> click.Option:
-    """The CLI option of a Config field (pipeline/options.py). Its default is None, "not given", so
-    the Config's own default (or a --config file's value) applies; help shows the Config's default."""
-    from fuelline.pipeline.options import NO_DEFAULT, default_of
-
-    flag, name = field.metadata.get("flag") or "--" + field.name.replace("_", "-"), field.name
-    help_text = field.metadata.get("help", "")
-    if field.metadata.get("step_ref"):  # a pipeline's @STEP; here a directory that must exist
-        return click.Option([flag, name], required=True, type=click.Path(exists=True, file_okay=False), help=help_text)
-    default = default_of(field)
-    shown = ",".join(map(str, default)) if isinstance(default, list) else default
-    if shown not in (NO_DEFAULT, None, "") and not isinstance(shown, bool):
-        help_text += f"  [default: {shown}]"
-    if hint is bool or _optional_of(hint) is bool:
-        return click.Option([f"{flag}/--no-{flag[2:]}", name], default=None, help=help_text)
-    if field.metadata.get("comma_list"):
-        return click.Option([flag, name], default=None, help=help_text,
-                            callback=lambda _ctx, _param, value: None if value is None else value.split(","))
-    if typing.get_origin(hint) is list:
-        (item,) = typing.get_args(hint)
-        return click.Option([flag, name], multiple=True, type=item, help=f"{help_text} (repeatable)")
-    choices = field.metadata.get("choices")
-    if choices:
-        kind = click.Choice(choices)
-    elif field.metadata.get("existing_file"):
-        kind = click.Path(exists=True, dir_okay=False)
-    else:  # `int | None` and the like: the non-None member
-        kind = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
-    return click.Option([flag, name], type=kind, default=None, help=help_text)
-
-
-def _config_params(config_cls) -> list[click.Option]:
-    """One option per option of a step's Config (those of its groups included)."""
-    from fuelline.pipeline.options import option_fields
-
-    return [_option_for(f, hint) for f, hint in option_fields(config_cls)]
-
-
-def _given(values: dict) -> dict:
-    """The options given on the command line (None and () are "not given"), lists as lists."""
-    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in values.items() if v is not None and v != ()}
-
-
-def _optional_of(hint):
-    """X for `X | None`, else None."""
-    if typing.get_origin(hint) not in (typing.Union, types.UnionType):
-        return None
-    members = [t for t in typing.get_args(hint) if t is not type(None)]
-    return members[0] if len(members) == 1 else None
-
-
 def _stage_options(cls) -> list[click.Option]:
     """Input, run options, `--config` and the stage's own options (its Config's fields)."""
     params = [
@@ -267,7 +214,7 @@ def _stage_options(cls) -> list[click.Option]:
         click.Option(["--no-rejects"], is_flag=True, help="count dropped records but do not keep them"),
         click.Option(["--config", "config_file"], type=click.Path(exists=True, dir_okay=False),
                      help="TOML file of this stage's options; options given here override it"),
-        *_config_params(cls.Config),
+        *config_params(cls.Config),
     ]
     if hasattr(cls, "explain_report"):  # stages that can show why they would remove what they remove
         params.append(click.Option(["--explain"], type=int, is_flag=False, flag_value=30, default=None,
@@ -283,7 +230,7 @@ def _run_from_cli(name: str, cls, inputs, output, *, workers, restart, quiet, ex
     from fuelline.pipeline.executor import RunOptions, run_stage
 
     from_file = read_toml(config_file) if config_file else {}
-    config = build_dataclass(cls.Config, {**from_file, **_given(values)}, config_file or f"fuelline {name}")
+    config = build_dataclass(cls.Config, {**from_file, **given(values)}, config_file or f"fuelline {name}")
     if explain:
         click.echo(cls.explain_report(list(inputs), config, explain))
         return None
@@ -379,7 +326,7 @@ chat.add_command(_chat_prepare_command())
     click.Option(["--input", "-i", "inputs"], multiple=True, required=True, help="chat records (files, dirs, globs)"),
     click.Option(["--output", "-o"], required=True, type=click.Path(), callback=_local_only,
                  help="OUT.jsonl (errors in OUT.jsonl.errors, stats in OUT.stats.json), or a directory for all three"),
-    *_config_params(RegenerateConfig),
+    *config_params(RegenerateConfig),
     click.Option(["--resume"], is_flag=True, help="continue OUT: skip the ids it holds (a torn last line is cut off)"),
     click.Option(["--quiet", "-q"], is_flag=True, help="no progress bar")])
 def regenerate_command(inputs, output, resume, quiet, **values):
@@ -388,7 +335,7 @@ def regenerate_command(inputs, output, resume, quiet, **values):
     from fuelline.chat.regenerate import regenerate, resolve_servers
     from fuelline.pipeline.config import build_dataclass
 
-    config = build_dataclass(RegenerateConfig, _given(values), "fuelline chat regenerate")
+    config = build_dataclass(RegenerateConfig, given(values), "fuelline chat regenerate")
     model, urls = resolve_servers(config.model, config.servers, config.servers_file)
     config = replace(config, model=model)
     try:
@@ -418,13 +365,13 @@ chat.add_command(_stage_command("chat-from-poetry", "from-poetry"))
     click.Option(["--input", "-i", "inputs"], multiple=True, required=True, help="document records (files, dirs, globs)"),
     click.Option(["--output", "-o"], required=True, type=click.Path(file_okay=False),
                  help="output directory: train/, val/ and a copy of the tokenizer"),
-    *_config_params(stage_class("pack").Config), *_run_params()])
+    *config_params(stage_class("pack").Config), *_run_params()])
 def pack(inputs, output, workers, restart, quiet, executor, ray_address, **values):
     from fuelline.pack.packer import PackConfig
     from fuelline.pack.packer import pack as run_pack
     from fuelline.pipeline.config import build_dataclass
 
-    config = build_dataclass(PackConfig, _given(values), "fuelline pack")
+    config = build_dataclass(PackConfig, given(values), "fuelline pack")
     stats = run_pack(list(inputs), config.tokenizer, output, config, workers=workers, restart=restart,
                      progress=not quiet, executor=executor or "local", ray_address=ray_address)
     for split, numbers in stats["splits"].items():
@@ -507,14 +454,14 @@ def tokenizer() -> None:
     click.Option(["--input", "-i", "inputs"], multiple=True, required=True, help="document records (files, dirs, globs)"),
     click.Option(["--output", "-o"], required=True, type=click.Path(file_okay=False), callback=_local_only,
                  help="tokenizer directory to write"),
-    *_config_params(stage_class("tokenizer").Config)])
+    *config_params(stage_class("tokenizer").Config)])
 def train(inputs, output, **values):
     from dataclasses import asdict
 
     from fuelline.pipeline.config import build_dataclass
     from fuelline.tokenizer.train import train_tokenizer
 
-    config = build_dataclass(stage_class("tokenizer").Config, _given(values), "fuelline tokenizer train")
+    config = build_dataclass(stage_class("tokenizer").Config, given(values), "fuelline tokenizer train")
     report = train_tokenizer(list(inputs), output, **asdict(config))
     click.echo(f"trained on {report['documents']:,} documents in {report['train_seconds']} s: "
                f"{report['vocab_size']:,} tokens, {report['tokens_per_char']} tokens per character, "

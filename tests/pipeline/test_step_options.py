@@ -11,13 +11,14 @@ from fuelline.cli import main
 from fuelline.pipeline.config import load_pipeline, run_pipeline
 from fuelline.pipeline.options import option_fields
 
-# step -> (its CLI command, the arguments it requires besides --input and --output)
+# step -> (its CLI command, the arguments it requires besides --input and --output, the same as pipeline keys)
 STEPS = {
-    "pack": (["pack"], ["--tokenizer", "{dir}"]),
-    "tokenizer": (["tokenizer", "train"], []),
-    "regenerate": (["chat", "regenerate"], []),
+    "pack": (["pack"], ["--tokenizer", "{dir}"], ""),
+    "tokenizer": (["tokenizer", "train"], [], ""),
+    "regenerate": (["chat", "regenerate"], [], ""),
+    "cache": (["cache", "build"], ["--model", "m", "--layers", "1,9"], 'model = "m"\nlayers = [1, 9]\n'),
 }
-NOT_OPTIONS = {"inputs", "output", "workers", "restart", "resume", "quiet", "executor", "ray_address"}  # where and how it runs
+NOT_OPTIONS = {"inputs", "output", "workers", "restart", "resume", "quiet", "progress", "executor", "ray_address"}  # how it runs
 PIPELINE_ONLY = {"regenerate": {"serve_model", "serve_engine", "serve_ports", "serve_gpus_per_server"}}  # servers a step starts
 
 
@@ -32,7 +33,7 @@ def _cli_config(step, tmp_path, monkeypatch, *given):
     """The config the CLI command builds when given what it requires and `given`."""
     from fuelline.pipeline import config
 
-    words, required = STEPS[step]
+    words, required, _ = STEPS[step]
     seen, build = [], config.build_dataclass
 
     def capture(*args):
@@ -49,7 +50,7 @@ def _cli_config(step, tmp_path, monkeypatch, *given):
 @pytest.mark.parametrize("step", STEPS)
 def test_the_cli_and_a_pipeline_file_take_the_same_keys_and_defaults(step, tmp_path, monkeypatch):
     pipeline = tmp_path / "p.toml"
-    pipeline.write_text(f'[[stage]]\nuse = "{step}"\n')
+    pipeline.write_text(f'[[stage]]\nuse = "{step}"\n{STEPS[step][2]}')
     from_file = load_pipeline(pipeline)[0].stage.config
     keys = {f.name for f, _ in option_fields(type(from_file))} - PIPELINE_ONLY.get(step, set())
     assert {p.name for p in _command(STEPS[step][0]).params} - NOT_OPTIONS == keys
@@ -90,3 +91,17 @@ def test_regenerate_options_reach_its_config_from_the_cli_and_from_a_pipeline_fi
     identity = step.identity([])["config"]
     assert identity["model"] == "m" and identity["finish_reasons"] == ["stop"]
     assert not {"servers", "servers_file", "concurrency", "serve_ports", "backoff"} & identity.keys()  # how, not what
+
+
+def test_cache_build_takes_sizes_layers_and_inline_writes_as_users_write_them(tmp_path, monkeypatch):
+    config = _cli_config("cache", tmp_path, monkeypatch, "--max-shard-bytes", "1GiB", "--inline-writes",
+                         "--layers", "-1, 3")
+    assert (config.layers, config.max_shard_bytes, config.inline_writes, config.queue_bytes) == \
+        ([-1, 3], 1 << 30, True, 4 << 30)
+    monkeypatch.undo()
+    pipeline = tmp_path / "p.toml"
+    pipeline.write_text('[[stage]]\nuse = "cache"\nmodel = "m"\nlayers = [2]\nqueue_bytes = 1024\ndevice = "cpu"\n')
+    step = load_pipeline(pipeline)[0].stage
+    assert step.config.queue_bytes == 1024
+    identity = step.identity([])["config"]
+    assert identity["layers"] == [2] and not {"model", "device", "force", "inline_writes", "queue_bytes"} & identity.keys()

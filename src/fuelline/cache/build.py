@@ -30,6 +30,7 @@ from fuelline.fingerprints import tokenizer_fingerprint
 from fuelline.formats.target_cache import MANIFEST, STATS, Layout
 from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import expand_inputs
+from fuelline.pipeline.options import identity_values
 from fuelline.pipeline.shards import describe_inputs
 from fuelline.pipeline.task import resumed
 
@@ -37,7 +38,7 @@ from fuelline.pipeline.task import resumed
 def build_identity(model: str | os.PathLike, inputs: list[str], config: CacheConfig, name: str | None = None) -> dict:
     """What the cache's bytes depend on: options, model and tokenizer contents, the input files.
     `name`: the model as the user named it (a Hub id), when `model` is its resolved directory."""
-    return {"config": config.identity(), "model": name or os.fspath(Path(model).resolve()),
+    return {"config": identity_values(config), "model": name or os.fspath(Path(model).resolve()),
             "model_fingerprint": model_fingerprint(model), "tokenizer_fingerprint": tokenizer_fingerprint(model),
             "inputs": describe_inputs(expand_inputs(inputs))}
 

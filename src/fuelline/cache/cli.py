@@ -6,49 +6,10 @@ from pathlib import Path
 
 import click
 
-from fuelline.formats.target_cache import FORMATS, FUELLINE
+from fuelline.cache.plan import CacheConfig
+from fuelline.cli_options import config_params, given
 
-
-def _layers(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated layer ids such as 1,9,17, not {text!r}") from None
-
-
-class _Size(click.ParamType):
-    name = "SIZE"
-
-    def convert(self, value, param, ctx):
-        from fuelline.cache.estimate import parse_size
-
-        if isinstance(value, int):
-            return value
-        try:
-            return parse_size(value)
-        except ValueError as e:
-            self.fail(str(e), param, ctx)
-
-
-def _config_options(f):
-    """The options that decide what is cached, shared by build and estimate."""
-    options = [
-        click.option("--layers", required=True, help="layer ids to capture, ascending (e.g. 1,9,17,25,33); "
-                     "-1 is the embedding output; the final decoder layer is not allowed"),
-        click.option("--chat-template", default="auto", show_default=True,
-                     help="chatml, qwen, qwen3, llama3, gemma4, FILE.toml[:NAME], or auto (the tokenizer's own)"),
-        click.option("--max-length", type=int, default=4096, show_default=True,
-                     help="longest conversation in tokens; longer ones are cut at a turn boundary"),
-        click.option("--min-loss-tokens", type=int, default=14, show_default=True,
-                     help="drop conversations with fewer supervised tokens"),
-        click.option("--format", "fmt", type=click.Choice(FORMATS), default=FUELLINE, show_default=True,
-                     help="deepspec-v2: DeepSpec's version 2, byte for byte; fuelline: checksums, ids, fp8"),
-        click.option("--hidden-dtype", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True,
-                     help="fp8: e4m3 with a scale per token and layer (fuelline format), half the bytes"),
-    ]
-    for option in reversed(options):
-        f = option(f)
-    return f
+ESTIMATE_KEYS = {"layers", "chat_template", "max_length", "min_loss_tokens", "format", "hidden_dtype"}
 
 
 @click.group()
@@ -56,38 +17,20 @@ def cache() -> None:
     """The target cache: a target model's hidden states for draft training."""
 
 
-@cache.command()
-@click.option("--model", required=True,
-              help="the target model: its directory (config, weights, tokenizer), or a Hub id (Qwen/Qwen3-4B) "
-                   "found through the Hugging Face cache as from_pretrained finds it (HF_HUB_OFFLINE=1: cache only)")
-@click.option("--input", "-i", "inputs", multiple=True, required=True, help="chat records (files, dirs, globs)")
-@click.option("--output", "-o", required=True, type=click.Path(file_okay=False), help="the cache directory")
-@_config_options
-@click.option("--batch-tokens", type=int, default=16384, show_default=True,
-              help="padded tokens per forward batch (batch size x longest sequence)")
-@click.option("--max-shard-bytes", type=_Size(), default="64GiB", show_default=True, help="largest shard file")
-@click.option("--min-shards", type=int, default=8, show_default=True,
-              help="at least this many shards, so that several ranks share the work")
-@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
-              help="auto: this rank's GPU when there is one, else the cpu; cuda: fail without a GPU")
-@click.option("--force", is_flag=True, help="start even when the disk has less free space than the cache needs")
-@click.option("--queue-bytes", type=_Size(), default="4GiB", show_default=True,
-              help="host memory for batches waiting for the writer thread")
-@click.option("--inline-writes", is_flag=True, help="write on the main thread (no overlap; for measurements)")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="progress bars")
-def build(model, inputs, output, layers, chat_template, max_length, min_loss_tokens, fmt, hidden_dtype, batch_tokens,
-          max_shard_bytes, min_shards, device, force, queue_bytes, inline_writes, progress):
+@cache.command(params=[
+    click.Option(["--input", "-i", "inputs"], multiple=True, required=True, help="chat records (files, dirs, globs)"),
+    click.Option(["--output", "-o"], required=True, type=click.Path(file_okay=False), help="the cache directory"),
+    *config_params(CacheConfig),
+    click.Option(["--progress/--no-progress"], default=True, show_default=True, help="progress bars")])
+def build(inputs, output, progress, **values):
     """Run the target over the conversations once and store its hidden states (resumable; torchrun for ranks)."""
     from fuelline.cache.build import build_cache
-    from fuelline.cache.plan import CacheConfig
     from fuelline.cache.ranks import Ranks
+    from fuelline.pipeline.config import build_dataclass
 
-    config = CacheConfig(layers=_layers(layers), chat_template=chat_template, max_length=max_length,
-                         min_loss_tokens=min_loss_tokens, format=fmt, hidden_dtype=hidden_dtype,
-                         max_shard_bytes=max_shard_bytes, min_shards=min_shards, batch_tokens=batch_tokens,
-                         device=device, force=force, writer_thread=not inline_writes, queue_bytes=queue_bytes)
+    config = build_dataclass(CacheConfig, given(values), "fuelline cache build")
     ranks = Ranks.from_env()  # torchrun's RANK, WORLD_SIZE, LOCAL_RANK: read here, once
-    stats = build_cache(model, list(inputs), output, config, progress=progress, ranks=ranks)
+    stats = build_cache(config.model, list(inputs), output, config, progress=progress, ranks=ranks)
     if ranks.rank != 0:  # under torchrun, rank 0 reports
         return
     click.echo(summary(stats, output))
@@ -108,23 +51,22 @@ def summary(stats: dict, output) -> str:
         f"           open it with fuelline.cache.CacheDataset({str(output)!r})"])
 
 
-@cache.command()
-@click.option("--model", type=click.Path(exists=True),
-              help="the target model's directory or config.json (its tokenizer is needed with --input)")
-@click.option("--hidden-size", type=int, help="instead of --model: the target's hidden size")
-@click.option("--input", "-i", "inputs", multiple=True, help="chat records: count their tokens exactly")
-@click.option("--tokens", type=float, help="instead of --input: the number of tokens (e.g. 1.56e9)")
-@click.option("--samples", type=float, default=0, help="with --tokens: the number of conversations")
-@_config_options
-def estimate(model, hidden_size, inputs, tokens, samples, layers, chat_template, max_length, min_loss_tokens, fmt,
-             hidden_dtype):
+@cache.command(params=[
+    click.Option(["--model"], type=click.Path(exists=True),
+                 help="the target model's directory or config.json (its tokenizer is needed with --input)"),
+    click.Option(["--hidden-size"], type=int, help="instead of --model: the target's hidden size"),
+    click.Option(["--input", "-i", "inputs"], multiple=True, help="chat records: count their tokens exactly"),
+    click.Option(["--tokens"], type=float, help="instead of --input: the number of tokens (e.g. 1.56e9)"),
+    click.Option(["--samples"], type=float, default=0, help="with --tokens: the number of conversations"),
+    *config_params(CacheConfig, ESTIMATE_KEYS)])
+def estimate(model, hidden_size, inputs, tokens, samples, **values):
     """Print the bytes a cache will take, for each format and hidden dtype, before any forward pass."""
     from fuelline.cache.estimate import estimate_from_counts, estimate_from_inputs, format_table
-    from fuelline.cache.plan import CacheConfig, model_config
+    from fuelline.cache.plan import model_config
     from fuelline.formats.target_cache import HIDDEN_DTYPES
+    from fuelline.pipeline.config import build_dataclass
 
-    config = CacheConfig(layers=_layers(layers), chat_template=chat_template, max_length=max_length,
-                         min_loss_tokens=min_loss_tokens, format=fmt, hidden_dtype=hidden_dtype)
+    config = build_dataclass(CacheConfig, given(values), "fuelline cache estimate")
     if model:
         _, text = model_config(model)
         from fuelline.cache.capture import check_layer_ids
@@ -146,7 +88,7 @@ def estimate(model, hidden_size, inputs, tokens, samples, layers, chat_template,
     else:
         raise click.UsageError("give --input (exact) or --tokens [--samples]")
     click.echo(f"{len(config.layers)} layer(s) ({','.join(map(str, config.layers))}) of hidden size {hidden_size:,}")
-    click.echo(format_table(estimates, (fmt, HIDDEN_DTYPES[hidden_dtype])))
+    click.echo(format_table(estimates, (config.format, HIDDEN_DTYPES[config.hidden_dtype])))
 
 
 @cache.command()

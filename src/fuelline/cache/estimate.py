@@ -25,21 +25,6 @@ class Estimate:
     total_bytes: int
 
 
-def parse_size(text: str) -> int:
-    """`64GiB`, `500MB`, `1e9`, `2T`: a byte count (binary units for KiB…TiB and K…T, decimal for KB…TB)."""
-    units = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20, "G": 1 << 30,
-             "GIB": 1 << 30, "T": 1 << 40, "TIB": 1 << 40, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
-    raw = text.strip().upper().replace("_", "").replace(",", "")
-    number = raw.rstrip("KMGTIB")
-    try:
-        value = float(number) * units[raw[len(number):]]
-    except (KeyError, ValueError):
-        raise ValueError(f"not a size: {text!r} (examples: 64GiB, 500MB, 1e9)") from None
-    if value <= 0:
-        raise ValueError(f"a size must be positive, not {text!r}")
-    return int(value)
-
-
 def human_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
         if abs(n) < 1000 or unit == "PB":

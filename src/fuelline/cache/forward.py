@@ -75,7 +75,7 @@ def _write_shard(plan: Plan, shard: Shard, writer: ShardWriter, capture: HiddenS
     samples, ids, mask = tokens
     first = writer.open()
     bar.update(first)
-    queue = WriteQueue(config.queue_bytes, threaded=config.writer_thread)
+    queue = WriteQueue(config.queue_bytes, threaded=not config.inline_writes)
     pinned = _PinnedPool() if device.type == "cuda" else None
     timing = {"forward_seconds": 0.0}
     started = time.perf_counter()

@@ -20,14 +20,15 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import orjson
 
-from fuelline.formats.target_cache import FUELLINE, HIDDEN_DTYPES, Layout
+from fuelline.formats.target_cache import FORMATS, FUELLINE, HIDDEN_DTYPES, Layout
 from fuelline.io.atomic import AtomicFile, atomic_write, write_bytes_atomic
+from fuelline.pipeline.options import option
 
 BUILD_DIR = ".build"
 ENCODE_BATCH = 512
@@ -36,21 +37,32 @@ SAMPLES = np.dtype([("start", "<u8"), ("length", "<u4"), ("loss_tokens", "<u4")]
 
 @dataclass
 class CacheConfig:
-    """Everything that decides a cache's bytes (and, last, how it is run: device, checks)."""
+    """Everything that decides a cache's bytes (and, last, how it is run: device, checks, writes).
+    The model is not part of `identity_values`: the build identity records its name and fingerprint."""
 
-    layers: list[int]
-    chat_template: str = "auto"
-    max_length: int = 4096
-    min_loss_tokens: int = 14
-    format: str = FUELLINE
-    hidden_dtype: str = "bf16"
-    max_shard_bytes: int = 64 << 30
-    min_shards: int = 8
-    batch_tokens: int = 16384
-    device: str = field(default="auto", metadata={"identity": False})
-    force: bool = field(default=False, metadata={"identity": False})
-    writer_thread: bool = field(default=True, metadata={"identity": False})
-    queue_bytes: int = field(default=4 << 30, metadata={"identity": False})
+    model: str = option("", "the target model: its directory (config, weights, tokenizer), or a Hub id (Qwen/Qwen3-4B) "
+                            "found through the Hugging Face cache as from_pretrained finds it "
+                            "(HF_HUB_OFFLINE=1: cache only)", identity=False)
+    layers: list[int] = option(factory=list, comma_list=True,
+                               help="layer ids to capture, ascending (e.g. 1,9,17,25,33); -1 is the embedding output; "
+                                    "the final decoder layer is not allowed")
+    chat_template: str = option("auto", "chatml, qwen, qwen3, llama3, gemma4, FILE.toml[:NAME], or auto "
+                                         "(the tokenizer's own)")
+    max_length: int = option(4096, "longest conversation in tokens; longer ones are cut at a turn boundary")
+    min_loss_tokens: int = option(14, "drop conversations with fewer supervised tokens")
+    format: str = option(FUELLINE, "deepspec-v2: DeepSpec's version 2, byte for byte; fuelline: checksums, ids, fp8",
+                         choices=FORMATS)
+    hidden_dtype: str = option("bf16", "fp8: e4m3 with a scale per token and layer (fuelline format), half the bytes",
+                               choices=["bf16", "fp8"])
+    max_shard_bytes: int = option(64 << 30, "largest shard file", size=True)
+    min_shards: int = option(8, "at least this many shards, so that several ranks share the work")
+    batch_tokens: int = option(16384, "padded tokens per forward batch (batch size x longest sequence)")
+    device: str = option("auto", "auto: this rank's GPU when there is one, else the cpu; cuda: fail without a GPU",
+                         choices=["auto", "cuda", "cpu"], identity=False)
+    force: bool = option(False, "start even when the disk has less free space than the cache needs", identity=False)
+    inline_writes: bool = option(False, "write on the main thread (no overlap; for measurements)", identity=False)
+    queue_bytes: int = option(4 << 30, "host memory for batches waiting for the writer thread", size=True,
+                              identity=False)
 
     def __post_init__(self):
         """Options are checked here, before a tokenizer or model is loaded: a mistake costs nothing."""
@@ -68,10 +80,6 @@ class CacheConfig:
             get_template(self.chat_template)  # `auto` is checked against the tokenizer when it is loaded
         except (ValueError, OSError) as e:
             raise ValueError(f"--chat-template {self.chat_template}: {e}") from None
-
-    def identity(self) -> dict:
-        return {k: v for k, v in asdict(self).items()
-                if self.__dataclass_fields__[k].metadata.get("identity", True)}
 
 
 def require_transformers() -> None:
@@ -93,6 +101,8 @@ def resolve_model(model: str | os.PathLike) -> tuple[str, Path]:
     found as `from_pretrained` finds it, through the Hugging Face cache (offline with
     HF_HUB_OFFLINE=1), downloading what the build reads when it is online and not yet cached.
     The name is what the manifest records as `target_model_name_or_path`."""
+    if not os.fspath(model):  # Path("") is the working directory
+        raise ValueError("no target model: give --model (its directory or a Hub id), or 'model' in a pipeline step")
     path = Path(model)
     if path.is_dir():
         return os.fspath(path.resolve()), path

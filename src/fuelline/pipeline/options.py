@@ -22,20 +22,43 @@ NO_DEFAULT = dataclasses.MISSING
 def option(default: Any = NO_DEFAULT, help: str = "", *, factory: Callable[[], Any] | None = None,
            choices: list[str] | tuple[str, ...] | None = None, identity: bool = True,
            step_ref: bool = False, flag: str | None = None, comma_list: bool = False,
-           existing_file: bool = False, user: bool = True) -> Any:
+           existing_file: bool = False, size: bool = False, user: bool = True) -> Any:
     """A Config field. `step_ref`: a directory that a pipeline file may name as @STEP (an earlier
     step's output, the default there); the CLI requires it and checks that it exists. `flag`: the
     CLI flag when it is not the field's name (`--server` for `servers`); `comma_list`: a list given
     on the CLI as one comma-separated value (`--finish-reasons stop,length`); `existing_file`: the
-    CLI checks that the file exists. `user=False`: a tuning knob for tests and benchmarks, neither
-    a CLI option nor a pipeline key."""
+    CLI checks that the file exists; `size`: a byte count, that the CLI also takes as 64GiB.
+    `user=False`: a tuning knob for tests and benchmarks, neither a CLI option nor a pipeline key."""
     metadata = {"help": help, "identity": identity, "step_ref": step_ref, "flag": flag, "comma_list": comma_list,
-                "existing_file": existing_file, "user": user}
+                "existing_file": existing_file, "size": size, "user": user}
     if choices:
         metadata["choices"] = list(choices)
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def parse_size(text: str) -> int:
+    """`64GiB`, `500MB`, `1e9`, `2T`: a byte count (binary units for KiB…TiB and K…T, decimal for KB…TB)."""
+    units = {"": 1, "B": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20, "G": 1 << 30,
+             "GIB": 1 << 30, "T": 1 << 40, "TIB": 1 << 40, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+    raw = text.strip().upper().replace("_", "").replace(",", "")
+    number = raw.rstrip("KMGTIB")
+    try:
+        value = float(number) * units[raw[len(number):]]
+    except (KeyError, ValueError):
+        raise ValueError(f"not a size: {text!r} (examples: 64GiB, 500MB, 1e9)") from None
+    if value <= 0:
+        raise ValueError(f"a size must be positive, not {text!r}")
+    return int(value)
+
+
+def size_text(n: int) -> str:
+    """`n` bytes as parse_size reads them back, in the largest binary unit that divides it: 64GiB."""
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n and n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return str(n)
 
 
 def default_of(field: dataclasses.Field) -> Any:

@@ -7,7 +7,6 @@ whose stats.json records the same options and inputs.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from pathlib import Path
@@ -52,13 +51,6 @@ class Task:
         """Write `output` and its stats.json; a `parallel` task also takes `executor=` and `ray_address=`
         (`RunOptions`), which change how it runs, never what it writes."""
         raise NotImplementedError
-
-
-def options_for(cls: type, step_config: StageConfig, **values):
-    """An instance of dataclass `cls` (what a task's function takes) from the fields of `step_config`
-    that it shares by name, plus `values`: a step's options reach the function without a copy by hand."""
-    shared = {f.name for f in dataclasses.fields(cls)} & {f.name for f in dataclasses.fields(step_config)}
-    return cls(**{name: getattr(step_config, name) for name in shared}, **values)
 
 
 def resumed(stats: dict, started: float) -> dict:
