@@ -25,12 +25,13 @@ READ_BYTES = 1 << 16  # ijson's own read size
 
 
 class SurrogateGuard:
-    """A binary stream that replaces lone surrogate escapes, calling `found(escape)` for each one
-    when every byte before it has been read by the caller."""
+    """`head` (bytes already read to sniff the format), then the rest of `stream`, with lone
+    surrogate escapes replaced; `found(escape)` is called for each one when every byte before it
+    has been read by the caller."""
 
-    def __init__(self, stream: IO[bytes], found: Callable[[str], None]):
+    def __init__(self, head: bytes, stream: IO[bytes], found: Callable[[str], None]):
         self.stream, self.found = stream, found
-        self.pending = b""  # read from `stream`, not yet handed out
+        self.pending = head  # not yet handed out
         self.lone_at_start: str | None = None  # `pending` opens with this lone escape
         self.eof = False
 

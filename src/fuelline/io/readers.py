@@ -341,19 +341,6 @@ def _jsonl_records(stream: IO[bytes], head: bytes, start: int, stop: int | None,
             yield lineno, record
 
 
-class _Prepended:
-    """A stream that first returns `head`, then the rest of `stream` (to peek at a file's start)."""
-
-    def __init__(self, head: bytes, stream: IO[bytes]):
-        self.head, self.stream = head, stream
-
-    def read(self, n: int = -1) -> bytes:
-        if self.head and n != 0:  # ijson probes with read(0) to learn bytes vs str
-            out, self.head = self.head, b""
-            return out
-        return self.stream.read(n)
-
-
 def _first_invalid_utf8(path: Path) -> tuple[int, bytes, str] | None:
     """(byte offset, bad bytes, why) of the first invalid UTF-8 in a file's (decompressed) data."""
     offset, pending = 0, b""
@@ -416,7 +403,7 @@ def _json_array_records(stream: IO[bytes], head: bytes, start: int, stop: int | 
     def lone_escape(escape: str) -> None:
         lone_escapes.setdefault(index + 1, escape)
 
-    guarded = SurrogateGuard(_Prepended(head, stream), lone_escape)
+    guarded = SurrogateGuard(head, stream, lone_escape)
     try:
         for event, value in backend.basic_parse(guarded, use_float=True):
             if event == "map_key" or event == "string":  # the most frequent events first
