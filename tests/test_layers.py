@@ -10,14 +10,16 @@ own layer or lower ones. The layers, lowest first, as the code stands:
    `Drop`), `fingerprints`, `progress`, `io` (readers, writers, paths, the stage layout),
    `formats` (one module per on-disk format);
 1. text: `text`, the character classes and normalization that clean, dedup and chat share;
-2. the stage contract and the workers: `pipeline.stage` (Stage, contexts), `pipeline.options`
-   (a step's Config fields), `pipeline.shards`, `pipeline.task`, `pipeline.lifetime`, `pipeline.workers` and `pipeline.ray_executor` (what
-   runs a map of tasks: the stage runner and the packer both use them);
+2. the step protocol and what runs steps: `pipeline.step` (Step), `pipeline.stage` (record
+   stages, their contexts), `pipeline.options` (a step's Config fields), `pipeline.workdir` and
+   `pipeline.stats` (the resume and stats.json contract), `pipeline.shards`, `pipeline.lifetime`,
+   `pipeline.workers` and `pipeline.ray_executor` (what runs a map of tasks), `pipeline.executor`
+   and `pipeline.output` (a record stage run shard by shard, into a directory or a URL);
 3. the tools stages use: `tokenizer`, `serve` (inference servers), `loader`, `models`;
 4. record stages: ingest, clean, dedup, and the funnel `report`;
 5. `chat`, which builds on clean's poetry rules, the tokenizer and the servers;
 6. `pack` and `cache`, which encode chat records;
-7. running stages: the rest of `pipeline` (executor, config, registry, output);
+7. running pipelines: the rest of `pipeline` (config, registry);
 8. commands: `cli`, `cli_options` (a Config's fields as click options), the sub-command modules,
    the demos, `__main__`.
 
@@ -36,8 +38,9 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / "fuelline"
 LAYERS: list[list[str]] = [
     ["fuelline", "fuelline.records", "fuelline.fingerprints", "fuelline.progress", "fuelline.io", "fuelline.formats"],
     ["fuelline.text"],
-    ["fuelline.pipeline.stage", "fuelline.pipeline.options", "fuelline.pipeline.shards", "fuelline.pipeline.task",
-     "fuelline.pipeline.lifetime", "fuelline.pipeline.workers", "fuelline.pipeline.ray_executor"],
+    ["fuelline.pipeline.step", "fuelline.pipeline.stage", "fuelline.pipeline.options", "fuelline.pipeline.workdir",
+     "fuelline.pipeline.stats", "fuelline.pipeline.shards", "fuelline.pipeline.lifetime", "fuelline.pipeline.workers",
+     "fuelline.pipeline.ray_executor", "fuelline.pipeline.executor", "fuelline.pipeline.output"],
     ["fuelline.tokenizer", "fuelline.serve", "fuelline.loader", "fuelline.models"],
     ["fuelline.ingest", "fuelline.clean", "fuelline.dedup", "fuelline.report"],
     ["fuelline.chat"],
@@ -175,5 +178,5 @@ def test_the_walk_sees_lazy_and_type_checking_imports_and_cycles(tmp_path):
              "fuelline.text": source}
     assert imports("fuelline.m", source, known) == {"fuelline.records": 3, "fuelline.io.atomic": 5, "fuelline.text": 6}
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert unit("fuelline.pipeline.executor") == (7, "fuelline.pipeline")
+    assert unit("fuelline.pipeline.config") == (7, "fuelline.pipeline")
     assert unit("fuelline.pipeline.stage") == (2, "fuelline.pipeline.stage")

@@ -13,7 +13,7 @@ import click
 from fuelline import __version__
 from fuelline.io.remote import is_url, refuse_url
 from fuelline.pipeline.workers import EXECUTORS
-from fuelline.pipeline.registry import STAGES, stage_class
+from fuelline.pipeline.registry import STAGES, step_class
 from fuelline.cache.cli import cache as cache_group
 from fuelline.chat.regenerate import RegenerateConfig
 from fuelline.cli_options import config_params, given
@@ -242,7 +242,7 @@ def _run_from_cli(name: str, cls, inputs, output, *, workers, restart, quiet, ex
 
 def _stage_command(name: str, command_name: str | None = None) -> click.Command:
     """A subcommand for stage `name`, with its Config's fields as options."""
-    cls = stage_class(name)
+    cls = step_class(name)
 
     def callback(inputs, output, **values):
         stats = _run_from_cli(name, cls, inputs, output, **values)
@@ -268,7 +268,7 @@ def chat() -> None:
 
 def _chat_prepare_command() -> click.Command:
     """`chat prepare`: like any stage, but with a train and an eval output (each a directory or a .jsonl)."""
-    cls = stage_class("chat-prepare")
+    cls = step_class("chat-prepare")
 
     def callback(inputs, train_output, eval_output, work_dir, **values):
         from fuelline.io.writers import write_jsonl_file
@@ -322,7 +322,7 @@ def _chat_prepare_command() -> click.Command:
 chat.add_command(_chat_prepare_command())
 
 
-@chat.command("regenerate", help=stage_class("regenerate").description, params=[
+@chat.command("regenerate", help=step_class("regenerate").description, params=[
     click.Option(["--input", "-i", "inputs"], multiple=True, required=True, help="chat records (files, dirs, globs)"),
     click.Option(["--output", "-o"], required=True, type=click.Path(), callback=_local_only,
                  help="OUT.jsonl (errors in OUT.jsonl.errors, stats in OUT.stats.json), or a directory for all three"),
@@ -361,11 +361,11 @@ def regenerate_command(inputs, output, resume, quiet, **values):
 chat.add_command(_stage_command("chat-from-poetry", "from-poetry"))
 
 
-@main.command(help=stage_class("pack").description, params=[
+@main.command(help=step_class("pack").description, params=[
     click.Option(["--input", "-i", "inputs"], multiple=True, required=True, help="document records (files, dirs, globs)"),
     click.Option(["--output", "-o"], required=True, type=click.Path(file_okay=False),
                  help="output directory: train/, val/ and a copy of the tokenizer"),
-    *config_params(stage_class("pack").Config), *_run_params()])
+    *config_params(step_class("pack").Config), *_run_params()])
 def pack(inputs, output, workers, restart, quiet, executor, ray_address, **values):
     from fuelline.pack.packer import PackConfig
     from fuelline.pack.packer import pack as run_pack
@@ -437,7 +437,7 @@ def report(run_dir, as_json):
     import orjson
 
     from fuelline.report.funnel import format_funnel
-    from fuelline.report.task import build_report
+    from fuelline.report.step import build_report
 
     funnel = build_report(Path(run_dir), Path(run_dir) / "report")
     click.echo(orjson.dumps(funnel, option=orjson.OPT_INDENT_2).decode() if as_json else format_funnel(funnel))
@@ -450,18 +450,18 @@ def tokenizer() -> None:
     """Train a BPE tokenizer, or convert a tiktoken vocabulary."""
 
 
-@tokenizer.command("train", help=stage_class("tokenizer").description, params=[
+@tokenizer.command("train", help=step_class("tokenizer").description, params=[
     click.Option(["--input", "-i", "inputs"], multiple=True, required=True, help="document records (files, dirs, globs)"),
     click.Option(["--output", "-o"], required=True, type=click.Path(file_okay=False), callback=_local_only,
                  help="tokenizer directory to write"),
-    *config_params(stage_class("tokenizer").Config)])
+    *config_params(step_class("tokenizer").Config)])
 def train(inputs, output, **values):
     from dataclasses import asdict
 
     from fuelline.pipeline.config import build_dataclass
     from fuelline.tokenizer.train import train_tokenizer
 
-    config = build_dataclass(stage_class("tokenizer").Config, given(values), "fuelline tokenizer train")
+    config = build_dataclass(step_class("tokenizer").Config, given(values), "fuelline tokenizer train")
     report = train_tokenizer(list(inputs), output, **asdict(config))
     click.echo(f"trained on {report['documents']:,} documents in {report['train_seconds']} s: "
                f"{report['vocab_size']:,} tokens, {report['tokens_per_char']} tokens per character, "

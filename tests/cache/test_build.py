@@ -255,7 +255,7 @@ def test_finished_cache_is_found_again(qwen4_dir, uninterrupted):
     assert files_of(reference) == before
     other = subprocess.run(_cli(*_build_args(qwen4_dir, chats, reference, "--hidden-dtype", "fp8")), env=_env(),
                            capture_output=True, text=True)
-    assert other.returncode == 2 and "built with other options" in other.stderr
+    assert other.returncode == 2 and "different config.hidden_dtype; pass --restart" in other.stderr
 
 
 @pytest.mark.parametrize("extra, message", [

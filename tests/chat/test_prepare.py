@@ -273,9 +273,9 @@ def test_dedup_of_user_turns_refuses_document_records(tmp_path):
 
 
 def test_report_shows_categories_and_step_outputs_are_addressable(tmp_path):
-    from fuelline.pipeline.task import resolve_step
+    from fuelline.pipeline.step import resolve_step
     from fuelline.report.funnel import format_funnel, load_funnel
-    from fuelline.report.task import build_report
+    from fuelline.report.step import build_report
 
     math = write_jsonl(tmp_path / "math.jsonl", [{"id": f"m{i}", "question": "q", "answer": "a"} for i in range(50)])
     code = write_jsonl(tmp_path / "code.jsonl", [{"id": f"c{i}", "instruction": "i", "output": ""} for i in range(5)])

@@ -15,7 +15,8 @@ from fuelline.dedup.simhash import (
 )
 from fuelline.dedup.stage import DedupConfig, DedupStage
 from fuelline.io import read_records
-from fuelline.pipeline.executor import RunOptions, StageOutputMismatch, run_stage
+from fuelline.pipeline.workdir import StepOutputMismatch
+from fuelline.pipeline.executor import RunOptions, run_stage
 
 HAN = [chr(c) for c in range(0x4E00, 0x4E00 + 3000)]
 
@@ -121,7 +122,7 @@ def test_stage_with_simhash_removes_the_planted_near_duplicates(tmp_path):
     summary = stats["dedup"]
     assert summary["method"] == "simhash" and summary["hamming"] == 10 and "bands" not in summary
     assert summary["verified_pairs"] == 60 and summary["near_duplicates"] == 60
-    with pytest.raises(StageOutputMismatch, match="config"):  # the method is part of the stage's identity
+    with pytest.raises(StepOutputMismatch, match="config"):  # the method is part of the stage's identity
         run_stage(DedupStage(DedupConfig(method="minhash")), tmp_path / "docs.jsonl", out,
                   RunOptions(workers=1, progress=False))
 

@@ -8,6 +8,7 @@ import pytest
 from fuelline.formats.tokens import TokenFiles, TokenFormatError, verify_token_dataset
 from fuelline.pack import packer
 from fuelline.pack.packer import PackConfig, pack
+from fuelline.pipeline.workdir import StepOutputMismatch
 from fuelline.tokenizer.train import SPECIAL_TOKENS, train_tokenizer
 
 from ..conftest import POEMS as DOCS
@@ -121,10 +122,10 @@ def test_resuming_with_another_tokenizer_is_refused(poems, tokenizer_dir, tmp_pa
     monkeypatch.undo()
     other = tmp_path / "other-tokenizer"
     train_tokenizer(poems[0], other, vocab_size=800)
-    with pytest.raises(ValueError, match="packed with another tokenizer"):
+    with pytest.raises(StepOutputMismatch, match="different tokenizer_fingerprint"):
         packed(poems, other, tmp_path / "out")
     done = packed(poems, tokenizer_dir, tmp_path / "done")
-    with pytest.raises(ValueError, match="packed with another tokenizer"):
+    with pytest.raises(StepOutputMismatch, match="different tokenizer_fingerprint"):
         packed(poems, other, done)
 
 

@@ -11,7 +11,8 @@ import pytest
 import zstandard
 
 from fuelline.io import read_records
-from fuelline.pipeline.executor import RunOptions, StageOutputMismatch, run_stage
+from fuelline.pipeline.workdir import StepOutputMismatch
+from fuelline.pipeline.executor import RunOptions, run_stage
 from fuelline.pipeline.stage import Stage
 from fuelline.records import Drop
 
@@ -138,13 +139,13 @@ def test_other_options_or_inputs_are_refused_unless_restart(tmp_path):
     out = tmp_path / "out"
     first = run_stage(KeepLong(), source, out, RunOptions(workers=1, progress=False))
     assert (first["records_out"], first["dropped"]) == (1, {"short": 1})
-    with pytest.raises(StageOutputMismatch, match="different shard_size"):
+    with pytest.raises(StepOutputMismatch, match="different shard_size"):
         run_stage(KeepLong(), source, out, RunOptions(workers=1, shard_size=1, progress=False))
     again = run_stage(KeepLong(), source, out, RunOptions(workers=1, shard_size=1, restart=True, progress=False))
     assert again["shards"] == 2 and again["resumed_shards"] == 0
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "x.txt").write_text("not a stage output")
-    with pytest.raises(StageOutputMismatch, match="not a fuelline stage output"):
+    with pytest.raises(StepOutputMismatch, match="not a fuelline stage output"):
         run_stage(KeepLong(), source, tmp_path / "other", RunOptions(workers=1, progress=False))
 
 

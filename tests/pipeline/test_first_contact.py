@@ -7,7 +7,8 @@ import pytest
 from fuelline.clean.stage import CleanStage
 from fuelline.io.lock import lock_path
 from fuelline.pipeline.config import load_pipeline, run_pipeline
-from fuelline.pipeline.executor import RunOptions, StageOutputMismatch, run_stage
+from fuelline.pipeline.workdir import StepOutputMismatch
+from fuelline.pipeline.executor import RunOptions, run_stage
 
 
 def write_lines(path, lines):
@@ -23,7 +24,7 @@ def test_a_run_stopped_by_bad_input_can_be_retried_with_other_options(tmp_path):
     stats = run_stage(CleanStage(), [source], tmp_path / "out", RunOptions(workers=1, on_error="skip", progress=False))
     assert stats["dropped"]["malformed_json"] == 1
     # once a shard has finished, other options are refused as before
-    with pytest.raises(StageOutputMismatch, match="different on_error"):
+    with pytest.raises(StepOutputMismatch, match="different on_error"):
         run_stage(CleanStage(), [source], tmp_path / "out", RunOptions(workers=1, progress=False))
 
 

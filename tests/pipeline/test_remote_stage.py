@@ -17,7 +17,8 @@ from fuelline.dedup.stage import DedupStage
 from fuelline.io import expand_inputs, read_records
 from fuelline.io.remote import staging_dir
 from fuelline.pack.packer import pack
-from fuelline.pipeline.executor import RunOptions, StageOutputMismatch, run_stage
+from fuelline.pipeline.workdir import StepOutputMismatch
+from fuelline.pipeline.executor import RunOptions, run_stage
 
 WORDS = ("river garden morning letter window market bridge silver orchard harbor lantern meadow teacher village "
          "winter the the of and to with that have be travel quiet yellow ancient paper stone music kitchen").split()
@@ -154,7 +155,7 @@ def test_other_options_into_a_url_are_refused_unless_restart(cache, memory_root)
     options = RunOptions(workers=1, shard_size=60, on_error="skip", progress=False)
     run_stage(CleanStage(), f"{memory_root}/in", f"{memory_root}/out", options)
     other = RunOptions(workers=1, shard_size=100, on_error="skip", progress=False)
-    with pytest.raises(StageOutputMismatch, match=f"^{memory_root}/out holds the output of a run with different "
+    with pytest.raises(StepOutputMismatch, match=f"^{memory_root}/out holds the output of a run with different "
                                                   "shard_size"):
         run_stage(CleanStage(), f"{memory_root}/in", f"{memory_root}/out", other)
     stats = run_stage(CleanStage(), f"{memory_root}/in", f"{memory_root}/out",
@@ -169,7 +170,7 @@ def test_a_url_that_is_not_a_stage_output_or_matches_nothing_is_refused(cache, m
     fs.pipe(f"{root}/in/a.jsonl", b'{"id": "a", "text": "x"}\n')
     fs.pipe(f"{root}/taken/notes.txt", b"mine")
     options = RunOptions(workers=1, progress=False)
-    with pytest.raises(StageOutputMismatch, match=f"^{memory_root}/taken exists, is not empty and is not a fuelline"):
+    with pytest.raises(StepOutputMismatch, match=f"^{memory_root}/taken exists, is not empty and is not a fuelline"):
         run_stage(CleanStage(), f"{memory_root}/in", f"{memory_root}/taken", options)
     with pytest.raises(FileNotFoundError, match=f"^{memory_root}/nothing/\\*.jsonl: matched no data files"):
         run_stage(CleanStage(), f"{memory_root}/nothing/*.jsonl", f"{memory_root}/out", options)

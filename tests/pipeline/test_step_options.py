@@ -51,7 +51,7 @@ def _cli_config(step, tmp_path, monkeypatch, *given):
 def test_the_cli_and_a_pipeline_file_take_the_same_keys_and_defaults(step, tmp_path, monkeypatch):
     pipeline = tmp_path / "p.toml"
     pipeline.write_text(f'[[stage]]\nuse = "{step}"\n{STEPS[step][2]}')
-    from_file = load_pipeline(pipeline)[0].stage.config
+    from_file = load_pipeline(pipeline)[0].step.config
     keys = {f.name for f, _ in option_fields(type(from_file))} - PIPELINE_ONLY.get(step, set())
     assert {p.name for p in _command(STEPS[step][0]).params} - NOT_OPTIONS == keys
     from_cli = _cli_config(step, tmp_path, monkeypatch)
@@ -86,7 +86,7 @@ def test_regenerate_options_reach_its_config_from_the_cli_and_from_a_pipeline_fi
         (["a:1", "b:2"], ["stop", "abort"], 3, True)
     pipeline = tmp_path / "p.toml"
     pipeline.write_text('[[stage]]\nuse = "regenerate"\nmodel = "m"\nconcurrency = 3\nfinish_reasons = ["stop"]\n')
-    step = load_pipeline(pipeline)[0].stage
+    step = load_pipeline(pipeline)[0].step
     assert (step.config.client.concurrency, step.config.finish_reasons) == (3, ["stop"])
     identity = step.identity([])["config"]
     assert identity["model"] == "m" and identity["finish_reasons"] == ["stop"]
@@ -101,7 +101,7 @@ def test_cache_build_takes_sizes_layers_and_inline_writes_as_users_write_them(tm
     monkeypatch.undo()
     pipeline = tmp_path / "p.toml"
     pipeline.write_text('[[stage]]\nuse = "cache"\nmodel = "m"\nlayers = [2]\nqueue_bytes = 1024\ndevice = "cpu"\n')
-    step = load_pipeline(pipeline)[0].stage
+    step = load_pipeline(pipeline)[0].step
     assert step.config.queue_bytes == 1024
     identity = step.identity([])["config"]
     assert identity["layers"] == [2] and not {"model", "device", "force", "inline_writes", "queue_bytes"} & identity.keys()

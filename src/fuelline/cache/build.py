@@ -17,7 +17,6 @@ import shutil
 import time
 from pathlib import Path
 
-import orjson
 
 from fuelline.cache.capture import check_layer_ids
 from fuelline.cache.forward import write_shards
@@ -32,7 +31,7 @@ from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import expand_inputs
 from fuelline.pipeline.options import identity_values
 from fuelline.pipeline.shards import describe_inputs
-from fuelline.pipeline.task import resumed
+from fuelline.pipeline.workdir import WorkDir, not_a_step_output
 
 
 def build_identity(model: str | os.PathLike, inputs: list[str], config: CacheConfig, name: str | None = None) -> dict:
@@ -44,11 +43,11 @@ def build_identity(model: str | os.PathLike, inputs: list[str], config: CacheCon
 
 
 def build_cache(model: str | os.PathLike, inputs: list[str], output: str | os.PathLike, config: CacheConfig,
-                progress: bool = True, ranks: Ranks | None = None) -> dict:
+                progress: bool = True, ranks: Ranks | None = None, restart: bool = False) -> dict:
     """Build (or resume, or find finished) the cache at `output`; returns its stats (on every rank).
 
     `model`: a model directory or a Hub id (`resolve_model`); `ranks`: this process's place among
-    the ranks building it, one rank by default."""
+    the ranks building it, one rank by default; `restart`: discard what `output` holds first."""
     name, model = resolve_model(model)
     ranks = ranks or Ranks()
     ranks.connect()
@@ -56,6 +55,8 @@ def build_cache(model: str | os.PathLike, inputs: list[str], output: str | os.Pa
     try:
         if ranks.rank == 0:
             with exclusive_output(output):
+                if restart:
+                    shutil.rmtree(output, ignore_errors=True)
                 return _run(ranks, (name, model), inputs, output, config, progress)
         return _run(ranks, (name, model), inputs, output, config, progress)
     finally:
@@ -109,25 +110,24 @@ def _run(ranks: Ranks, target: tuple[str, Path], inputs, output: Path, config: C
 def _prepare(ranks: Ranks, target: tuple[str, Path], inputs, output: Path, config: CacheConfig,
              progress: bool) -> dict:
     """Rank 0: the finished cache's stats, or the plan made or found and each rank's shards."""
-    started = time.perf_counter()
     name, model = target
     _, text = model_config(model)
     check_layer_ids(config.layers, text.num_hidden_layers)
     layout = layout_for(config, text.hidden_size)
-    identity = build_identity(model, inputs, config, name)
+    step_dir = WorkDir(output, build_identity(model, inputs, config, name))
     if (output / MANIFEST).exists():
-        stats = orjson.loads((output / STATS).read_bytes()) if (output / STATS).exists() else {}
-        if stats.get("identity") != identity:
-            raise ValueError(f"{output} already holds a target cache built with other options, model or inputs; "
-                             "choose another --output")
+        if (finished := step_dir.finished(STATS)) is None:
+            raise not_a_step_output(output)  # a cache, but not one built here (no stats.json)
         shutil.rmtree(output / BUILD_DIR, ignore_errors=True)  # left by a merge stopped after the manifest
-        return {"finished": resumed(stats, started)}
-    if output.exists() and not (output / BUILD_DIR).exists() and any(p.name[0] != "." for p in output.iterdir()):
-        raise ValueError(f"{output} is not empty and holds no target cache build; choose another --output")
+        return {"finished": finished}
+    if not (output / BUILD_DIR).exists() and not step_dir.is_empty():
+        raise not_a_step_output(output)
     plan = Plan.load(output)
-    if plan is not None and plan.identity != identity:
-        raise ValueError(f"{output} holds an unfinished build with other options, model or inputs; resume it with "
-                         f"the same command, or choose another --output")
+    if plan is not None and not step_dir.resumes(
+            plan.identity, anything_finished=any(shard_done(plan.build_dir, s.shard_id) for s in plan.shards)):
+        shutil.rmtree(output / BUILD_DIR)  # nothing of it finished: the new options replace it
+        plan = None
+    identity = step_dir.identity
     if plan is None:
         plan = _make_plan_or_leave_nothing(output, inputs, model, config, identity, text.hidden_size, progress)
     _check_disk(output, plan, layout, config.force)

@@ -21,8 +21,9 @@ def cache() -> None:
     click.Option(["--input", "-i", "inputs"], multiple=True, required=True, help="chat records (files, dirs, globs)"),
     click.Option(["--output", "-o"], required=True, type=click.Path(file_okay=False), help="the cache directory"),
     *config_params(CacheConfig),
+    click.Option(["--restart"], is_flag=True, help="delete what the output directory holds and build again"),
     click.Option(["--progress/--no-progress"], default=True, show_default=True, help="progress bars")])
-def build(inputs, output, progress, **values):
+def build(inputs, output, restart, progress, **values):
     """Run the target over the conversations once and store its hidden states (resumable; torchrun for ranks)."""
     from fuelline.cache.build import build_cache
     from fuelline.cache.ranks import Ranks
@@ -30,7 +31,7 @@ def build(inputs, output, progress, **values):
 
     config = build_dataclass(CacheConfig, given(values), "fuelline cache build")
     ranks = Ranks.from_env()  # torchrun's RANK, WORLD_SIZE, LOCAL_RANK: read here, once
-    stats = build_cache(config.model, list(inputs), output, config, progress=progress, ranks=ranks)
+    stats = build_cache(config.model, list(inputs), output, config, progress=progress, ranks=ranks, restart=restart)
     if ranks.rank != 0:  # under torchrun, rank 0 reports
         return
     click.echo(summary(stats, output))

@@ -17,7 +17,8 @@ from fuelline.cache.plan import CacheConfig, Plan, layout_for
 from fuelline.cache.writer import build_file, shard_done
 from fuelline.formats.target_cache import (FUELLINE, INDEX, STATS, Layout, cache_manifest, manifest_digest,
                                            seal_index, shard_name, write_manifest)
-from fuelline.io.atomic import atomic_write, fsync_dir, write_bytes_atomic
+from fuelline.io.atomic import atomic_write, fsync_dir
+from fuelline.pipeline.stats import StepStats, write_stats
 
 
 def merge(output: Path, plan: Plan, config: CacheConfig, wall_seconds: float) -> dict:
@@ -41,7 +42,7 @@ def merge(output: Path, plan: Plan, config: CacheConfig, wall_seconds: float) ->
         if (build / name).exists():
             os.replace(build / name, output / name)
     fsync_dir(output)
-    write_bytes_atomic(output / STATS, orjson.dumps(stats, option=orjson.OPT_INDENT_2))
+    write_stats(output / STATS, stats)
     write_manifest(output, manifest)
     shutil.rmtree(build)
     return stats
@@ -71,9 +72,8 @@ def _stats(plan: Plan, layout: Layout, config: CacheConfig, wall_seconds: float)
         "write_seconds": round(timing["write_seconds"], 3), "shard_seconds": round(timing["wall_seconds"], 3),
         "forward_share": round(timing["forward_seconds"] / timing["wall_seconds"], 4) if timing["wall_seconds"] else 0.0,
     }
-    return {"stage": "cache", "identity": plan.identity, "records_in": plan.records_in, "records_out": len(samples),
-            "dropped": dict(sorted(plan.dropped.items())), "counters": {"truncated": plan.truncated},
-            "cache": cache, "wall_seconds": round(wall_seconds, 3)}
+    return StepStats("cache", plan.records_in, len(samples), dict(plan.dropped), counters={"truncated": plan.truncated},
+                     identity=plan.identity, wall_seconds=wall_seconds, details={"cache": cache}).to_json()
 
 
 def _manifest(plan: Plan, layout: Layout, config: CacheConfig, stats: dict) -> dict:

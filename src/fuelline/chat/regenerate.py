@@ -45,6 +45,7 @@ from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import expand_inputs
 from fuelline.io.readers import RecordError, count_units, iter_file_records
 from fuelline.pipeline.options import option
+from fuelline.pipeline.stats import StepStats, write_stats
 from fuelline.serve.client import ClientConfig, Completion, NoServerError, RequestFailed, ServerPool
 
 # Recommended sampling of each target family in non-thinking mode (temperature, top_p, top_k, min_p).
@@ -266,12 +267,12 @@ class Regenerator:
                            for _ in range(sum(s.limit for s in pool.servers))]
                 feeder = asyncio.create_task(self._feed(queue, earlier.written | earlier.dropped, len(workers)))
                 await _first_failure([feeder, *workers])
-                stats = self._stats(pool, earlier)
+                stats = self._stats(pool, earlier).to_json()
         finally:
             bar.close()
             outputs.close()
             errors.close()
-        write_bytes_atomic(self.paths.stats, orjson.dumps(stats, option=orjson.OPT_INDENT_2) + b"\n")
+        write_stats(self.paths.stats, stats)
         return stats
 
     async def _feed(self, queue: asyncio.Queue, skip: set[str], workers: int) -> None:
@@ -341,28 +342,26 @@ class Regenerator:
             **({"left_out": left_out} if left_out else {})}}
         return {**record, "conversations": history, "meta": meta}
 
-    def _stats(self, pool: ServerPool, earlier: Earlier) -> dict:
+    def _stats(self, pool: ServerPool, earlier: Earlier) -> StepStats:
         c = self.run_counts
         written = len(earlier.written) + c.written
         dropped = {k: v for k, v in (("failed", c.failed), ("truncated", c.truncated_dropped + len(earlier.dropped)),
                                      ("duplicate_id", c.duplicates)) if v}
         finish_reasons = earlier.finish_reasons + c.finish_reasons
-        return {
-            "stage": "regenerate", "records_in": written + sum(dropped.values()), "records_out": written,
-            "dropped": dropped, "failures": dict(sorted(c.failures.items())),
-            "finish_reasons": dict(sorted(finish_reasons.items())),
-            "truncated_answers_kept": earlier.truncated_kept + c.truncated_kept,
-            "counters": {"resumed": len(earlier.written), "regenerated": c.written, "requests": c.requests,
-                         "retried": pool.retries, "tokens_generated": c.tokens, "tokens_unknown": pool.tokens_unknown,
-                         **{f"answers_{k}": v for k, v in sorted(pool.finish_reasons.items())}},
-            "servers": {s.url: {**s.counts, "rests": s.rests, "left_out": sorted(s.left_out)} for s in pool.servers},
-            **({"identity": self.identity} if self.identity is not None else {}),
-            "model": self.config.model, "sampling": self.sampling,
-            "answers_taken": {"finish_reasons": list(self.config.finish_reasons),
-                              "empty": self.config.keep_empty_answers},
-            "client": asdict(self.config.client),
-            "wall_seconds": round(time.perf_counter() - c.started, 3),
-        }
+        return StepStats(
+            "regenerate", written + sum(dropped.values()), written, dropped,
+            counters={"resumed": len(earlier.written), "regenerated": c.written, "requests": c.requests,
+                      "retried": pool.retries, "tokens_generated": c.tokens, "tokens_unknown": pool.tokens_unknown,
+                      **{f"answers_{k}": v for k, v in sorted(pool.finish_reasons.items())}},
+            identity=self.identity, wall_seconds=time.perf_counter() - c.started, details={
+                "failures": dict(sorted(c.failures.items())), "finish_reasons": dict(sorted(finish_reasons.items())),
+                "truncated_answers_kept": earlier.truncated_kept + c.truncated_kept,
+                "servers": {s.url: {**s.counts, "rests": s.rests, "left_out": sorted(s.left_out)}
+                            for s in pool.servers},
+                "model": self.config.model, "sampling": self.sampling,
+                "answers_taken": {"finish_reasons": list(self.config.finish_reasons),
+                                  "empty": self.config.keep_empty_answers},
+                "client": asdict(self.config.client)})
 
 
 async def _first_failure(tasks: list[asyncio.Task]) -> None:

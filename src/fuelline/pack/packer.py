@@ -30,7 +30,6 @@ import orjson
 from fuelline.fingerprints import tokenizer_fingerprint
 from fuelline.formats.tokens import DTYPES, TokenDatasetWriter, check_dtype, dtype_for
 from fuelline.io.atomic import atomic_write, remove_temp_files, write_bytes_atomic
-from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import expand_inputs
 from fuelline.io.readers import RecordError, iter_file_records
 from fuelline.io.remote import refuse_url
@@ -38,7 +37,8 @@ from fuelline.io.stage_layout import STAGE_PART_PREFIX
 from fuelline.pack.templates import TEMPLATES
 from fuelline.pipeline.options import identity_values, option
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
-from fuelline.pipeline.task import resumed
+from fuelline.pipeline.stats import StepStats
+from fuelline.pipeline.workdir import WorkDir, not_a_step_output
 from fuelline.pipeline.workers import RunOptions, open_executor
 from fuelline.records import unit_interval
 
@@ -151,16 +151,6 @@ def _identity(files: list[Path], tokenizer_dir: Path, config: PackConfig) -> dic
             "inputs": describe_inputs(files)}
 
 
-def _refuse_other_run(existing: dict, identity: dict, output: Path) -> None:
-    """Raise unless `existing` (the identity of what `output` holds) is this run's."""
-    if existing["tokenizer_fingerprint"] != identity["tokenizer_fingerprint"]:
-        raise ValueError(f"{output} was packed with another tokenizer (sha256 {existing['tokenizer_fingerprint'][:12]}…, "
-                         f"this one is {identity['tokenizer_fingerprint'][:12]}…); pass --restart to pack it again")
-    differing = [k for k in identity if existing.get(k) != identity[k]]
-    if differing:
-        raise ValueError(f"{output} was packed with different {', '.join(differing)}; pass --restart to pack it again")
-
-
 def resolve_dtype(config: PackConfig, vocab_size: int, where: str) -> str:
     dtype = dtype_for(vocab_size - 1) if config.dtype == "auto" else config.dtype
     check_dtype(dtype, vocab_size - 1, where)
@@ -226,7 +216,6 @@ def pack(inputs, tokenizer_dir: str | os.PathLike, output: str | os.PathLike, co
     config = config or PackConfig()
     run_options = RunOptions(workers=workers, executor=executor, ray_address=ray_address)
     output, tokenizer_dir = Path(output), Path(tokenizer_dir)
-    started = time.perf_counter()
     from tokenizers import Tokenizer
 
     tokenizer_path = tokenizer_dir / "tokenizer.json"
@@ -238,36 +227,35 @@ def pack(inputs, tokenizer_dir: str | os.PathLike, output: str | os.PathLike, co
     TEMPLATES[config.template](tokenizer, **config.template_options(tokenizer_dir))  # refuses a tokenizer
     # without the template's special tokens, before anything is written
     files = expand_inputs(inputs)
-    with exclusive_output(output):
-        return _pack(files, tokenizer, tokenizer_dir, output, config, dtype, run_options, restart, progress,
-                     started)
+    step_dir = WorkDir(output, _identity(files, tokenizer_dir, config))
+    with step_dir.lock():
+        return _pack(files, tokenizer, tokenizer_dir, step_dir, config, dtype, run_options, restart, progress)
 
 
-def _pack(files, tokenizer, tokenizer_dir: Path, output: Path, config: PackConfig, dtype: str, run_options: RunOptions,
-          restart: bool, progress: bool, started: float) -> dict:
+def _pack(files, tokenizer, tokenizer_dir: Path, step_dir: WorkDir, config: PackConfig, dtype: str,
+          run_options: RunOptions, restart: bool, progress: bool) -> dict:
     """`pack`, once the output's lock is held."""
     tokenizer_path = tokenizer_dir / "tokenizer.json"
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-    identity = _identity(files, tokenizer_dir, config)
+    output, identity, started = step_dir.path, step_dir.identity, step_dir.started
     workdir = output / "_work"
-    if restart and output.exists():
-        shutil.rmtree(output)
-    stats_path, plan_path = output / "stats.json", workdir / "plan.json"
-    if stats_path.exists():
-        finished = orjson.loads(stats_path.read_bytes())
-        _refuse_other_run(finished["identity"], identity, output)
+    if restart:
+        step_dir.discard()
+    if (finished := step_dir.finished()) is not None:
         _remove_leftovers(output)  # a run killed between stats.json and its cleanup
-        return resumed(finished, started)  # packed already
+        return finished  # packed already
     remove_temp_files(output)  # of writes a killed run left half done (we hold the output's lock)
-    if plan_path.exists() and not any(workdir.glob(f"{STAGE_PART_PREFIX}*.json")):
-        shutil.rmtree(output)  # nothing encoded yet (e.g. it stopped on bad input): other options are fine
-    if plan_path.exists():
-        plan = orjson.loads(plan_path.read_bytes())
-        _refuse_other_run(plan["identity"], identity, output)
+    plan_path = workdir / "plan.json"
+    plan = orjson.loads(plan_path.read_bytes()) if plan_path.exists() else None
+    if plan is not None and not step_dir.resumes(
+            plan["identity"], anything_finished=any(workdir.glob(f"{STAGE_PART_PREFIX}*.json"))):
+        step_dir.discard()  # nothing encoded yet (e.g. it stopped on bad input): other options are fine
+        plan = None
+    if plan is not None:
         shards = [InputShard(**s) for s in plan["shards"]]
     else:
-        if output.exists() and any(output.iterdir()):
-            raise ValueError(f"{output} exists and is not a pack output; choose another directory or pass --restart")
+        if not step_dir.is_empty():
+            raise not_a_step_output(output)
         shards = plan_shards(files, config.shard_size)
         write_bytes_atomic(plan_path, orjson.dumps({"identity": identity, "shards": [s.to_json() for s in shards]}))
     encode = functools.partial(encode_shard, tokenizer_path=str(tokenizer_path), config=config, workdir=workdir,
@@ -292,16 +280,14 @@ def _pack(files, tokenizer, tokenizer_dir: Path, output: Path, config: PackConfi
                 if n["documents"] == 0]
     documents = sum(m["documents"] for m in markers)
     dropped = sum((Counter(m["dropped"]) for m in markers), Counter())
-    stats = {
-        "stage": "pack", "identity": identity, "records_in": documents + sum(dropped.values()),
-        "records_out": documents, "dropped": dict(sorted(dropped.items())),
-        "counters": {"truncated": sum(m["truncated"] for m in markers)} if config.template == "chat" else {},
-        "splits": splits, "dtype": dtype, "vocab_size": vocab_size, "warnings": warnings,
-        "encoder": dict(Counter(m.get("encoder", "unknown") for m in markers)),  # engine and why: shards
-        "seconds": {"tokenize": round(encoded - started, 2), "merge": round(time.perf_counter() - encoded, 2)},
-        "wall_seconds": round(time.perf_counter() - started, 3),
-    }
-    write_bytes_atomic(stats_path, orjson.dumps(stats, option=orjson.OPT_INDENT_2) + b"\n")
+    stats = StepStats(
+        "pack", documents + sum(dropped.values()), documents, dict(dropped),
+        counters={"truncated": sum(m["truncated"] for m in markers)} if config.template == "chat" else {},
+        identity=identity, wall_seconds=time.perf_counter() - started, details={
+            "splits": splits, "dtype": dtype, "vocab_size": vocab_size, "warnings": warnings,
+            "encoder": dict(Counter(m.get("encoder", "unknown") for m in markers)),  # engine and why: shards
+            "seconds": {"tokenize": round(encoded - started, 2), "merge": round(time.perf_counter() - encoded, 2)}},
+    ).write(output)
     _remove_leftovers(output)
     return stats
 

@@ -32,12 +32,11 @@ from fuelline.io.atomic import write_bytes_atomic
 from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import expand_inputs
 from fuelline.io.remote import refuse_url
-from fuelline.pipeline.executor import RunOptions, run_stage
 from fuelline.pipeline.options import build_config, option_fields
 from fuelline.pipeline.ray_executor import RayExecutor
-from fuelline.pipeline.registry import stage_class
-from fuelline.pipeline.stage import Stage
-from fuelline.pipeline.task import Task, resolve_step
+from fuelline.pipeline.registry import make_step, step_class
+from fuelline.pipeline.step import Step, resolve_step
+from fuelline.pipeline.workers import RunOptions
 
 RUN_OPTION_KEYS = {f.name for f in dataclasses.fields(RunOptions)} - {"restart", "progress"}
 
@@ -94,13 +93,9 @@ def build_dataclass(cls: type, values: dict[str, Any], where: str):
 @dataclass
 class PipelineStep:
     name: str
-    stage: Stage | Task
+    step: Step
     run_options: RunOptions
     input: list[str] = field(default_factory=list)
-
-    @property
-    def produces_records(self) -> bool:
-        return not isinstance(self.stage, Task) or self.stage.produces_records
 
 
 def read_toml(path: str | os.PathLike) -> dict[str, Any]:
@@ -126,7 +121,8 @@ def load_pipeline(path: str | os.PathLike) -> list[PipelineStep]:
         table = dict(table)
         if "use" not in table:
             raise ValueError(f"{where}: missing key 'use' (the stage to run)")
-        cls = stage_class(table.pop("use"))
+        use = table.pop("use")
+        cls = step_class(use)
         name = table.pop("name", cls.name)
         if name in names:
             raise ValueError(f"{where}: stage name {name!r} is used twice; give one a distinct 'name'")
@@ -137,7 +133,7 @@ def load_pipeline(path: str | os.PathLike) -> list[PipelineStep]:
         run_values = {**defaults, **{k: table.pop(k) for k in list(table) if k in RUN_OPTION_KEYS - own}}
         options = build_dataclass(RunOptions, run_values, where)
         config = build_dataclass(cls.Config, table, f"{where} ({cls.name})")
-        steps.append(PipelineStep(name, cls(config), options, inputs))
+        steps.append(PipelineStep(name, make_step(use, config), options, inputs))
     return steps
 
 
@@ -170,14 +166,10 @@ def run_pipeline(steps: list[PipelineStep], run_dir: str | os.PathLike, *, input
 def _one_ray_instance(steps: list[PipelineStep], step_options: list[RunOptions]):
     """When the steps on Ray all run without an address, one Ray instance started here for all of
     them (each step's executor would start and stop one of its own: seconds a step)."""
-    on_ray = [o for step, o in zip(steps, step_options) if o.executor == "ray" and _uses_workers(step)]
+    on_ray = [o for step, o in zip(steps, step_options) if o.executor == "ray" and step.step.uses_workers]
     if not on_ray or any(o.ray_address is not None for o in on_ray):
         return contextlib.nullcontext()
     return RayExecutor(None, max(o.resolved_workers(1 << 30) for o in on_ray))
-
-
-def _uses_workers(step: PipelineStep) -> bool:
-    return not isinstance(step.stage, Task) or step.stage.parallel
 
 
 def _run_steps(steps: list[PipelineStep], step_options: list[RunOptions], run_dir: Path,
@@ -192,20 +184,14 @@ def _run_steps(steps: list[PipelineStep], step_options: list[RunOptions], run_di
             inputs = [os.fspath(resolve_step(s, outputs)) for s in step.input]
         else:
             inputs = last_records
-        if not inputs and getattr(step.stage, "needs_input", True):
+        if not inputs and step.step.needs_input:
             raise ValueError(f"stage {step.name!r} has no input: give --input or set 'input' in the pipeline file")
         out = run_dir / f"{i:02d}-{step.name}"
-        layout.append({"name": step.name, "stage": step.stage.name, "dir": out.name})
+        layout.append({"name": step.name, "stage": step.step.name, "dir": out.name})
         write_bytes_atomic(run_dir / "pipeline.json", orjson.dumps({"stages": layout}, option=orjson.OPT_INDENT_2) + b"\n")
-        if isinstance(step.stage, Task):
-            executor = ({"executor": options.executor, "ray_address": options.ray_address}
-                        if _uses_workers(step) else {})
-            stats = step.stage.run(inputs, out, workers=options.workers, steps=outputs, restart=options.restart,
-                                   progress=options.progress, **executor)
-        else:
-            stats = run_stage(step.stage, inputs, out, options)
+        stats = step.step.run(inputs, out, options, outputs)
         all_stats.append(stats)
         outputs[step.name] = out
-        if step.produces_records:
+        if step.step.produces_records:
             last_records = [os.fspath(out)]
     return all_stats

@@ -42,11 +42,14 @@ from fuelline.io.atomic import remove_temp_files, write_bytes_atomic
 from fuelline.io.paths import expand_inputs
 from fuelline.io.readers import READ_ERROR_REASONS, iter_file_records
 from fuelline.io.rejects import Rejects
-from fuelline.io.stage_layout import DONE_DIR, PREPARE_DIR, REJECTS_DIR, STAGE_PART_PREFIX, STAGE_PLAN_FILE, STATS_FILE
+from fuelline.io.stage_layout import DONE_DIR, PREPARE_DIR, REJECTS_DIR, STAGE_PART_PREFIX, STAGE_PLAN_FILE
 from fuelline.io.writers import OUTPUT_FORMATS, RecordWriter, open_writer
-from fuelline.pipeline.output import OutputStore, StageOutputMismatch, open_output
+from fuelline.pipeline.output import OutputStore, open_output
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.pipeline.stage import PrepareContext, ShardContext, Stage
+from fuelline.pipeline.stats import StepStats
+from fuelline.pipeline.step import Step
+from fuelline.pipeline.workdir import WorkDir, not_a_step_output
 from fuelline.pipeline.workers import RunOptions, open_executor
 from fuelline.progress import progress_bar
 from fuelline.records import Location
@@ -184,30 +187,23 @@ def _prepare_output(stage: Stage, inputs: list[Path | str], store: OutputStore, 
     outside = _outside_targets(targets, output_dir)
     plan_path = output_dir / STAGE_PLAN_FILE
     existing = _read_json(plan_path) if plan_path.exists() else None
-    same = existing is not None and {k: v for k, v in existing.items() if k != "shards"} == identity
-    # Until a shard has finished (e.g. the run stopped on bad input), other options simply replace the old.
-    replaceable = not same and not any((output_dir / DONE_DIR).glob("*.json"))
-    if existing is not None and (options.restart or replaceable):
+    step_dir = WorkDir(output_dir, identity, name=str(store))
+    if existing is not None and (options.restart or not step_dir.resumes(
+            {k: v for k, v in existing.items() if k != "shards"},
+            anything_finished=any((output_dir / DONE_DIR).glob("*.json")))):
         store.discard()
         for directory in outside:  # only the parts this stage wrote there
             for part in directory.glob(f"{STAGE_PART_PREFIX}*"):
                 part.unlink()
         existing = None
-    if existing is not None:
-        if same:
-            for directory in [output_dir, *outside]:
-                directory.mkdir(parents=True, exist_ok=True)
-                remove_temp_files(directory)
-            return [InputShard(**s) for s in existing["shards"]]
-        differing = sorted(k for k in identity.keys() | existing.keys()
-                           if k != "shards" and existing.get(k) != identity.get(k))
-        raise StageOutputMismatch(
-            f"{store} holds the output of a run with different {', '.join(differing)}; "
-            "pass --restart to delete it and run again, or choose another output directory"
-        )
+    if existing is not None:  # this run's: resumed
+        for directory in [output_dir, *outside]:
+            directory.mkdir(parents=True, exist_ok=True)
+            remove_temp_files(directory)
+        return [InputShard(**s) for s in existing["shards"]]
     for directory in [output_dir, *outside]:
         if directory.exists() and any(directory.iterdir()):
-            raise StageOutputMismatch(f"{directory} exists, is not empty and is not a fuelline stage output")
+            raise not_a_step_output(directory)
         directory.mkdir(parents=True, exist_ok=True)
     shards = plan_shards(inputs, options.shard_size)
     write_bytes_atomic(plan_path, _dumps({**identity, "shards": [s.to_json() for s in shards]}))
@@ -215,7 +211,7 @@ def _prepare_output(stage: Stage, inputs: list[Path | str], store: OutputStore, 
     return shards
 
 
-def aggregate_stats(stage: Stage, markers: list[dict]) -> dict:
+def aggregate_stats(stage: Stage, markers: list[dict]) -> StepStats:
     dropped: Counter = Counter()
     counters: Counter = Counter()
     outputs: Counter = Counter()
@@ -226,19 +222,26 @@ def aggregate_stats(stage: Stage, markers: list[dict]) -> dict:
             examples.setdefault(reason, example)
         counters.update(m["counters"])
         outputs.update(m.get("outputs", {}))
-    stats = {
-        "stage": stage.name,
-        "records_in": sum(m["records_in"] for m in markers),
-        "records_out": sum(m["records_out"] for m in markers),
-        "dropped": dict(sorted(dropped.items())),
-        "drop_examples": dict(sorted(examples.items())),
-        "counters": dict(sorted(counters.items())),
-        "seconds": round(sum(m["seconds"] for m in markers), 3),
-        "shards": len(markers),
-    }
+    details = {"seconds": round(sum(m["seconds"] for m in markers), 3), "shards": len(markers)}
     if stage.outputs:
-        stats["outputs"] = {name: outputs[name] for name in stage.outputs}
-    return stats
+        details["outputs"] = {name: outputs[name] for name in stage.outputs}
+    return StepStats(stage.name, sum(m["records_in"] for m in markers), sum(m["records_out"] for m in markers),
+                     dict(dropped), examples, dict(counters), details=details)
+
+
+class RecordStep(Step):
+    """A record stage as a pipeline step: run over its input's shards by `run_stage`."""
+
+    produces_records = True
+    uses_workers = True
+
+    def __init__(self, stage: Stage):
+        super().__init__(stage.config)
+        self.stage = stage
+        self.name, self.description, self.Config = stage.name, stage.description, type(stage).Config
+
+    def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:
+        return run_stage(self.stage, inputs, output, options)
 
 
 def run_stage(stage: Stage, inputs, output_dir: str | os.PathLike, options: RunOptions | None = None,
@@ -285,9 +288,8 @@ def _run_locked(stage: Stage, files: list[Path | str], store: OutputStore, optio
             raise RuntimeError(f"{store}: shard {shard.part_name} did not finish")
         markers.append(marker)
     stats = aggregate_stats(stage, markers)
-    stats.update(stage.summary(output_dir / PREPARE_DIR, stats))
-    stats["resumed_shards"] = len(shards) - len(pending)
-    stats["wall_seconds"] = round(time.perf_counter() - started, 3)
-    write_bytes_atomic(output_dir / STATS_FILE, _dumps(stats))
+    stats.details.update(stage.summary(output_dir / PREPARE_DIR, stats.to_json()), resumed_shards=len(shards) - len(pending))
+    stats.wall_seconds = time.perf_counter() - started
+    written = stats.write(output_dir)
     store.finish()
-    return stats
+    return written

@@ -19,17 +19,13 @@ from typing import Callable
 from fuelline.io.atomic import is_temp_name, write_bytes_atomic
 from fuelline.io.lock import exclusive_output
 from fuelline.io.remote import RemoteDir, canonical, is_url, staging_dir
+from fuelline.pipeline.workdir import not_a_step_output
 from fuelline.io.stage_layout import (
     DONE_DIR,
     PREPARE_DIR,
     STAGE_PLAN_FILE,
     STATS_FILE,
 )
-
-
-class StageOutputMismatch(RuntimeError):
-    """The output directory holds the result of different options or inputs."""
-
 
 
 class OutputStore:
@@ -112,7 +108,7 @@ class RemoteOutput(OutputStore):
         self.remote.remove([n for n in listing if is_temp_name(n.rsplit("/", 1)[-1])])  # of a killed upload
         if STAGE_PLAN_FILE not in listing:
             if any(not is_temp_name(n.rsplit("/", 1)[-1]) for n in listing):
-                raise StageOutputMismatch(f"{self.url} exists, is not empty and is not a fuelline stage output")
+                raise not_a_step_output(self.url)
             shutil.rmtree(self.directory, ignore_errors=True)
             return
         plan = self.remote.read([STAGE_PLAN_FILE])[STAGE_PLAN_FILE]

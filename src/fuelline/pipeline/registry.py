@@ -1,11 +1,13 @@
-"""Stage names to classes. Imported lazily so `fuelline --help` stays instant."""
+"""Step names to classes. Imported lazily so `fuelline --help` stays instant."""
 
 from __future__ import annotations
 
 import importlib
 
 from fuelline.pipeline.stage import Stage
+from fuelline.pipeline.step import Step
 
+# Record stages: run shard by shard by the executor (`RecordStep`); each has a generated command.
 STAGES: dict[str, str] = {
     "ingest": "fuelline.ingest:IngestStage",
     "boilerplate": "fuelline.clean.boilerplate:BoilerplateStage",
@@ -15,22 +17,30 @@ STAGES: dict[str, str] = {
     "chat-from-poetry": "fuelline.chat.from_poetry:ChatFromPoetryStage",
 }
 
-
-# Steps a pipeline file can use that are not record stages (they have CLI commands of their own).
-TASKS: dict[str, str] = {
-    "tokenizer": "fuelline.tokenizer.task:TokenizerTask",
-    "pack": "fuelline.pack.task:PackTask",
-    "report": "fuelline.report.task:ReportTask",
-    "regenerate": "fuelline.chat.task:RegenerateTask",
-    "cache": "fuelline.cache.task:CacheTask",
+# Steps that read their inputs whole (they have commands of their own).
+STEPS: dict[str, str] = {
+    "tokenizer": "fuelline.tokenizer.step:TokenizerStep",
+    "pack": "fuelline.pack.step:PackStep",
+    "report": "fuelline.report.step:ReportStep",
+    "regenerate": "fuelline.chat.regenerate_step:RegenerateStep",
+    "cache": "fuelline.cache.step:CacheStep",
 }
 
 
-def stage_class(name: str) -> type[Stage]:
-    """The class of a record stage or task called `name`."""
+def step_class(name: str) -> type[Stage] | type[Step]:
+    """The class of the record stage or step called `name`: its `Config`, `description` and, for a
+    step, `run`."""
     try:
-        target = {**STAGES, **TASKS}[name]
+        target = {**STAGES, **STEPS}[name]
     except KeyError:
-        raise ValueError(f"unknown stage {name!r}; available: {', '.join(sorted({**STAGES, **TASKS}))}") from None
+        raise ValueError(f"unknown stage {name!r}; available: {', '.join(sorted({**STAGES, **STEPS}))}") from None
     module, attr = target.split(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def make_step(name: str, config) -> Step:
+    """The pipeline step `name` with options `config`; a record stage becomes its `RecordStep`."""
+    from fuelline.pipeline.executor import RecordStep  # not on `fuelline --help`'s path
+
+    cls = step_class(name)
+    return RecordStep(cls(config)) if name in STAGES else cls(config)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
 from fuelline.io.atomic import write_bytes_atomic
-from fuelline.pipeline.task import Task
+from fuelline.pipeline.step import Step
+from fuelline.pipeline.workers import RunOptions
 from fuelline.report.funnel import format_funnel, load_funnel
 from fuelline.report.html import write_report
 
@@ -23,12 +25,18 @@ def build_report(run_dir: Path, directory: Path) -> dict:
     return funnel
 
 
-class ReportTask(Task):
+@dataclass
+class ReportConfig:
+    """The report has no options: it shows the run as it is."""
+
+
+class ReportStep(Step):
     name = "report"
     description = "Write the funnel report of the run so far."
+    Config = ReportConfig
     needs_input = False
 
-    def run(self, inputs, output: Path, *, workers, steps, restart, progress) -> dict:
+    def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:
         """Into RUN/report/, where `fuelline report RUN` writes too (not into the step's own directory)."""
         directory = output.parent / REPORT_DIR
         funnel = build_report(output.parent, directory)

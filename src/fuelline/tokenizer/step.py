@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import shutil
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import orjson
-
-from fuelline.io.atomic import write_bytes_atomic
 from fuelline.pipeline.options import option
-from fuelline.pipeline.task import Task
+from fuelline.pipeline.stats import StepStats
+from fuelline.pipeline.step import Step
+from fuelline.pipeline.workdir import WorkDir
+from fuelline.pipeline.workers import RunOptions
 from fuelline.tokenizer.train import PRETOKENIZE, train_tokenizer
 
 
@@ -27,22 +25,17 @@ class TokenizerConfig:
     min_frequency: int = option(2, "a pair must occur this often to become a merge")
 
 
-class TokenizerTask(Task):
+class TokenizerStep(Step):
     name = "tokenizer"
     description = "Train a byte-level BPE tokenizer on the text of document records (never on metadata)."
     Config = TokenizerConfig
 
-    def run(self, inputs, output: Path, *, workers, steps, restart, progress) -> dict:
-        if not restart and (done := self.finished(output, inputs)):
-            return done
-        if output.exists():
-            shutil.rmtree(output)
-        started = time.perf_counter()
+    def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:
+        return WorkDir(output, self.identity(inputs)).run_once(lambda: self._train(inputs, output),
+                                                               restart=options.restart)
+
+    def _train(self, inputs, output: Path) -> StepStats:
         report = train_tokenizer(inputs, output, **asdict(self.config))
-        stats = {"stage": self.name, "identity": self.identity(inputs), "records_in": report["documents"],
-                 "records_out": report["documents"], "dropped": {}, "counters": {},
-                 "tokenizer": {k: report[k] for k in ("vocab_size", "pretokenize", "tokens_per_char",
-                                                       "isolated_share", "train_seconds", "warnings")},
-                 "wall_seconds": round(time.perf_counter() - started, 3)}
-        write_bytes_atomic(output / "stats.json", orjson.dumps(stats, option=orjson.OPT_INDENT_2) + b"\n")
-        return stats
+        return StepStats(self.name, report["documents"], report["documents"], details={"tokenizer": {
+            k: report[k] for k in ("vocab_size", "pretokenize", "tokens_per_char", "isolated_share", "train_seconds",
+                                   "warnings")}})

@@ -8,21 +8,20 @@ several GPUs run `torchrun … -m fuelline cache build` on the step's input inst
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from fuelline.cache.plan import CacheConfig
-from fuelline.pipeline.task import Task
+from fuelline.pipeline.step import Step
+from fuelline.pipeline.workers import RunOptions
 
 
-class CacheTask(Task):
+class CacheStep(Step):
     name = "cache"
     description = "Run the target model once over the conversations and store its hidden states."
     Config = CacheConfig  # the options of `fuelline cache build` too
 
-    def run(self, inputs, output: Path, *, workers, steps, restart, progress) -> dict:
+    def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:
         from fuelline.cache.build import build_cache
 
-        if restart and output.exists():
-            shutil.rmtree(output)
-        return build_cache(self.config.model, inputs, output, self.config, progress=progress)
+        return build_cache(self.config.model, inputs, output, self.config, progress=options.progress,
+                           restart=options.restart)

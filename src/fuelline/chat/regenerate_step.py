@@ -7,13 +7,14 @@ than those it was run with are refused unless the pipeline runs with --restart.
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fuelline.chat.regenerate import OutputPaths, RegenerateConfig, regenerate, resolve_servers
 from fuelline.pipeline.options import option
-from fuelline.pipeline.task import Task
+from fuelline.pipeline.step import Step
+from fuelline.pipeline.workdir import WorkDir
+from fuelline.pipeline.workers import RunOptions
 
 
 @dataclass
@@ -30,35 +31,32 @@ class PipelineRegenerateConfig(RegenerateConfig):
     serve_gpus_per_server: int = option(1, "GPUs per server started (0: CPU)", identity=False)
 
 
-class RegenerateTask(Task):
+class RegenerateStep(Step):
     name = "regenerate"
     description = "Regenerate every assistant answer with the target model through OpenAI-compatible servers."
     Config = PipelineRegenerateConfig
     produces_records = True
 
-    def run(self, inputs, output: Path, *, workers, steps, restart, progress) -> dict:
-        if not restart and (done := self.finished(output, inputs)):
+    def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:
+        step_dir = WorkDir(output, self.identity(inputs))
+        if options.restart:
+            step_dir.discard()
+        if (done := step_dir.finished()) is not None:  # refused when other options finished here
             return done
-        if restart and output.exists():
-            shutil.rmtree(output)
         cfg = self.config
         if not cfg.serve_model:
             return self._regenerate(inputs, output, *resolve_servers(cfg.model, cfg.servers, cfg.servers_file),
-                                    progress)
+                                    options.progress)
         from fuelline.serve.launcher import ServerGroup
 
         # logs and servers.json under _servers/: a directory read of the step's output skips it
         with ServerGroup(cfg.serve_engine, cfg.serve_model, cfg.serve_ports, log_dir=output / "_servers",
                          gpus_per_server=cfg.serve_gpus_per_server) as group:
             return self._regenerate(inputs, output, cfg.model or group.model, list(cfg.servers) + group.urls,
-                                    progress)
+                                    options.progress)
 
     def _regenerate(self, inputs, output: Path, model: str, urls: list[str], progress: bool) -> dict:
-        config = replace(self.config, model=model)
         paths = OutputPaths.of(output)
-        started_before = any(p.exists() and p.stat().st_size for p in (paths.records, paths.errors))
-        if started_before and paths.stats.exists():
-            raise ValueError(f"{output} holds a regeneration made with other options or inputs; "
-                             "run the pipeline with --restart to redo it")
-        return regenerate(inputs, output, urls, config, resume=started_before, progress=progress,
+        resume = any(p.exists() and p.stat().st_size for p in (paths.records, paths.errors))
+        return regenerate(inputs, output, urls, replace(self.config, model=model), resume=resume, progress=progress,
                           identity=self.identity(inputs))

@@ -1,0 +1,21 @@
+"""Packing as a pipeline step: the documents of the last record step, with a tokenizer step's output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fuelline.pack.packer import PackConfig, pack
+from fuelline.pipeline.step import Step, resolve_step
+from fuelline.pipeline.workers import RunOptions
+
+
+class PackStep(Step):
+    name = "pack"
+    description = "Tokenize documents (or chat records) into train/ and val/ token datasets with a loss mask."
+    Config = PackConfig
+    uses_workers = True
+
+    def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:
+        return pack(inputs, resolve_step(self.config.tokenizer, steps), output, self.config, workers=options.workers,
+                    restart=options.restart, progress=options.progress, executor=options.executor,
+                    ray_address=options.ray_address)

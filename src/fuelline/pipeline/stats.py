@@ -1,0 +1,73 @@
+"""stats.json: what every step says of its run, in one shape, so the funnel report reads any step alike.
+
+The funnel's numbers are the same for every step: records in and out, drops by reason (with the
+first dropped record of each reason), counters, and seconds. A step adds what only it knows
+(`details`: pack's splits, the cache's tokens, regenerate's servers), and the identity it is
+recognized by when a pipeline runs again (`fuelline.pipeline.workdir`). The file is written last
+and atomically: a step with a stats.json is finished.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from fuelline.io.atomic import write_bytes_atomic
+from fuelline.io.stage_layout import STATS_FILE
+
+
+@dataclass
+class StepStats:
+    stage: str  # the step's kind (`Step.name`): the report groups and names steps by it
+    records_in: int
+    records_out: int
+    dropped: dict[str, int] = field(default_factory=dict)
+    drop_examples: dict[str, str] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)
+    wall_seconds: float | None = None
+    identity: dict[str, Any] | None = None
+    details: dict[str, Any] = field(default_factory=dict)  # the step's own numbers, top-level keys of the file
+
+    def to_json(self) -> dict[str, Any]:
+        funnel = {"stage": self.stage, "records_in": self.records_in, "records_out": self.records_out,
+                  "dropped": dict(sorted(self.dropped.items())), "drop_examples": dict(sorted(self.drop_examples.items())),
+                  "counters": dict(sorted(self.counters.items()))}
+        clash = sorted(set(funnel) & set(self.details))
+        if clash:
+            raise ValueError(f"step {self.stage!r}: details may not redefine {', '.join(clash)}")
+        stats = {**funnel, **self.details}
+        if self.identity is not None:
+            stats["identity"] = self.identity
+        if self.wall_seconds is not None:
+            stats["wall_seconds"] = round(self.wall_seconds, 3)
+        return stats
+
+    def write(self, directory: Path, name: str = STATS_FILE) -> dict[str, Any]:
+        """Write DIRECTORY/stats.json (the step's last write); return what was written."""
+        stats = self.to_json()
+        write_stats(directory / name, stats)
+        return stats
+
+
+def write_stats(path: Path, stats: dict[str, Any]) -> None:
+    write_bytes_atomic(path, orjson.dumps(stats, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
+
+
+def read_stats(path: Path) -> dict[str, Any] | None:
+    """The stats of a finished step, or None when it has not finished (no stats.json)."""
+    try:
+        return orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except orjson.JSONDecodeError as e:
+        raise ValueError(f"{path}: not a stats.json fuelline wrote ({e}); pass --restart to redo the step") from None
+
+
+def resumed(stats: dict[str, Any], started: float) -> dict[str, Any]:
+    """The stats of a finished step found again: marked resumed, with this run's time, not the original's."""
+    return {**stats, "resumed": True, "original_wall_seconds": stats.get("wall_seconds"),
+            "wall_seconds": round(time.perf_counter() - started, 3)}
