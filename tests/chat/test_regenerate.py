@@ -301,6 +301,7 @@ def test_malformed_input_names_file_and_line(tmp_path):
 
 def test_pipeline_step_prepares_regenerates_reports_and_skips_when_done(tmp_path):
     from fuelline.pipeline.config import load_pipeline, run_pipeline
+    from fuelline.pipeline.workdir import StepOutputMismatch
     from fuelline.report.funnel import format_funnel, load_funnel
 
     source = shared_file("chat/gsm8k-train.jsonl.zst")
@@ -322,6 +323,13 @@ def test_pipeline_step_prepares_regenerates_reports_and_skips_when_done(tmp_path
     funnel = load_funnel(tmp_path / "run")
     assert [s["name"] for s in funnel["steps"]] == ["chat-prepare", "regenerate"]
     assert funnel["steps"][1]["adds_up"] and "regenerate" in format_funnel(funnel)
+    other = tmp_path / "other.toml"  # other sampling: refused (the servers are gone; nothing is asked of them)
+    other.write_text(pipeline.read_text().replace('preset = "qwen3"', 'preset = "qwen3"\nmax_tokens = 64'))
+    with pytest.raises(StepOutputMismatch, match="different config.max_tokens; pass --restart"):
+        run_pipeline(load_pipeline(other), tmp_path / "run", input=[str(source)], progress=False)
+    (tmp_path / "run" / "02-regenerate" / "stats.json").unlink()  # as if stopped before its end
+    with pytest.raises(StepOutputMismatch, match="different config.max_tokens; pass --restart"):
+        run_pipeline(load_pipeline(other), tmp_path / "run", input=[str(source)], progress=False)
 
 
 def test_reasoning_returned_separately_never_enters_the_answer(conversations, tmp_path):

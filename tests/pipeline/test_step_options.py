@@ -10,6 +10,8 @@ from click.testing import CliRunner
 from fuelline.cli import main
 from fuelline.pipeline.config import load_pipeline, run_pipeline
 from fuelline.pipeline.options import option_fields
+from fuelline.pipeline.registry import STAGES
+from fuelline.serve.launcher import ServeConfig
 
 # step -> (its CLI command, the arguments it requires besides --input and --output, the same as pipeline keys)
 STEPS = {
@@ -17,9 +19,13 @@ STEPS = {
     "tokenizer": (["tokenizer", "train"], [], ""),
     "regenerate": (["chat", "regenerate"], [], ""),
     "cache": (["cache", "build"], ["--model", "m", "--layers", "1,9"], 'model = "m"\nlayers = [1, 9]\n'),
+    **{stage: ([stage], [], "") for stage in ("ingest", "boilerplate", "clean", "dedup")},
+    "chat-from-poetry": (["chat", "from-poetry"], [], ""),
 }
 NOT_OPTIONS = {"inputs", "output", "workers", "restart", "resume", "quiet", "progress", "executor", "ray_address"}  # how it runs
-PIPELINE_ONLY = {"regenerate": {"serve_model", "serve_engine", "serve_ports", "serve_gpus_per_server"}}  # servers a step starts
+# a record stage's run options (pipeline files: [defaults] or the stage's table, as RunOptions); --explain instead of running
+STAGE_RUN = {"shard_size", "output_format", "on_error", "no_rejects", "config_file", "explain"}
+PIPELINE_ONLY = {"regenerate": {"serve_" + f.name for f, _ in option_fields(ServeConfig)}}  # servers a step starts
 
 
 def _command(words):
@@ -53,10 +59,11 @@ def test_the_cli_and_a_pipeline_file_take_the_same_keys_and_defaults(step, tmp_p
     pipeline.write_text(f'[[stage]]\nuse = "{step}"\n{STEPS[step][2]}')
     from_file = load_pipeline(pipeline)[0].step.config
     keys = {f.name for f, _ in option_fields(type(from_file))} - PIPELINE_ONLY.get(step, set())
-    assert {p.name for p in _command(STEPS[step][0]).params} - NOT_OPTIONS == keys
+    run = NOT_OPTIONS | (STAGE_RUN if step in STAGES else set())
+    assert {p.name for p in _command(STEPS[step][0]).params} - run == keys
     from_cli = _cli_config(step, tmp_path, monkeypatch)
     references = {f.name for f, _ in option_fields(type(from_file)) if f.metadata.get("step_ref")}  # @STEP in a file
-    compared = dataclasses.asdict(from_file).keys() - references - PIPELINE_ONLY.get(step, set())
+    compared = dataclasses.asdict(from_file).keys() - references - {"serve"}  # the servers a pipeline step starts
     assert {k: dataclasses.asdict(from_cli)[k] for k in compared} == {k: dataclasses.asdict(from_file)[k] for k in compared}
 
 
@@ -105,3 +112,66 @@ def test_cache_build_takes_sizes_layers_and_inline_writes_as_users_write_them(tm
     assert step.config.queue_bytes == 1024
     identity = step.identity([])["config"]
     assert identity["layers"] == [2] and not {"model", "device", "force", "inline_writes", "queue_bytes"} & identity.keys()
+
+
+def test_chat_prepare_takes_the_keys_of_its_config():
+    """Its command has train and eval outputs of its own; its options are its Config's, as every stage's."""
+    from fuelline.pipeline.registry import step_class
+
+    outputs = {"train_output", "eval_output", "work_dir"}
+    assert {p.name for p in _command(["chat", "prepare"]).params} - NOT_OPTIONS - STAGE_RUN - outputs == \
+        {f.name for f, _ in option_fields(step_class("chat-prepare").Config)}
+
+
+def test_serve_takes_the_options_a_regenerate_step_takes_as_serve_keys(tmp_path):
+    """`fuelline serve --ports 30001` and a regenerate step's `serve_ports = "30001"` are one option."""
+    command_only = {"log_dir", "servers_file", "check_interval", "extra_args"}  # where a foreground command writes
+    serve = {f.name: f for f, _ in option_fields(ServeConfig)}
+    assert {p.name for p in _command(["serve"]).params} - command_only == serve.keys()
+    pipeline = tmp_path / "p.toml"
+    pipeline.write_text('[[stage]]\nuse = "regenerate"\nserve_model = "m"\nserve_ports = "30001"\n')
+    config = load_pipeline(pipeline)[0].step.config
+    assert (config.serve.model, config.serve.ports, config.serve.engine) == ("m", "30001", ServeConfig().engine)
+    with pytest.raises(ValueError, match=r"unknown option\(s\) serve_prots; valid: .*serve_ports"):
+        pipeline.write_text('[[stage]]\nuse = "regenerate"\nserve_prots = "30001"\n')
+        load_pipeline(pipeline)
+
+
+def test_the_report_has_no_options_but_its_run_directory():
+    from fuelline.pipeline.registry import step_class
+
+    assert option_fields(step_class("report").Config) == []
+    assert {p.name for p in _command(["report"]).params} == {"run_dir", "as_json"}
+
+
+def test_a_step_resumes_refuses_other_options_naming_them_and_restarts(tmp_path):
+    """The one resume contract, on the tokenizer step: done is found again, other options are refused
+    naming the option, --restart redoes it; an unfinished run of other options is replaced."""
+    from fuelline.pipeline.workdir import STARTED_FILE, StepOutputMismatch
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_bytes(b"".join(orjson.dumps({"id": f"d{i}", "text": f"春眠不觉晓 {i}"}) + b"\n" for i in range(7)))
+    pipeline, other = tmp_path / "p.toml", tmp_path / "q.toml"
+    pipeline.write_text('[[stage]]\nuse = "tokenizer"\nvocab_size = 300\n')
+    other.write_text('[[stage]]\nuse = "tokenizer"\nvocab_size = 320\n')
+    first = run_pipeline(load_pipeline(pipeline), tmp_path / "run", input=[str(docs)], progress=False)[0]
+    again = run_pipeline(load_pipeline(pipeline), tmp_path / "run", input=[str(docs)], progress=False)[0]
+    assert again["resumed"] and again["identity"] == first["identity"] and "resumed" not in first
+    with pytest.raises(StepOutputMismatch, match=r"different config\.vocab_size; pass --restart"):
+        run_pipeline(load_pipeline(other), tmp_path / "run", input=[str(docs)], progress=False)
+    redone = run_pipeline(load_pipeline(other), tmp_path / "run", input=[str(docs)], progress=False, restart=True)[0]
+    assert redone["identity"]["config"]["vocab_size"] == 320 and "resumed" not in redone
+    step_dir = tmp_path / "run" / "01-tokenizer"
+    (step_dir / "stats.json").unlink()  # stopped before its end: nothing of it is kept
+    assert (step_dir / STARTED_FILE).exists()
+    replaced = run_pipeline(load_pipeline(pipeline), tmp_path / "run", input=[str(docs)], progress=False)[0]
+    assert replaced["identity"] == first["identity"] and "resumed" not in replaced
+    stranger = tmp_path / "mine"
+    stranger.mkdir()
+    (stranger / "notes.txt").write_text("not a step's")
+    from fuelline.pipeline.registry import make_step
+    from fuelline.pipeline.workers import RunOptions
+
+    with pytest.raises(StepOutputMismatch, match="is not a fuelline stage output"):
+        make_step("tokenizer", load_pipeline(pipeline)[0].step.config).run([str(docs)], stranger, RunOptions(), {})
+    assert (stranger / "notes.txt").read_text() == "not a step's"

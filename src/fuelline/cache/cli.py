@@ -92,18 +92,22 @@ def estimate(model, hidden_size, inputs, tokens, samples, **values):
     click.echo(format_table(estimates, (config.format, HIDDEN_DTYPES[config.hidden_dtype])))
 
 
+def _report(problems: list[str], ok: str) -> None:
+    """Each problem on stderr and exit 1, or the `ok` line."""
+    for problem in problems:
+        click.echo(f"problem: {problem}", err=True)
+    if problems:
+        raise click.exceptions.Exit(1)
+    click.echo(ok)
+
+
 @cache.command()
 @click.argument("path", type=click.Path(exists=True, file_okay=False))
 def verify(path):
     """Check manifest, index, bounds and every record's checksum; exit 1 when anything is wrong."""
     from fuelline.cache.inspect import verify_cache
 
-    problems = verify_cache(path)
-    for problem in problems:
-        click.echo(f"problem: {problem}", err=True)
-    if problems:
-        raise click.exceptions.Exit(1)
-    click.echo(f"ok: {path}")
+    _report(verify_cache(path), f"ok: {path}")
 
 
 @cache.command()
@@ -125,12 +129,7 @@ def validate(path, draft_config, target_model):
     """Check that the cache fits a draft model's configuration (layers, hidden size, target model)."""
     from fuelline.cache.inspect import validate_for_draft
 
-    problems = validate_for_draft(path, draft_config, target_model=target_model)
-    for problem in problems:
-        click.echo(f"problem: {problem}", err=True)
-    if problems:
-        raise click.exceptions.Exit(1)
-    click.echo(f"ok: {path} fits {draft_config}")
+    _report(validate_for_draft(path, draft_config, target_model=target_model), f"ok: {path} fits {draft_config}")
 
 
 @cache.command()

@@ -16,9 +16,9 @@ from fuelline.pipeline.workers import RunOptions
 
 
 class CacheStep(Step):
-    name = "cache"
-    description = "Run the target model once over the conversations and store its hidden states."
-    Config = CacheConfig  # the options of `fuelline cache build` too
+    """Run the target model once over the conversations and store its hidden states."""
+
+    name, Config = "cache", CacheConfig  # the options of `fuelline cache build` too
 
     def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:
         from fuelline.cache.build import build_cache

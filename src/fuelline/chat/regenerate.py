@@ -46,6 +46,7 @@ from fuelline.io.paths import expand_inputs
 from fuelline.io.readers import RecordError, count_units, iter_file_records
 from fuelline.pipeline.options import option
 from fuelline.pipeline.stats import StepStats, write_stats
+from fuelline.pipeline.workdir import mismatch
 from fuelline.serve.client import ClientConfig, Completion, NoServerError, RequestFailed, ServerPool
 
 # Recommended sampling of each target family in non-thinking mode (temperature, top_p, top_k, min_p).
@@ -160,6 +161,7 @@ class Earlier:
     dropped: set[str] = field(default_factory=set)
     finish_reasons: Counter = field(default_factory=Counter)
     truncated_kept: int = 0
+    identities: dict[bytes, dict] = field(default_factory=dict)  # of a pipeline step's records, as they say
 
 
 def earlier_runs(paths: OutputPaths) -> Earlier:
@@ -168,7 +170,11 @@ def earlier_runs(paths: OutputPaths) -> Earlier:
     earlier = Earlier()
     for _, record in _ids_of_lines(paths.records, True):
         earlier.written.add(record["id"])
-        reasons = record.get("meta", {}).get("regenerated", {}).get("finish_reasons", [])
+        regenerated = record.get("meta", {}).get("regenerated", {})
+        if "identity" in regenerated:
+            earlier.identities.setdefault(orjson.dumps(regenerated["identity"], option=orjson.OPT_SORT_KEYS),
+                                          regenerated["identity"])
+        reasons = regenerated.get("finish_reasons", [])
         earlier.finish_reasons.update(reasons)
         earlier.truncated_kept += "length" in reasons
     final = [r for _, r in _ids_of_lines(paths.errors, True) if r.get("reason") in FINAL_REASONS]
@@ -250,7 +256,11 @@ class Regenerator:
                 if path.exists() and path.stat().st_size:
                     raise ValueError(f"{path} exists from an earlier run; pass --resume to continue it, "
                                      "or remove it to start over")
-        return asyncio.run(self._run(earlier_runs(self.paths) if self.resume else Earlier()))
+        earlier = earlier_runs(self.paths) if self.resume else Earlier()
+        for identity in earlier.identities.values():  # a pipeline step resumed with other options or inputs
+            if self.identity is not None and identity != self.identity:
+                raise mismatch(self.paths.records.parent, identity, self.identity)
+        return asyncio.run(self._run(earlier))
 
     async def _run(self, earlier: Earlier) -> dict:
         from fuelline.progress import progress_bar

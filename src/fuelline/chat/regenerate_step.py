@@ -11,31 +11,26 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fuelline.chat.regenerate import OutputPaths, RegenerateConfig, regenerate, resolve_servers
-from fuelline.pipeline.options import option
+from fuelline.pipeline.options import group
 from fuelline.pipeline.step import Step
 from fuelline.pipeline.workdir import WorkDir
 from fuelline.pipeline.workers import RunOptions
+from fuelline.serve.launcher import ServeConfig, ServerGroup
 
 
 @dataclass
 class PipelineRegenerateConfig(RegenerateConfig):
-    """The regenerate command's options, and the servers a pipeline step may start for itself
+    """The regenerate command's options, and (`serve_*`: `fuelline serve`'s options) the servers a
+    pipeline step may start for itself, and stop after it; without `serve_model` it starts none
     (the command connects to servers started with `fuelline serve`)."""
 
-    serve_model: str = option("", "start `fuelline serve` servers of this model directory for the step, and stop "
-                              "them after it")
-    serve_engine: str = option("transformers", "engine of the servers started",
-                               choices=["sglang", "vllm", "transformers"], identity=False)
-    serve_ports: str = option("30000", "ports of the servers started: 30000, 30000-30007 or 30000,30001",
-                              identity=False)
-    serve_gpus_per_server: int = option(1, "GPUs per server started (0: CPU)", identity=False)
+    serve: ServeConfig = group(ServeConfig, prefix="serve_")
 
 
 class RegenerateStep(Step):
-    name = "regenerate"
-    description = "Regenerate every assistant answer with the target model through OpenAI-compatible servers."
-    Config = PipelineRegenerateConfig
-    produces_records = True
+    """Regenerate every assistant answer with the target model through OpenAI-compatible servers."""
+
+    name, Config, produces_records = "regenerate", PipelineRegenerateConfig, True
 
     def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:
         step_dir = WorkDir(output, self.identity(inputs))
@@ -44,14 +39,12 @@ class RegenerateStep(Step):
         if (done := step_dir.finished()) is not None:  # refused when other options finished here
             return done
         cfg = self.config
-        if not cfg.serve_model:
+        if not cfg.serve.model:
             return self._regenerate(inputs, output, *resolve_servers(cfg.model, cfg.servers, cfg.servers_file),
                                     options.progress)
-        from fuelline.serve.launcher import ServerGroup
 
         # logs and servers.json under _servers/: a directory read of the step's output skips it
-        with ServerGroup(cfg.serve_engine, cfg.serve_model, cfg.serve_ports, log_dir=output / "_servers",
-                         gpus_per_server=cfg.serve_gpus_per_server) as group:
+        with ServerGroup.of(cfg.serve, log_dir=output / "_servers") as group:
             return self._regenerate(inputs, output, cfg.model or group.model, list(cfg.servers) + group.urls,
                                     options.progress)
 

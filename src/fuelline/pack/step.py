@@ -10,10 +10,9 @@ from fuelline.pipeline.workers import RunOptions
 
 
 class PackStep(Step):
-    name = "pack"
-    description = "Tokenize documents (or chat records) into train/ and val/ token datasets with a loss mask."
-    Config = PackConfig
-    uses_workers = True
+    """Tokenize documents (or chat records) into train/ and val/ token datasets with a loss mask."""
+
+    name, Config, uses_workers = "pack", PackConfig, True
 
     def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:
         return pack(inputs, resolve_step(self.config.tokenizer, steps), output, self.config, workers=options.workers,

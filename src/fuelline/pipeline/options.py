@@ -5,12 +5,15 @@ step makes (`identity`): `--threads` or `--concurrency` change how fast, never w
 that differs only in them resumes. The CLI options (cli.py), the pipeline-file keys
 (pipeline/config.py) and the identity a finished step is recognized by are all read from here.
 
-A field whose type is itself such a dataclass is a group (regenerate's `client`): its options are
-the step's options too, with flat names (`concurrency`, not `client.concurrency`).
+A field whose type is itself such a dataclass is a group (regenerate's `client`, `group()`): its
+options are the step's options too, with flat names (`concurrency`, not `client.concurrency`), or
+with the group's prefix (the servers a regenerate step starts: `serve_model` is `fuelline serve`'s
+`model`).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import typing
 from collections.abc import Callable
@@ -36,6 +39,11 @@ def option(default: Any = NO_DEFAULT, help: str = "", *, factory: Callable[[], A
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def group(cls: type, prefix: str = "") -> Any:
+    """A field holding another Config's options (`cls`), named `PREFIX + name` among the step's own."""
+    return dataclasses.field(default_factory=cls, metadata={"prefix": prefix})
 
 
 def parse_size(text: str) -> int:
@@ -68,19 +76,25 @@ def default_of(field: dataclasses.Field) -> Any:
     return field.default
 
 
-def _groups(cls: type) -> dict[str, type]:
-    """The fields of `cls` that are groups of options, and the group's class."""
+def _groups(cls: type) -> dict[str, tuple[type, str]]:
+    """The fields of `cls` that are groups of options: the group's class and its options' prefix."""
     hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])}
+    return {f.name: (hints[f.name], f.metadata.get("prefix", "")) for f in dataclasses.fields(cls)
+            if dataclasses.is_dataclass(hints[f.name])}
 
 
 def option_fields(cls: type) -> list[tuple[dataclasses.Field, Any]]:
-    """(field, type hint) of every user option of Config class `cls`, those of its groups included."""
+    """(field, type hint) of every user option of Config class `cls`, those of its groups included
+    (a prefixed group's fields under their prefixed names)."""
     hints, groups = typing.get_type_hints(cls), _groups(cls)
     found = []
     for f in dataclasses.fields(cls):
         if f.name in groups:
-            found += option_fields(groups[f.name])
+            group_cls, prefix = groups[f.name]
+            for inner, hint in option_fields(group_cls):
+                named = copy.copy(inner)
+                named.name = prefix + inner.name
+                found.append((named, hint))
         elif f.metadata.get("user", True):
             found.append((f, hints[f.name]))
     return found
@@ -89,9 +103,9 @@ def option_fields(cls: type) -> list[tuple[dataclasses.Field, Any]]:
 def build_config(cls: type, values: dict[str, Any]):
     """`cls` from flat option values: a group's options go to the group, the others keep their defaults."""
     values = dict(values)
-    for name, group in _groups(cls).items():
-        own = {f.name for f, _ in option_fields(group)}
-        values[name] = build_config(group, {k: values.pop(k) for k in list(values) if k in own})
+    for name, (group_cls, prefix) in _groups(cls).items():
+        own = {prefix + f.name for f, _ in option_fields(group_cls)}
+        values[name] = build_config(group_cls, {k[len(prefix):]: values.pop(k) for k in list(values) if k in own})
     return cls(**values)
 
 
@@ -100,7 +114,8 @@ def identity_values(config) -> dict[str, Any]:
     plain, values = dataclasses.asdict(config), {}
     for f in dataclasses.fields(config):
         if dataclasses.is_dataclass(getattr(config, f.name)):
-            values.update(identity_values(getattr(config, f.name)))
+            prefix = f.metadata.get("prefix", "")
+            values.update({prefix + k: v for k, v in identity_values(getattr(config, f.name)).items()})
         elif f.metadata.get("identity", True):
             values[f.name] = plain[f.name]
     return values

@@ -24,12 +24,18 @@ from fuelline.pipeline.workers import RunOptions
 
 
 class Step:
+    """Subclasses set `name` and `Config`; their docstring is the command's help (`description`)."""
+
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     Config: ClassVar[type]  # a dataclass of `option` fields
     produces_records: ClassVar[bool] = False  # True: later steps read its output by default
     needs_input: ClassVar[bool] = True
     uses_workers: ClassVar[bool] = False  # True: how it runs follows the run's workers, executor and Ray address
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.description = " ".join((cls.__doc__ or "").split())
 
     def __init__(self, config=None):
         self.config = config if config is not None else self.Config()

@@ -31,10 +31,9 @@ class ReportConfig:
 
 
 class ReportStep(Step):
-    name = "report"
-    description = "Write the funnel report of the run so far."
-    Config = ReportConfig
-    needs_input = False
+    """Write the funnel report of the run so far."""
+
+    name, Config, needs_input = "report", ReportConfig, False
 
     def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:
         """Into RUN/report/, where `fuelline report RUN` writes too (not into the step's own directory)."""

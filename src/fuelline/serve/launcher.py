@@ -51,6 +51,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Self
 
+from fuelline.pipeline.options import option
 from fuelline.serve import engines
 from fuelline.serve.processes import (describe_exit, exit_status, signal_group, wait_group_gone,
                                       with_parent_death_signal)
@@ -98,6 +99,21 @@ class _Options:
     events: list[str] = field(default_factory=list)
 
 
+@dataclass
+class ServeConfig:
+    """The options of `fuelline serve`, declared once; a pipeline's regenerate step takes them as
+    `serve_*` keys for the servers it starts for itself."""
+
+    engine: str = option("transformers", "sglang, vllm, or transformers (`transformers serve`, also on CPU)",
+                         choices=list(engines.ENGINES), identity=False)
+    model: str = option("", "model directory or hub id, as the engine takes it")
+    ports: str = option("30000", "one server per port: a range 30000-30007 or a list 30000,30002", identity=False)
+    gpus_per_server: int = option(1, "consecutive GPUs per server (tensor parallel when > 1); 0: CPU servers. "
+                                  "Without GPUs, servers run on CPU", identity=False)
+    host: str = option("127.0.0.1", "address the servers listen on", identity=False)
+    startup_timeout: float = option(600.0, "seconds for every server to answer GET /v1/models", identity=False)
+
+
 class ServerGroup:
     """N servers of one model, one per port; a context manager that starts them and stops them.
 
@@ -134,6 +150,14 @@ class ServerGroup:
         self._monitor_stop = threading.Event()
         self._hurry = threading.Event()
         self._spawner: concurrent.futures.ThreadPoolExecutor | None = None  # see _spawn
+
+    @classmethod
+    def of(cls, config: ServeConfig, **where) -> ServerGroup:
+        """The servers `config` describes; `where`: log_dir, servers_file and the other keywords of `__init__`."""
+        if not config.model:
+            raise ValueError("no model to serve: give --model (a model directory or hub id)")
+        return cls(config.engine, config.model, config.ports, host=config.host, gpus_per_server=config.gpus_per_server,
+                   startup_timeout=config.startup_timeout, **where)
 
     # -- the public face ---------------------------------------------------------------------
 

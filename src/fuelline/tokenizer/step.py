@@ -26,9 +26,9 @@ class TokenizerConfig:
 
 
 class TokenizerStep(Step):
-    name = "tokenizer"
-    description = "Train a byte-level BPE tokenizer on the text of document records (never on metadata)."
-    Config = TokenizerConfig
+    """Train a byte-level BPE tokenizer on the text of document records (never on metadata)."""
+
+    name, Config = "tokenizer", TokenizerConfig
 
     def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:
         return WorkDir(output, self.identity(inputs)).run_once(lambda: self._train(inputs, output),
