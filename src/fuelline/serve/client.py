@@ -12,6 +12,14 @@ Servers do not all take the same sampling fields: `transformers serve` answers 4
 fields in the request: {'top_k', 'min_p'}" where SGLang and vLLM take them. Such a 422 is read,
 the fields are left out for that server from then on (said once, and recorded in the
 summary), and the request is sent again at once.
+
+An answer is its content (null counts as "" when the answer is tool calls), its tool calls in
+the chat record's form (`{"type": "function", "function": {"name", "arguments": dict}}`: the
+arguments, a JSON string on the wire, parsed; one that is not a JSON object fails the request as
+`bad_tool_arguments`, retried like any failure), and the reasoning a reasoning parser returns
+apart (`reasoning_content`, or `reasoning` as vLLM names it since late 2025), never mixed into the
+content. A request may carry `tools`: they are sent as they are, never left out like a refused
+sampling field, since an answer made without them would be another answer.
 """
 
 from __future__ import annotations
@@ -55,6 +63,8 @@ class Completion:
     finish_reason: str  # "unknown" when the server gave none
     completion_tokens: int | None  # None when the server's usage gave no count
     server: str
+    tool_calls: list[dict] = field(default_factory=list)  # [{"type": "function", "function": {name, arguments}}]
+    reasoning_content: str | None = None  # returned apart by a reasoning parser; None when none or empty
 
 
 @dataclass
@@ -214,15 +224,17 @@ class ServerPool:
         self.warn(f"note: {server.url} answers again; back in rotation")
 
     async def complete(self, model: str, messages: list[dict], sampling: dict[str, Any],
-                       check: Callable[[Completion], tuple[str, str] | None] | None = None) -> Completion:
+                       check: Callable[[Completion], tuple[str, str] | None] | None = None,
+                       tools: list[dict] | None = None) -> Completion:
         """One chat completion, retried and failed over as the module doc says. `check` says why an
-        answer is not one the caller takes ((reason, detail), e.g. empty): it is retried as a failure."""
+        answer is not one the caller takes ((reason, detail), e.g. empty): it is retried as a failure.
+        `tools`: the function schemas the model may call (OpenAI's `tools` field)."""
         tried: set[str] = set()
         last: _Retryable | None = None
         for attempt in range(1, self.config.attempts + 1):
             server = await self._acquire(tried)
             try:
-                completion = await self._send(server, model, messages, sampling)
+                completion = await self._send(server, model, messages, sampling, tools)
                 if check is not None and (problem := check(completion)) is not None:
                     raise _Retryable(*problem)
             except _Retryable as e:
@@ -243,20 +255,24 @@ class ServerPool:
         raise RequestFailed(last.reason, f"{last.detail} (after {self.config.attempts} attempts)", self.config.attempts)
 
     def _parse(self, raw: bytes, server: Server) -> Completion:
-        """The answer's content only: reasoning a server returns apart (`reasoning_content`) is left
-        out. A body without a text content fails the request; a server's bookkeeping never does: a
-        `usage` without a token count counts as unknown, and extra choices are ignored, each said once."""
+        """The answer (see the module doc). A body without a text content or tool calls fails the
+        request; a server's bookkeeping never does: a `usage` without a token count counts as unknown,
+        and extra choices are ignored, each said once."""
         try:
             answer = orjson.loads(raw)
             choices = answer["choices"]
             choice = choices[0]
-            content = choice["message"].get("content")
+            message = choice["message"]
+            content = message.get("content")
         except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError) as e:
             raise _Retryable("bad_answer", f"{server.url} answered 200 without a chat completion "
                                            f"({type(e).__name__}: {e}): {raw[:200]!r}") from None
         finish = choice.get("finish_reason")
         finish = finish if isinstance(finish, str) and finish else "unknown"
         self.finish_reasons[finish] = self.finish_reasons.get(finish, 0) + 1
+        tool_calls = _tool_calls(message.get("tool_calls"), server.url)
+        if content is None and tool_calls:
+            content = ""
         if content is None:
             raise _Retryable("no_content", f"{server.url} answered without content (finish reason {finish!r})")
         if not isinstance(content, str):
@@ -273,7 +289,9 @@ class ServerPool:
                                         "such answers count as unknown in the token totals")
             self.tokens_unknown += 1
             tokens = None
-        return Completion(content, finish, tokens, server.url)
+        reasoning = next((r for r in (message.get("reasoning_content"), message.get("reasoning"))
+                          if isinstance(r, str) and r), None)
+        return Completion(content, finish, tokens, server.url, tool_calls, reasoning)
 
     def _note(self, server: Server, kind: str, message: str) -> None:
         """A warning said once per server and kind."""
@@ -281,11 +299,12 @@ class ServerPool:
             self._noted.add((server.url, kind))
             self.warn(f"warning: {message}")
 
-    async def _send(self, server: Server, model: str, messages: list[dict], sampling: dict[str, Any]) -> Completion:
+    async def _send(self, server: Server, model: str, messages: list[dict], sampling: dict[str, Any],
+                    tools: list[dict] | None) -> Completion:
         import aiohttp
 
         while True:  # at most once more per field the server refuses
-            body = {"model": model, "messages": messages, "stream": False,
+            body = {"model": model, "messages": messages, "stream": False, **({"tools": tools} if tools else {}),
                     **{k: v for k, v in sampling.items() if k not in server.left_out}}
             server.counts["requests"] += 1
             try:
@@ -311,6 +330,32 @@ class ServerPool:
             if status in RETRYABLE_STATUS:
                 raise _Retryable(f"http_{status}", f"{server.url} answered {status}: {text}")
             raise RequestFailed(f"http_{status}", f"{server.url} answered {status}: {text}", 1)
+
+
+def _tool_calls(calls: Any, url: str) -> list[dict]:
+    """A message's `tool_calls` in the chat record's form, arguments parsed (see the module doc)."""
+    if calls is None:
+        return []
+    if not isinstance(calls, list):
+        raise _Retryable("bad_answer", f"{url} answered tool_calls as a {type(calls).__name__}, not a list")
+    parsed = []
+    for k, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not name:
+            raise _Retryable("bad_answer", f"{url} answered tool call {k} without a function name: {str(call)[:200]}")
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):  # the wire form; a few servers send the object itself
+            try:
+                arguments = orjson.loads(arguments)
+            except orjson.JSONDecodeError as e:
+                raise _Retryable("bad_tool_arguments", f"{url} answered tool call {k} ({name}) with arguments that "
+                                                       f"are not JSON ({e}): {function['arguments'][:200]!r}") from None
+        if not isinstance(arguments, dict):
+            raise _Retryable("bad_tool_arguments", f"{url} answered tool call {k} ({name}) with arguments that are "
+                                                   f"not a JSON object: {str(function.get('arguments'))[:200]!r}")
+        parsed.append({"type": "function", "function": {"name": name, "arguments": arguments}})
+    return parsed
 
 
 def _refused_fields(status: int, text: str) -> set[str]:

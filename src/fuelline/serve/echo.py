@@ -5,14 +5,20 @@ answer was conditioned on the regenerated history (`echo_answer` recomputes it),
 make it fail on purpose, and a benchmark can find the client's ceiling without a model behind it.
 
     python -m fuelline.serve.echo --port 30000 [--model echo] [--fault http500|drop|stall]
-        [--fault-every N] [--reject-fields top_k,min_p] [--delay SECONDS]
+        [--fault-every N] [--reject-fields top_k,min_p] [--delay SECONDS] [--reasoning]
+        [--tools call] [--log-requests FILE]
 
 - `GET /v1/models` lists the model; `POST /v1/chat/completions` answers `echo_answer(messages)`,
   cut to `max_tokens` words (finish reason "length") when longer, with usage counts.
 - `--reject-fields` answers 422 "Unexpected fields in the request: {...}" when a request carries
   them, as `transformers serve` does for `top_k` and `min_p`.
-- `--reasoning` adds a separate `reasoning_content` to each answer, as reasoning parsers of
-  SGLang and vLLM do, so a client can be checked to leave it out of the answer.
+- `--reasoning` adds a separate `reasoning_content` to each answer (`echo_reasoning`), as
+  reasoning parsers of SGLang and vLLM do, so a client can be checked to keep it apart.
+- `--tools call` answers a request that carries `tools` with a tool call instead (`echo_call`:
+  one of the request's functions, arguments naming the conversation), content null and finish
+  reason "tool_calls", as OpenAI does; without it `tools` are ignored.
+- `--log-requests FILE` appends each chat request's body to FILE as a JSON line, so a test can
+  check what a client sent.
 - `--fault` applies to every `--fault-every`-th chat request (1: all of them): `http500` answers
   500, `drop` closes the connection without an answer, `stall` never answers, `cut` closes it
   in the middle of the body; the others answer 200 with a body that is wrong in one way
@@ -57,6 +63,12 @@ def _reasoning_only(answer: dict) -> None:
     answer["choices"][0]["message"] = {"role": "assistant", "content": None, "reasoning_content": "thinking..."}
 
 
+def _bad_tool_arguments(answer: dict) -> None:
+    answer["choices"][0]["message"] = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call-bad", "type": "function", "function": {"name": "lookup", "arguments": '{"city": "Par'}}]}
+    answer["choices"][0]["finish_reason"] = "tool_calls"
+
+
 def _wrong_types(answer: dict) -> None:
     answer["choices"][0]["message"]["content"] = 42
     answer["choices"][0]["finish_reason"] = 1
@@ -72,6 +84,7 @@ ANSWER_FAULTS = {
     "no-choices": _set("choices", []),
     "no-message": lambda a: a["choices"][0].pop("message"),
     "reasoning-only": _reasoning_only,
+    "bad-tool-arguments": _bad_tool_arguments,  # a tool call whose arguments string is cut JSON
     "wrong-types": _wrong_types,
     "html": b"<html><body><h1>502 Bad Gateway</h1></body></html>",
     "error-object": b'{"error": {"message": "model overloaded", "type": "server_error", "code": 503}}',
@@ -80,17 +93,34 @@ ANSWER_FAULTS = {
 FAULTS = ("http500", "drop", "stall", "cut", *ANSWER_FAULTS)
 
 
+def _digest(messages: list[dict]) -> str:
+    return hashlib.sha1(orjson.dumps([[m["role"], m["content"]] for m in messages])).hexdigest()[:12]
+
+
 def echo_answer(messages: list[dict]) -> str:
-    """The answer to `messages`: it names how many messages it saw and a digest of all of them."""
-    digest = hashlib.sha1(orjson.dumps([[m["role"], m["content"]] for m in messages])).hexdigest()[:12]
-    return " ".join([f"reply-{len(messages)}", digest, *(f"w{i}" for i in range(ANSWER_WORDS - 2))])
+    """The answer to `messages`: it names how many messages it saw and a digest of all of them
+    (their roles and contents)."""
+    return " ".join([f"reply-{len(messages)}", _digest(messages), *(f"w{i}" for i in range(ANSWER_WORDS - 2))])
+
+
+def echo_call(messages: list[dict], tools: list[dict]) -> tuple[str, dict]:
+    """The tool call answering `messages` under `--tools call`: (function name, arguments), the
+    function picked from `tools` by the number of messages, the arguments naming them as `echo_answer` does."""
+    name = tools[len(messages) % len(tools)]["function"]["name"]
+    return name, {"seen": len(messages), "digest": _digest(messages)}
+
+
+def echo_reasoning(messages: list[dict]) -> str:
+    """The reasoning `--reasoning` returns apart from the answer to `messages`."""
+    return f"REASONING: {len(messages)} messages to think about"
 
 
 class EchoServer:
     def __init__(self, model: str, fault: str | None, fault_every: int, reject_fields: set[str], delay: float,
-                 reasoning: bool = False):
+                 reasoning: bool = False, tools: str = "ignore", log=None):
         self.model, self.fault, self.fault_every = model, fault, fault_every
         self.reject_fields, self.delay, self.reasoning = reject_fields, delay, reasoning
+        self.tools, self.log = tools, log  # log: a binary file open for appending, or None
         self.requests = 0
 
     async def models(self, request):
@@ -111,18 +141,28 @@ class EchoServer:
         if fault == "stall":
             await asyncio.Event().wait()
         body = orjson.loads(await request.read())
+        if self.log is not None:
+            self.log.write(orjson.dumps(body) + b"\n")
+            self.log.flush()
         unexpected = self.reject_fields & set(body)
         if unexpected:
             return web.Response(status=422, text=f"Unexpected fields in the request: {sorted(unexpected)}")
         if self.delay:
             await asyncio.sleep(self.delay)
-        words = echo_answer(body["messages"]).split()
+        messages = body["messages"]
+        words = echo_answer(messages).split()
         limit = body.get("max_tokens") or len(words)
         content, finish = (" ".join(words[:limit]), "length") if limit < len(words) else (" ".join(words), "stop")
-        prompt_tokens = sum(len(m["content"].split()) for m in body["messages"])
+        prompt_tokens = sum(len((m.get("content") or "").split()) for m in messages)
         message = {"role": "assistant", "content": content}
+        if self.tools == "call" and body.get("tools"):
+            name, arguments = echo_call(messages, body["tools"])
+            message = {"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"call-{self.requests}", "type": "function",
+                 "function": {"name": name, "arguments": orjson.dumps(arguments).decode()}}]}
+            finish = "tool_calls"
         if self.reasoning:
-            message["reasoning_content"] = "REASONING: let me think about it"
+            message["reasoning_content"] = echo_reasoning(messages)
         answer = {
             "id": f"chatcmpl-{self.requests}", "object": "chat.completion", "model": self.model,
             "choices": [{"index": 0, "finish_reason": finish, "message": message}],
@@ -164,9 +204,12 @@ def main() -> None:
     parser.add_argument("--reject-fields", default="")
     parser.add_argument("--delay", type=float, default=0.0)
     parser.add_argument("--reasoning", action="store_true")
+    parser.add_argument("--tools", choices=("ignore", "call"), default="ignore")
+    parser.add_argument("--log-requests", metavar="FILE")
     args = parser.parse_args()
+    log = open(args.log_requests, "ab") if args.log_requests else None
     server = EchoServer(args.model, args.fault, args.fault_every, {f for f in args.reject_fields.split(",") if f},
-                        args.delay, args.reasoning)
+                        args.delay, args.reasoning, args.tools, log)
     app = web.Application()
     app.router.add_get("/v1/models", server.models)
     app.router.add_post("/v1/chat/completions", server.chat)
