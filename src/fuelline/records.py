@@ -38,9 +38,24 @@ def document(id: str, text: str, meta: dict[str, Any] | None = None) -> dict[str
     return {"id": id, "text": text, "meta": meta or {}}
 
 
-def chat(id: str, conversations: list[dict[str, str]], meta: dict[str, Any] | None = None) -> dict[str, Any]:
-    """`{"id", "conversations": [{"role", "content"}, …]}`: a training conversation."""
+def chat(id: str, conversations: list[dict[str, Any]], meta: dict[str, Any] | None = None,
+         tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """`{"id", "conversations": [turn, …], "tools"?, "meta"?}`: a training conversation.
+
+    A turn is `{"role": "system"|"user"|"assistant"|"tool", "content": str}`, plus, only when used
+    (so a plain conversation is just role and content):
+    - on an assistant turn, `"reasoning_content": str` and `"tool_calls": [{"id"?: str, "type":
+      "function", "function": {"name": str, "arguments": {…}}}]` (arguments an object, never a
+      JSON string; the content may then be "");
+    - on a tool turn (a tool result in `content`), `"tool_call_id": str` and `"name": str`.
+    `tools` are the function schemas the conversation may call, OpenAI style: `{"type":
+    "function", "function": {"name", "description"?, "parameters"?}}`. Supervised in training:
+    assistant contents, tool-call text and end-of-turn tokens, reasoning only when kept; never
+    tool results, tool schemas, role headers or generation prompts.
+    """
     record: dict[str, Any] = {"id": id, "conversations": conversations}
+    if tools:
+        record["tools"] = tools
     if meta:
         record["meta"] = meta
     return record

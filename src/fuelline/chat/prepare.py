@@ -3,7 +3,8 @@
 Each input record is normalized (`fuelline.chat.schemas`), validated, and sent to one of two
 outputs by a hash of (seed, id), so the split does not depend on file order or workers:
 
-- `train`: chat records `{"id", "conversations"}` with the whole conversation;
+- `train`: chat records `{"id", "conversations", "tools"?}` with the whole conversation (the
+  record contract of `fuelline.records.chat`: tool calls, tool results and reasoning as fields);
 - `eval`: eval records `{"id", "turns"}` holding only the user contents, because evaluation
   lets the target and the draft generate the answers.
 
@@ -13,7 +14,9 @@ the whole input; counted as `duplicate_id_renamed`). Records without an id get a
 file name and line, which repeats when two inputs share a file name; those are renamed too.
 
 System turns are removed unless `keep_system` (regeneration uses the target's own default).
-stats.json gets the records per schema and, with `category_key` (a record field, or `@file`:
+stats.json gets the records per schema (`schema.X`, the `schemas` table), per form of tool use
+and reasoning they were written in (`form.X`, the `forms` table; see `fuelline.chat.schemas`),
+the records kept with tools, tool calls, tool results and reasoning (`records_with_*`) and, with `category_key` (a record field, or `@file`:
 the input file's name, for a blend kept as one file per source), per category and outcome;
 the category also goes into the train record's `meta.category`.
 """
@@ -34,7 +37,8 @@ from fuelline.pipeline.shards import InputShard
 from fuelline.pipeline.stage import PrepareContext, ShardContext, Stage, StageConfig
 from fuelline.records import Drop, Location, chat, eval_prompts, fallback_id, unit_interval
 
-SCHEMA_COUNTER, CATEGORY_COUNTER = "schema.", "category."
+SCHEMA_COUNTER, FORM_COUNTER, CATEGORY_COUNTER = "schema.", "form.", "category."
+TRAILING_COUNTERS = {"user": "trailing_user_turn_removed", "tool": "trailing_tool_results_removed"}
 OUTCOMES = ("in", "train", "eval", "dropped")
 # Not pack's "split": with the same seed, pack's val split of the train records would be empty.
 SPLIT_SALT = "chat-eval"
@@ -60,6 +64,18 @@ class ChatPrepareConfig(StageConfig):
             raise ValueError(f"test_size must be in [0, 1), not {self.test_size}")
         if self.schema not in ("auto", *SCHEMAS):
             raise ValueError(f"schema must be auto or one of {', '.join(SCHEMAS)}, not {self.schema!r}")
+
+
+def content_counters(turns: list[dict[str, Any]], tools: list | None) -> list[str]:
+    """The `records_with_*` counters a kept conversation adds to."""
+    found = {"tools": bool(tools), "tool_calls": any("tool_calls" in t for t in turns),
+             "tool_results": any(t["role"] == "tool" for t in turns),
+             "reasoning": any("reasoning_content" in t for t in turns)}
+    return [f"records_with_{name}" for name, present in found.items() if present]
+
+
+def _table(counters: dict[str, int], prefix: str) -> dict[str, int]:
+    return {k[len(prefix):]: n for k, n in counters.items() if k.startswith(prefix)}
 
 
 def record_id(record: dict[str, Any], location: Location) -> str:
@@ -141,10 +157,14 @@ class ChatPrepareStage(Stage):
         if isinstance(result, Drop):
             ctx.drop(record, result.reason, location, result.detail)
             return None
-        schema, turns, trailing_user = result
-        ctx.count(f"{SCHEMA_COUNTER}{schema}")
-        if trailing_user:
-            ctx.count("trailing_user_turn_removed")
+        turns = result.turns
+        ctx.count(f"{SCHEMA_COUNTER}{result.schema}")
+        for name in sorted(result.forms):
+            ctx.count(f"{FORM_COUNTER}{name}")
+        for name in content_counters(turns, result.tools):
+            ctx.count(name)
+        if result.trailing_removed:
+            ctx.count(TRAILING_COUNTERS[result.trailing_removed])
         if turns[0]["role"] == "system" and not cfg.keep_system:
             turns = turns[1:]
             ctx.count("system_turn_removed")
@@ -155,17 +175,20 @@ class ChatPrepareStage(Stage):
             rid = record_id(record, location)
         if unit_interval(cfg.seed, SPLIT_SALT, rid) < cfg.test_size:
             return "eval", eval_prompts(rid, turns)
-        return "train", chat(rid, turns, {"category": category} if category is not None else None)
+        return "train", chat(rid, turns, {"category": category} if category is not None else None, result.tools)
 
     def summary(self, workdir: Path, stats: dict) -> dict:
-        """Counters `schema.X` and `category.C.OUTCOME` as `schemas` and `categories` tables."""
-        schemas = {k[len(SCHEMA_COUNTER):]: n for k, n in stats["counters"].items() if k.startswith(SCHEMA_COUNTER)}
+        """Counters `schema.X`, `form.X` and `category.C.OUTCOME` as `schemas`, `forms` (when any)
+        and `categories` tables."""
+        schemas, forms = (_table(stats["counters"], prefix) for prefix in (SCHEMA_COUNTER, FORM_COUNTER))
         categories: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(OUTCOMES, 0))
         for key, n in stats["counters"].items():
             if key.startswith(CATEGORY_COUNTER):
                 name, outcome = key[len(CATEGORY_COUNTER):].rsplit(".", 1)
                 categories[name][outcome] = n
         summary: dict[str, Any] = {"schemas": schemas}
+        if forms:
+            summary["forms"] = forms
         if categories:
             summary["categories"] = dict(sorted(categories.items()))
         return summary

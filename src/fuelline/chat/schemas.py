@@ -1,4 +1,4 @@
-"""Chat data in the wild, in four shapes, normalized to one: `[{"role", "content"}, …]`.
+"""Chat data in the wild, in four shapes, normalized to one: the chat record's turns (`fuelline.records.chat`).
 
 | schema   | recognized by                          | turns                                              |
 | -------- | -------------------------------------- | -------------------------------------------------- |
@@ -7,29 +7,65 @@
 | alpaca   | `instruction` + `output` or `response`   | user = instruction, + "\\n\\n" + `input` when non-empty; optional `system` |
 | qa       | `question`/`answer`, `query`/`response`, `prompt`/`completion` | one user turn, one assistant turn |
 
+Both list schemas also know the roles tool and observation (→ tool) and ShareGPT's function_call.
+Tool use and reasoning come in several forms (`FORMS`, counted per record), all read into the
+same structured fields, so no tag is left in a content:
+
+- `openai_tool_calls`: an assistant turn's `tool_calls` (`{"id"?, "type": "function", "function":
+  {"name", "arguments"}}`, arguments a JSON string or an object), `tool` turns with
+  `tool_call_id` and `name`; a record-level `tools` (a list of function schemas, or its JSON);
+- `sharegpt_function_call` (LLaMA-Factory, glaive): a `function_call` turn whose value is the JSON
+  of `{"name", "arguments"}` or of a list of them, `observation` turns for the results, `tools` a
+  JSON string of the schemas (bare `{"name", "description", "parameters"}` objects are wrapped);
+- `hermes_tags`: `<tool_call>{json}</tool_call>` blocks in an assistant content (the text left,
+  stripped, stays the content), and a user or tool turn that starts with `<tool_response>`, which
+  becomes one tool turn per block;
+- `reasoning_content` or `thinking` on an assistant turn, or a leading `<think>…</think>` in its
+  content (taken out, with the whitespace around it): the turn's `reasoning_content`.
+
 Normalizing only maps shapes and roles; `validate` then applies the rules the reference
 distillation pipeline applies, each failure under its own drop reason (`DROP_REASONS`): an
 optional leading system turn, then user and assistant alternating from a user turn, every
-content a non-empty string. A conversation that ends on a user turn keeps its complete
-exchanges (the caller counts it); one without a single complete exchange is dropped.
+content a non-empty string, except an assistant turn's with tool calls. Tool rounds sit where an
+assistant turn would be answered: user → assistant with tool calls → one or more tool results →
+assistant (calls again, or the answer) → user …; a round has at most as many results as calls,
+and a result's `tool_call_id` must be one of its round's call ids when the calls have ids. A
+conversation that ends on a user turn or on tool results keeps its complete exchanges (the
+caller counts it); one without a single complete exchange is dropped.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from fuelline.records import Drop
 
 SCHEMAS = ("sharegpt", "openai", "alpaca", "qa")
+FUNCTION_CALL = "function_call"  # ShareGPT's turn of tool calls; an assistant turn once read
 ROLES = {
     "human": "user", "user": "user",
     "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant",
     "assistant": "assistant", "model": "assistant",
     "system": "system",
+    "tool": "tool", "observation": "tool",
+    FUNCTION_CALL: FUNCTION_CALL,
 }
 QA_KEYS = (("question", "answer"), ("query", "response"), ("prompt", "completion"))
+FORMS = ("openai_tool_calls", "sharegpt_function_call", "hermes_tags", "reasoning_content", "thinking", "think_tags")
+REASONING_KEYS = ("reasoning_content", "thinking")
+TURN_KEYS = ("role", "content", "reasoning_content", "tool_calls", "tool_call_id", "name")
 DROP_REASONS = ("unknown_schema", "missing_key", "wrong_type", "unknown_role", "empty_content",
-                "first_turn_not_user", "roles_not_alternating", "no_complete_exchange")
+                "first_turn_not_user", "roles_not_alternating", "no_complete_exchange",
+                "bad_tools", "bad_tool_call", "tool_call_without_name", "bad_tool_arguments", "bad_tool_response",
+                "orphan_tool_result", "too_many_tool_results", "unknown_tool_call_id", "missing_tool_result",
+                "unclosed_think", "conflicting_reasoning")
+TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+TOOL_RESPONSE = re.compile(r"<tool_response>(.*?)</tool_response>", re.S)
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 class Invalid(Exception):
@@ -38,6 +74,18 @@ class Invalid(Exception):
     def __init__(self, reason: str, detail: str):
         super().__init__(detail)
         self.reason, self.detail = reason, detail
+
+
+@dataclass
+class Conversation:
+    """A record read and validated: its turns, its tool schemas (None when it has none), which
+    role's turns were cut off the end (`user`, `tool` or None), and the `FORMS` it was written in."""
+
+    schema: str
+    turns: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    trailing_removed: str | None = None
+    forms: set[str] = field(default_factory=set)
 
 
 def detect_schema(record: dict[str, Any]) -> str | None:
@@ -63,6 +111,14 @@ def _require(obj: dict, key: str, where: str) -> Any:
     if key not in obj:
         raise Invalid("missing_key", f"{where} has no {key!r} (keys: {', '.join(sorted(obj)) or 'none'})")
     return obj[key]
+
+
+def _json(text: str, where: str, reason: str) -> Any:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        short = text if len(text) <= 80 else text[:77] + "..."
+        raise Invalid(reason, f"{where} is not JSON: {short!r}") from None
 
 
 def _turn_list(record: dict, key: str) -> list:
@@ -92,27 +148,125 @@ def _openai_content(content: Any, where: str) -> str:
     return _text(content, where)
 
 
-def _turns(record: dict, list_key: str, role_key: str, content_key: str, content=_text) -> list[dict[str, str]]:
+def _call(call: Any, where: str) -> dict[str, Any]:
+    """One tool call in the contract's shape, from OpenAI's `{"id"?, "type", "function": {…}}` or
+    the bare `{"name", "arguments"}` of ShareGPT and Hermes; arguments parsed when a JSON string."""
+    if not isinstance(call, dict):
+        raise Invalid("bad_tool_call", f"{where} is {type(call).__name__}, expected an object")
+    if call.get("type", "function") != "function":
+        raise Invalid("bad_tool_call", f"{where}.type is {call['type']!r}; only function calls are supported")
+    function = call.get("function", call)
+    if not isinstance(function, dict):
+        raise Invalid("bad_tool_call", f"{where}.function is {type(function).__name__}, expected an object")
+    name = function.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise Invalid("tool_call_without_name", f"{where} has no function name")
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):
+        arguments = _json(arguments, f"{where} ({name}): arguments", "bad_tool_arguments")
+    if not isinstance(arguments, dict):
+        raise Invalid("bad_tool_arguments",
+                      f"{where} ({name}): arguments are {type(arguments).__name__}, expected a JSON object")
+    read: dict[str, Any] = {"type": "function", "function": {"name": name, "arguments": arguments}}
+    if call.get("id") not in (None, ""):
+        read = {"id": _text(call["id"], f"{where}.id"), **read}
+    return read
+
+
+def _function_calls(value: Any, where: str) -> list[dict[str, Any]]:
+    """A ShareGPT `function_call` value: the JSON of one call or of a list of them."""
+    parsed = _json(_text(value, where), where, "bad_tool_call")
+    if not isinstance(parsed, list):
+        return [_call(parsed, where)]
+    if not parsed:
+        raise Invalid("bad_tool_call", f"{where} is an empty list of calls")
+    return [_call(call, f"{where}[{j}]") for j, call in enumerate(parsed)]
+
+
+def _tool_schema(tool: Any, where: str) -> dict[str, Any]:
+    if not isinstance(tool, dict):
+        raise Invalid("bad_tools", f"{where} is {type(tool).__name__}, expected a function schema")
+    if tool.get("type", "function") != "function":
+        raise Invalid("bad_tools", f"{where}.type is {tool['type']!r}; only function tools are supported")
+    function = tool.get("function", tool)
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str) or not name.strip():
+        raise Invalid("bad_tools", f"{where} has no function name")
+    schema: dict[str, Any] = {"name": name}
+    for key, kind in (("description", str), ("parameters", dict)):
+        if function.get(key) is not None:
+            if not isinstance(function[key], kind):
+                raise Invalid("bad_tools", f"{where} ({name}): {key} is {type(function[key]).__name__}, "
+                                           f"expected {'a string' if kind is str else 'an object'}")
+            schema[key] = function[key]
+    return {"type": "function", "function": schema}
+
+
+def _tools(record: dict) -> list[dict[str, Any]] | None:
+    """The record's `tools` (a list of function schemas, or its JSON) in OpenAI's shape; None when absent or empty."""
+    tools = record.get("tools")
+    if isinstance(tools, str):
+        tools = _json(tools, "tools", "bad_tools") if tools.strip() else None
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise Invalid("bad_tools", f"tools is {type(tools).__name__}, expected a list of function schemas")
+    return [_tool_schema(tool, f"tools[{j}]") for j, tool in enumerate(tools)] or None
+
+
+def _structured(obj: dict, turn: dict[str, Any], where: str, forms: set[str]) -> None:
+    """Add a turn object's own reasoning, tool calls, `tool_call_id` and `name` to `turn`."""
+    if turn["role"] == "assistant":
+        for key in REASONING_KEYS:
+            if obj.get(key) not in (None, ""):
+                if "reasoning_content" in turn:
+                    raise Invalid("conflicting_reasoning", f"{where} has both {REASONING_KEYS[0]!r} and {key!r}")
+                turn["reasoning_content"] = _text(obj[key], f"{where}.{key}")
+                forms.add(key)
+        calls = obj.get("tool_calls")
+        if calls not in (None, []):
+            if not isinstance(calls, list):
+                raise Invalid("bad_tool_call", f"{where}.tool_calls is {type(calls).__name__}, expected a list")
+            turn["tool_calls"] = [_call(call, f"{where}.tool_calls[{j}]") for j, call in enumerate(calls)]
+            forms.add("openai_tool_calls")
+    elif turn["role"] == "tool":
+        for key in ("tool_call_id", "name"):
+            if obj.get(key) not in (None, ""):
+                turn[key] = _text(obj[key], f"{where}.{key}")
+
+
+def _turns(record: dict, list_key: str, role_key: str, content_key: str, forms: set[str],
+           content=_text) -> list[dict[str, Any]]:
     """A list of turn objects (ShareGPT's `from`/`value`, OpenAI's `role`/`content`) as turns."""
     turns = []
-    for i, turn in enumerate(_turn_list(record, list_key)):
+    for i, obj in enumerate(_turn_list(record, list_key)):
         where = f"{list_key}[{i}]"
-        if not isinstance(turn, dict):
-            raise Invalid("wrong_type", f"{where} is {type(turn).__name__}, expected an object")
-        role = _role(_require(turn, role_key, where), f"{where}.{role_key}")
-        turns.append({"role": role, "content": content(_require(turn, content_key, where), f"{where}.{content_key}")})
+        if not isinstance(obj, dict):
+            raise Invalid("wrong_type", f"{where} is {type(obj).__name__}, expected an object")
+        role = _role(_require(obj, role_key, where), f"{where}.{role_key}")
+        value = _require(obj, content_key, where)
+        if role == FUNCTION_CALL:
+            turns.append({"role": "assistant", "content": "",
+                          "tool_calls": _function_calls(value, f"{where}.{content_key}")})
+            forms.add("sharegpt_function_call")
+            continue
+        if value is None and role == "assistant" and obj.get("tool_calls"):
+            value = ""  # OpenAI's content of a message that only calls tools
+        turn = {"role": role, "content": content(value, f"{where}.{content_key}")}
+        _structured(obj, turn, where, forms)
+        turns.append(turn)
     return turns
 
 
-def _sharegpt(record: dict) -> list[dict[str, str]]:
-    return _turns(record, "conversations", "from", "value")
+def _sharegpt(record: dict, forms: set[str]) -> list[dict[str, Any]]:
+    return _turns(record, "conversations", "from", "value", forms)
 
 
-def _openai(record: dict) -> list[dict[str, str]]:
-    return _turns(record, "messages", "role", "content", _openai_content)
+def _openai(record: dict, forms: set[str]) -> list[dict[str, Any]]:
+    return _turns(record, "messages", "role", "content", forms, _openai_content)
 
 
-def _alpaca(record: dict) -> list[dict[str, str]]:
+def _alpaca(record: dict, forms: set[str]) -> list[dict[str, Any]]:
     instruction = _text(_require(record, "instruction", "the record"), "instruction")
     answer_key = "output" if "output" in record else "response"
     answer = _text(_require(record, answer_key, "the record"), answer_key)
@@ -127,7 +281,7 @@ def _alpaca(record: dict) -> list[dict[str, str]]:
     return turns
 
 
-def _qa(record: dict) -> list[dict[str, str]]:
+def _qa(record: dict, forms: set[str]) -> list[dict[str, Any]]:
     for q, a in QA_KEYS:
         if q in record and a in record:
             return [{"role": "user", "content": _text(record[q], q)},
@@ -138,44 +292,139 @@ def _qa(record: dict) -> list[dict[str, str]]:
 NORMALIZERS = {"sharegpt": _sharegpt, "openai": _openai, "alpaca": _alpaca, "qa": _qa}
 
 
-def normalize(record: dict[str, Any], schema: str) -> list[dict[str, str]]:
-    """The record's turns with roles mapped (not yet validated); `Invalid` when it cannot be read."""
+def _think(content: str, where: str) -> tuple[str, str | None]:
+    """(answer, reasoning) of a content that opens with `<think>…</think>`; (content, None) otherwise."""
+    head = content.lstrip()
+    if not head.startswith(THINK_OPEN):
+        return content, None
+    end = head.find(THINK_CLOSE)
+    if end < 0:
+        raise Invalid("unclosed_think", f"{where} opens {THINK_OPEN} without closing it")
+    return head[end + len(THINK_CLOSE):].lstrip(), head[len(THINK_OPEN):end].strip()
+
+
+def _hermes_calls(content: str, where: str) -> tuple[str, list[dict[str, Any]]]:
+    """(the text left, stripped; the calls) of a content with `<tool_call>` blocks."""
+    if "<tool_call>" not in content:
+        return content, []
+    calls = []
+    for k, block in enumerate(TOOL_CALL.findall(content), start=1):
+        at = f"{where} <tool_call> {k}"
+        calls.append(_call(_json(block.strip(), at, "bad_tool_call"), at))
+    left = TOOL_CALL.sub("", content)
+    if "<tool_call>" in left:
+        raise Invalid("bad_tool_call", f"{where} has a <tool_call> without </tool_call>")
+    return left.strip(), calls
+
+
+def _tool_responses(content: str, where: str) -> list[str]:
+    """The texts, stripped, of a content made of `<tool_response>` blocks only."""
+    if TOOL_RESPONSE.sub("", content).strip():
+        raise Invalid("bad_tool_response", f"{where} has text outside its <tool_response>…</tool_response> blocks")
+    return [m.group(1).strip() for m in TOOL_RESPONSE.finditer(content)]
+
+
+def _read_tags(turns: list[dict[str, Any]], forms: set[str]) -> list[dict[str, Any]]:
+    """Turns with the `<think>`, `<tool_call>` and `<tool_response>` forms read into structured fields,
+    keys in TURN_KEYS order."""
+    read = []
+    for i, turn in enumerate(turns):
+        where = f"turn {i} ({turn['role']})"
+        if turn["role"] == "assistant":
+            content, reasoning = _think(turn["content"], where)
+            if reasoning is not None:
+                forms.add("think_tags")
+                if reasoning and "reasoning_content" in turn:
+                    raise Invalid("conflicting_reasoning",
+                                  f"{where} has both a {THINK_OPEN} block and a reasoning field")
+                if reasoning:
+                    turn["reasoning_content"] = reasoning
+            content, calls = _hermes_calls(content, where)
+            if calls:
+                forms.add("hermes_tags")
+                if "tool_calls" in turn:
+                    raise Invalid("bad_tool_call", f"{where} has both tool_calls and <tool_call> blocks")
+                turn["tool_calls"] = calls
+            turn["content"] = content
+        elif turn["role"] in ("user", "tool") and turn["content"].lstrip().startswith("<tool_response>"):
+            forms.add("hermes_tags")
+            read.extend({**turn, "role": "tool", "content": text} for text in _tool_responses(turn["content"], where))
+            continue
+        read.append({key: turn[key] for key in TURN_KEYS if key in turn})
+    return read
+
+
+def normalize(record: dict[str, Any], schema: str, forms: set[str] | None = None) -> list[dict[str, Any]]:
+    """The record's turns with roles mapped and every form read (not yet validated); `Invalid`
+    when it cannot be read. The forms found are added to `forms`."""
     if schema not in NORMALIZERS:
         raise ValueError(f"unknown chat schema {schema!r}; choose auto or one of {', '.join(SCHEMAS)}")
-    return NORMALIZERS[schema](record)
+    forms = set() if forms is None else forms
+    return _read_tags(NORMALIZERS[schema](record, forms), forms)
 
 
-def validate(turns: list[dict[str, str]]) -> tuple[list[dict[str, str]], bool]:
-    """`(turns, trailing_user_removed)` for a valid conversation; `Invalid` otherwise."""
+def _check_order(turns: list[dict[str, Any]], offset: int) -> None:
+    """User and assistant alternate from a user turn; tool results answer the calls of the turn before them."""
+    calls: list[dict[str, Any]] = []  # of the round in progress: results may follow
+    results = 0
+    for i, (before, turn) in enumerate(zip(turns, turns[1:]), start=offset + 1):
+        role = turn["role"]
+        if role == "tool":
+            if not calls:
+                raise Invalid("orphan_tool_result", f"turn {i} (tool) answers no tool call: "
+                                                    f"it follows a {before['role']} turn without tool calls")
+            results += 1
+            if results > len(calls):
+                raise Invalid("too_many_tool_results", f"turn {i} is tool result {results} of a round of "
+                                                       f"{len(calls)} call(s)")
+            ids = [call["id"] for call in calls if "id" in call]
+            if ids and "tool_call_id" in turn and turn["tool_call_id"] not in ids:
+                raise Invalid("unknown_tool_call_id", f"turn {i} answers tool_call_id {turn['tool_call_id']!r}, "
+                                                      f"not a call of its round ({', '.join(ids)})")
+            continue
+        if before.get("tool_calls"):
+            raise Invalid("missing_tool_result", f"turn {i} ({role}) follows tool calls without a tool result")
+        expected = "user" if before["role"] == "assistant" else "assistant"
+        if role != expected:
+            after = " after tool results" if before["role"] == "tool" else ""
+            raise Invalid("roles_not_alternating", f"turn {i} is {role}, expected {expected}{after}")
+        calls, results = turn.get("tool_calls", []), 0
+
+
+def validate(turns: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
+    """`(turns, role of the turns cut off the end or None)` for a valid conversation; `Invalid` otherwise."""
     for i, turn in enumerate(turns):
-        if not turn["content"].strip():
+        if not turn["content"].strip() and not turn.get("tool_calls"):
             raise Invalid("empty_content", f"turn {i} ({turn['role']}) has empty content")
     body = turns[1:] if turns and turns[0]["role"] == "system" else turns
     if not body:
         raise Invalid("no_complete_exchange", "no user turn")
     if body[0]["role"] != "user":
         raise Invalid("first_turn_not_user", f"the first turn after the system prompt is {body[0]['role']}")
-    for i, turn in enumerate(body):
-        expected = "user" if i % 2 == 0 else "assistant"
-        if turn["role"] != expected:
-            offset = len(turns) - len(body)
-            raise Invalid("roles_not_alternating", f"turn {i + offset} is {turn['role']}, expected {expected}")
-    trailing_user = len(body) % 2 == 1
-    if trailing_user:
+    _check_order(body, len(turns) - len(body))
+    last = body[-1]["role"]
+    if last == "user":
         if len(body) == 1:
             raise Invalid("no_complete_exchange", "a user turn without an answer")
-        turns = turns[:-1]
-    return turns, trailing_user
+        return turns[:-1], last
+    if last == "tool":  # results not answered yet: the conversation ends on the calls
+        end = len(turns)
+        while turns[end - 1]["role"] == "tool":
+            end -= 1
+        return turns[:end], last
+    return turns, None
 
 
-def normalize_record(record: dict[str, Any], schema: str = "auto") -> tuple[str, list[dict[str, str]], bool] | Drop:
-    """`(schema, turns, trailing_user_removed)`, or a `Drop` naming the rule that failed."""
+def normalize_record(record: dict[str, Any], schema: str = "auto") -> Conversation | Drop:
+    """The record read and validated, or a `Drop` naming the rule that failed."""
     found = detect_schema(record) if schema == "auto" else schema
     if found is None:
         return Drop("unknown_schema", f"keys {', '.join(sorted(record)) or 'none'} match no chat schema "
                                       f"({', '.join(SCHEMAS)})")
+    forms: set[str] = set()
     try:
-        turns, trailing = validate(normalize(record, found))
+        tools = _tools(record) if found in ("sharegpt", "openai") else None
+        turns, trailing = validate(normalize(record, found, forms))
     except Invalid as e:
         return Drop(e.reason, f"{found}: {e.detail}")
-    return found, turns, trailing
+    return Conversation(found, turns, tools, trailing, forms)
