@@ -41,7 +41,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import tokenizers
 
-from fuelline.chat.templates import ChatTemplate, conversation_turns, get_template, render
+from fuelline.chat.templates import (REASONING, TRAIN_TURNS, ChatTemplate, conversation_tools, conversation_turns,
+                                     get_template, render)
 from fuelline.records import Drop
 from fuelline.tokenizer.fast import fast_encoder
 
@@ -194,59 +195,112 @@ class _Limits:
 
 
 def encode_chats(conversations: Sequence[Any], tokenizer: Any, template: str | ChatTemplate,
-                 max_length: int | None = None, *, overflow: str = "truncate",
-                 min_loss_tokens: int = 1) -> list[EncodedChat | Drop]:
-    """Encode a batch of conversations (or chat records); a `Drop` (reason in DROP_REASONS) for those left out."""
-    return _encode(conversations, tokenizer, template, _Limits(max_length, overflow, min_loss_tokens), True)
+                 max_length: int | None = None, *, overflow: str = "truncate", min_loss_tokens: int = 1,
+                 tools: list[dict] | None = None, reasoning: str = "last",
+                 train_turns: str = "all") -> list[EncodedChat | Drop]:
+    """Encode a batch of conversations (or chat records); a `Drop` (reason in DROP_REASONS) for those left out.
+
+    `tools`, `reasoning` and `train_turns` are `templates.render`'s, for every conversation
+    (`tools` for those that are not records carrying their own).
+    """
+    options = _Options(tools, reasoning, train_turns)
+    return _encode(conversations, tokenizer, template, _Limits(max_length, overflow, min_loss_tokens), options, True)
 
 
 def encode_chat(conversation: Any, tokenizer: Any, template: str | ChatTemplate, max_length: int | None = None,
-                *, overflow: str = "truncate", min_loss_tokens: int = 1) -> EncodedChat | Drop:
+                *, overflow: str = "truncate", min_loss_tokens: int = 1, tools: list[dict] | None = None,
+                reasoning: str = "last", train_turns: str = "all") -> EncodedChat | Drop:
     """`encode_chats` for one conversation."""
-    return _encode([conversation], tokenizer, template, _Limits(max_length, overflow, min_loss_tokens), False)[0]
+    options = _Options(tools, reasoning, train_turns)
+    return _encode([conversation], tokenizer, template, _Limits(max_length, overflow, min_loss_tokens), options,
+                   False)[0]
+
+
+@dataclass(frozen=True)
+class _Options:
+    tools: list[dict] | None
+    reasoning: str
+    train_turns: str
+
+    def __post_init__(self):
+        for key, allowed in (("reasoning", REASONING), ("train_turns", TRAIN_TURNS)):
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"{key} must be one of {', '.join(allowed)}, not {getattr(self, key)!r}")
 
 
 class _Encoder:
     """Renders and encodes lists of turns with one template and tokenizer."""
 
-    def __init__(self, tokenizer: ChatTokenizer, template: ChatTemplate, number: bool):
-        self.tokenizer, self.template, self.number = tokenizer, template, number
+    def __init__(self, tokenizer: ChatTokenizer, template: ChatTemplate, options: _Options, number: bool):
+        self.tokenizer, self.template, self.options, self.number = tokenizer, template, options, number
 
-    def __call__(self, items: list[tuple[int, list[dict]]]):
-        """(rendering, ids, mask, offsets) for each (conversation index, turns).
+    def __call__(self, items: list[tuple[int, list[dict], list[dict] | None]]):
+        """(rendering, ids, mask, offsets) for each (conversation index, turns, tools).
 
         The whole batch is encoded and masked at once: the supervised spans are moved to where
         their text starts in the joined texts, so one `supervised_tokens` call covers them all.
         """
-        renderings = [self._render(k, turns) for k, turns in items]
+        renderings = [self._render(k, turns, tools) for k, turns, tools in items]
         batch = fast_encoder(self.tokenizer.tokenizer).encode_batch([r.text for r in renderings], offsets=True)
-        spans = [np.array(r.spans, dtype=np.int64).reshape(-1, 2) + start
-                 for r, start in zip(renderings, batch.text_starts)]
-        mask = supervised_tokens(batch.offsets, np.concatenate(spans) if spans else np.zeros((0, 2), np.int64))
         ends = np.cumsum(batch.counts)
+        if self.template.loss_mask == "deepspec":
+            mask = self._prefix_rule_mask(renderings, batch, ends)
+        else:
+            spans = [np.array(r.spans, dtype=np.int64).reshape(-1, 2) + start
+                     for r, start in zip(renderings, batch.text_starts)]
+            mask = supervised_tokens(batch.offsets, np.concatenate(spans) if spans else np.zeros((0, 2), np.int64))
         for rendering, start, end, text_start in zip(renderings, ends - batch.counts, ends, batch.text_starts):
             yield rendering, batch.ids[start:end], mask[start:end], batch.offsets[start:end] - text_start
 
-    def turns(self, k: int, conversation: Any) -> list[dict]:
+    def _prefix_rule_mask(self, renderings, batch, ends) -> np.ndarray:
+        """DeepSpec's mask: a span [s, e) trains tokens len(encode(text[:s])) to len(encode(text[:e])).
+
+        An added token splits an encoding (the text on either side is encoded on its own), so
+        `encode(text[:x])` is the full encoding's tokens up to the last added token that ends at
+        or before x, then the encoding of the text from there to x (for ChatML "assistant\\n"
+        or "\\n"): only those short pieces are encoded, each distinct one once.
+        """
+        tokenizer = self.tokenizer.tokenizer
+        added = np.fromiter(tokenizer.get_added_tokens_decoder(), np.int64)
+        mask, pieces = np.zeros(len(batch.ids), dtype=bool), {}
+        bounds = []  # (conversation's first token, tokens before the piece, piece) per span edge
+        for rendering, first, end, text_start in zip(renderings, ends - batch.counts, ends, batch.text_starts):
+            offsets = batch.offsets[first:end] - text_start
+            at = np.flatnonzero(np.isin(batch.ids[first:end], added))
+            for x in np.array(rendering.spans, dtype=np.int64).reshape(-1):
+                k = np.searchsorted(offsets[at, 1], x, side="right")  # added tokens ending at or before x
+                split = int(offsets[at[k - 1], 1]) if k else 0
+                piece = rendering.text[split:x]
+                pieces.setdefault(piece, None)
+                bounds.append((first, int(at[k - 1]) + 1 if k else 0, piece))
+        lengths = {p: len(e.ids) for p, e in zip(pieces, tokenizer.encode_batch(list(pieces), add_special_tokens=False))}
+        for (first, before, piece), (_, before_end, piece_end) in zip(bounds[0::2], bounds[1::2]):
+            mask[first + before + lengths[piece]:first + before_end + lengths[piece_end]] = True
+        return mask
+
+    def conversation(self, k: int, conversation: Any) -> tuple[list[dict], list[dict] | None]:
         try:
-            return conversation_turns(conversation)
+            return conversation_turns(conversation), conversation_tools(conversation, self.options.tools)
         except ValueError as e:
             raise ValueError(f"conversation {k}: {e}" if self.number else str(e)) from None
 
-    def _render(self, k: int, turns: list[dict]):
+    def _render(self, k: int, turns: list[dict], tools: list[dict] | None):
         try:
-            return render(turns, self.template, variables=self.tokenizer.special_tokens)
+            return render(turns, self.template, variables=self.tokenizer.special_tokens, tools=tools,
+                          reasoning=self.options.reasoning, train_turns=self.options.train_turns)
         except ValueError as e:
             raise ValueError(f"conversation {k}: {e}" if self.number else str(e)) from None
 
 
-def _encode(conversations, tokenizer, template, limits: _Limits, number: bool) -> list[EncodedChat | Drop]:
+def _encode(conversations, tokenizer, template, limits: _Limits, options: _Options,
+            number: bool) -> list[EncodedChat | Drop]:
     tok = load_tokenizer(tokenizer)
-    encoder = _Encoder(tok, resolve_template(template, tok), number)
-    turn_lists = [encoder.turns(k, c) for k, c in enumerate(conversations)]
+    encoder = _Encoder(tok, resolve_template(template, tok), options, number)
+    parsed = [encoder.conversation(k, c) for k, c in enumerate(conversations)]
+    turn_lists = [turns for turns, _ in parsed]
     results: list[EncodedChat | Drop | None] = []
     cuts: dict[int, list[int]] = {}
-    for k, (rendering, ids, mask, offsets) in enumerate(encoder(list(enumerate(turn_lists)))):
+    for k, (rendering, ids, mask, offsets) in enumerate(encoder([(k, *p) for k, p in enumerate(parsed)])):
         if limits.max_length is None or len(ids) <= limits.max_length:
             results.append(_keep(ids, mask, False, limits))
         elif limits.overflow == "drop":
@@ -257,7 +311,7 @@ def _encode(conversations, tokenizer, template, limits: _Limits, number: bool) -
                 cuts[k] = fitting
             results.append(None if fitting else Drop(TOO_LONG, f"{len(ids):,} tokens, and the first exchange "
                                                                f"alone exceeds max_length {limits.max_length:,}"))
-    _truncate(encoder, turn_lists, cuts, results, limits)
+    _truncate(encoder, parsed, cuts, results, limits)
     return results
 
 
@@ -272,18 +326,19 @@ def _keep(ids: np.ndarray, mask: np.ndarray, truncated: bool, limits: _Limits) -
 def _cuts_that_may_fit(turns: list[dict], turn_ends: tuple[int, ...], offsets: np.ndarray,
                        max_length: int) -> list[int]:
     """Turn counts ending a whole exchange whose tokens in the full encoding fit, longest first."""
-    cuts = [c for c in range(1, len(turns)) if turns[c - 1]["role"] == "assistant" and turns[c]["role"] != "assistant"]
+    cuts = [c for c in range(1, len(turns))
+            if turns[c - 1]["role"] == "assistant" and turns[c]["role"] not in ("assistant", "tool")]
     if not cuts:
         return []
     tokens_before = np.searchsorted(offsets[:, 0], [turn_ends[c - 1] for c in cuts], side="left")
     return [c for c, n in zip(cuts, tokens_before) if n <= max_length][::-1]
 
 
-def _truncate(encoder: _Encoder, turn_lists, cuts: dict[int, list[int]], results: list, limits: _Limits) -> None:
+def _truncate(encoder: _Encoder, parsed, cuts: dict[int, list[int]], results: list, limits: _Limits) -> None:
     """Fill in `results` for the conversations in `cuts`: each encoded at its longest cut that fits."""
     while cuts:
         todo = list(cuts)
-        for k, (_, ids, mask, _) in zip(todo, encoder([(k, turn_lists[k][:cuts[k][0]]) for k in todo])):
+        for k, (_, ids, mask, _) in zip(todo, encoder([(k, parsed[k][0][:cuts[k][0]], parsed[k][1]) for k in todo])):
             if len(ids) <= limits.max_length:
                 results[k] = _keep(ids, mask, True, limits)
                 del cuts[k]

@@ -60,8 +60,15 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any, Callable, Mapping
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 PREFIX_TURNS = ("all", "last")
+REASONING = ("keep", "drop", "last")
+TRAIN_TURNS = ("all", "last")
+TOOL_SYNTAXES = ("", "qwen")
+LOSS_MASKS = ("overlap", "deepspec")
+# The turn fields of the chat record contract besides role and content, and the role each belongs to
+# ("name" is also a participant's name on other turns in OpenAI's format, so it is only checked on tool turns).
+TURN_FIELDS = {"tool_calls": "assistant", "reasoning_content": "assistant", "tool_call_id": "tool"}
 # Tried, after the tokenizer's eos token, as the end-of-turn token of a Jinja template.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<turn|>", "<end_of_turn>", "<|end|>")
 # Unicode noncharacters, reserved for a program's internal use: the marks of generation blocks,
@@ -84,8 +91,14 @@ class ChatTemplate:
     assistant turn (`assistant_prefix_on="all"`) or only when the turn is the conversation's
     last message (`"last"`), and always in the generation prompt; it is never supervised.
     `default_system` is rendered as a system turn when the conversation does not start with
-    one (None: no system turn). `jinja` replaces all of this with a Jinja chat template; the
-    empty string stands for the tokenizer's own one (`auto`).
+    one (None: no system turn). An assistant turn's reasoning is rendered as `reasoning_open +
+    reasoning + reasoning_close` in place of the prefix (empty strings: the format has none, and
+    a turn with reasoning is refused unless it is dropped). `tool_syntax` names how tools, tool
+    calls and tool results are written ("qwen"; empty: refused). `loss_mask` is "overlap" (a
+    token is trained on iff it overlaps a span) or "deepspec" (spans also cover `after_turn`, and
+    a span [s, e) trains tokens len(encode(text[:s])) to len(encode(text[:e])), DeepSpec's rule).
+    `jinja` replaces all of this with a Jinja chat template; the empty string stands for the
+    tokenizer's own one (`auto`).
     """
 
     name: str
@@ -99,11 +112,18 @@ class ChatTemplate:
     assistant_prefix: str = ""
     assistant_prefix_on: str = "all"
     jinja: str | None = None
+    reasoning_open: str = ""
+    reasoning_close: str = ""
+    tool_syntax: str = ""
+    loss_mask: str = "overlap"
 
     def __post_init__(self):
-        if self.assistant_prefix_on not in PREFIX_TURNS:
-            raise ValueError(f"chat template {self.name!r}: assistant_prefix_on must be one of "
-                             f"{', '.join(PREFIX_TURNS)}, not {self.assistant_prefix_on!r}")
+        for key, allowed in (("assistant_prefix_on", PREFIX_TURNS), ("tool_syntax", TOOL_SYNTAXES),
+                             ("loss_mask", LOSS_MASKS)):
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"chat template {self.name!r}: {key} must be one of "
+                                 f"{', '.join(map(repr, allowed)) if '' in allowed else ', '.join(allowed)}, "
+                                 f"not {getattr(self, key)!r}")
 
     @property
     def generation_prompt(self) -> str:
@@ -126,10 +146,10 @@ class Rendering:
     turn_ends: tuple[int, ...]
 
 
-def _chatml(name: str, prefix: str = "", prefix_on: str = "all") -> ChatTemplate:
+def _chatml(name: str, prefix: str = "", prefix_on: str = "all", **fields) -> ChatTemplate:
     return ChatTemplate(name, system_header="<|im_start|>system\n", user_header="<|im_start|>user\n",
                         assistant_header="<|im_start|>assistant\n", end_of_turn="<|im_end|>", after_turn="\n",
-                        assistant_prefix=prefix, assistant_prefix_on=prefix_on)
+                        assistant_prefix=prefix, assistant_prefix_on=prefix_on, **fields)
 
 
 def _llama3_header(role: str) -> str:
@@ -138,7 +158,9 @@ def _llama3_header(role: str) -> str:
 
 BUILTIN = (
     (_chatml("chatml"), ("qwen",)),
-    (_chatml("qwen3", "<think>\n\n</think>\n\n", "last"), ()),
+    (_chatml("qwen3", "<think>\n\n</think>\n\n", "last", reasoning_open="<think>\n",
+             reasoning_close="\n</think>\n\n", tool_syntax="qwen"), ()),
+    (_chatml("qwen-deepspec", default_system="You are a helpful assistant.", loss_mask="deepspec"), ()),
     (ChatTemplate("llama3", bos="<|begin_of_text|>", system_header=_llama3_header("system"),
                   user_header=_llama3_header("user"), assistant_header=_llama3_header("assistant"),
                   end_of_turn="<|eot_id|>"), ()),
@@ -230,71 +252,240 @@ def conversation_turns(conversation: Any) -> list[dict]:
             raise ValueError(f"turn {i}: role {turn.get('role')!r} is not one of {', '.join(ROLES)}")
         if not isinstance(turn.get("content"), str):
             raise ValueError(f"turn {i}: content must be a string, found {type(turn.get('content')).__name__}")
+        if len(turn) > 2:  # a plain turn is checked by now
+            _check_turn_fields(i, turn)
     return list(conversation)
 
 
+def _check_turn_fields(i: int, turn: dict) -> None:
+    role = turn["role"]
+    for key, owner in TURN_FIELDS.items():
+        if key in turn and role != owner:
+            raise ValueError(f"turn {i}: {key} belongs on {'an' if owner == 'assistant' else 'a'} {owner} turn, "
+                             f"not on a {role} turn")
+    for key in ("reasoning_content", "tool_call_id", "name"):
+        if key in turn and (role == "tool" or key == "reasoning_content") and not isinstance(turn[key], str):
+            raise ValueError(f"turn {i}: {key} must be a string, found {type(turn[key]).__name__}")
+    calls = turn.get("tool_calls")
+    if calls is None:
+        return
+    if not isinstance(calls, list):
+        raise ValueError(f"turn {i}: tool_calls must be a list of {{'type': 'function', 'function': {{'name', "
+                         f"'arguments'}}}}, found {type(calls).__name__}")
+    for j, call in enumerate(calls):
+        where = f"turn {i}: tool_calls[{j}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            raise ValueError(f"{where} must be {{'type': 'function', 'function': {{'name', 'arguments'}}}}, found "
+                             f"{call!r:.80}")
+        if call.get("type", "function") != "function":
+            raise ValueError(f"{where}.type must be 'function', found {call['type']!r}")
+        if not isinstance(function.get("name"), str) or not function["name"]:
+            raise ValueError(f"{where}.function.name must be a non-empty string, found {function.get('name')!r}")
+        arguments = function.get("arguments")
+        if not isinstance(arguments, dict):
+            hint = " (a JSON-encoded string: decode it to an object first)" if isinstance(arguments, str) else ""
+            raise ValueError(f"{where}.function.arguments must be a JSON object (a dict), found "
+                             f"{type(arguments).__name__}{hint}")
+
+
+def conversation_tools(conversation: Any, tools: Any = None) -> list[dict] | None:
+    """The tool schemas of a conversation, checked: a chat record's `tools`, or `tools` given for it."""
+    own = conversation.get("tools") if isinstance(conversation, dict) else None
+    if own is not None and tools is not None:
+        raise ValueError("tools are given twice: the chat record has its own 'tools', and tools= is set too")
+    tools = own if own is not None else tools
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise ValueError(f"tools must be a list of {{'type': 'function', 'function': {{'name', ...}}}}, "
+                         f"found {type(tools).__name__}")
+    for j, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or tool.get("type", "function") != "function":
+            raise ValueError(f"tools[{j}] must be {{'type': 'function', 'function': {{'name', 'description', "
+                             f"'parameters'}}}}, found {tool!r:.80}")
+        if not isinstance(function.get("name"), str) or not function["name"]:
+            raise ValueError(f"tools[{j}].function.name must be a non-empty string, found {function.get('name')!r}")
+        for key, kind in (("description", str), ("parameters", dict)):
+            if key in function and not isinstance(function[key], kind):
+                raise ValueError(f"tools[{j}].function.{key} must be a {'string' if kind is str else 'JSON object'}, "
+                                 f"found {type(function[key]).__name__}")
+    return tools
+
+
 def render(conversation: Any, template: str | ChatTemplate, add_generation_prompt: bool = False, *,
-           variables: Mapping[str, Any] | None = None) -> Rendering:
-    """Render a conversation; `variables` (bos_token, eos_token, …) are given to a Jinja template."""
+           variables: Mapping[str, Any] | None = None, tools: list[dict] | None = None, reasoning: str = "last",
+           train_turns: str = "all") -> Rendering:
+    """Render a conversation; `variables` (bos_token, eos_token, …) are given to a Jinja template.
+
+    `tools` are the conversation's tool schemas when it is not a chat record carrying its own.
+    `reasoning`: keep every assistant turn's `reasoning_content`, drop it, or keep it only after
+    the last user turn (`last`, Qwen3's rule for history). `train_turns`: supervise every
+    assistant turn, or only the last one (its span, or the template's last generation block).
+    """
     turns = conversation_turns(conversation)
+    tools = conversation_tools(conversation, tools)
+    for key, value, allowed in (("reasoning", reasoning, REASONING), ("train_turns", train_turns, TRAIN_TURNS)):
+        if value not in allowed:
+            raise ValueError(f"{key} must be one of {', '.join(allowed)}, not {value!r}")
+    turns = _reasoning_kept(turns, reasoning)
     if isinstance(template, str):
         template = get_template(template)
     if template.jinja is None:
-        return _render_fields(turns, template, add_generation_prompt)
-    if not template.jinja:
+        rendering = _render_fields(turns, tools, template, add_generation_prompt)
+    elif not template.jinja:
         raise ValueError(f"chat template {template.name!r} renders with a tokenizer's own Jinja template; "
                          f"encode_chat finds it, or pass the Jinja source as ChatTemplate(jinja=...)")
-    return _render_jinja(turns, template, add_generation_prompt, variables or {})
+    else:
+        rendering = _render_jinja(turns, tools, template, add_generation_prompt, variables or {})
+    if train_turns == "last" and len(rendering.spans) > 1:
+        return dataclasses.replace(rendering, spans=rendering.spans[-1:])
+    return rendering
 
 
-def _render_fields(turns: list[dict], t: ChatTemplate, add_generation_prompt: bool) -> Rendering:
+def _reasoning_kept(turns: list[dict], reasoning: str) -> list[dict]:
+    """The turns without the `reasoning_content` that `reasoning` leaves out (the same list when none is)."""
+    if reasoning == "keep" or not any("reasoning_content" in turn for turn in turns):
+        return turns
+    last_user = max((i for i, turn in enumerate(turns) if turn["role"] == "user"), default=-1)
+    return [{k: v for k, v in turn.items() if k != "reasoning_content"}
+            if "reasoning_content" in turn and (reasoning == "drop" or i < last_user) else turn
+            for i, turn in enumerate(turns)]
+
+
+def _render_fields(turns: list[dict], tools: list[dict] | None, t: ChatTemplate,
+                   add_generation_prompt: bool) -> Rendering:
     headers = {"system": t.system_header, "user": t.user_header, "assistant": t.assistant_header}
-    parts = [t.bos]
-    if t.default_system is not None and turns[0]["role"] != "system":
+    parts, skip = [t.bos], 0
+    system = turns[0]["content"] if turns[0]["role"] == "system" else t.default_system
+    if tools:  # Qwen's way: the tool schemas join the system turn's content
+        _need_tool_syntax(t, "the conversation has tools")
+        parts.append(t.system_header + ("" if system is None else system + "\n\n") + _qwen_tools(tools)
+                     + t.end_of_turn + t.after_turn)
+        skip = turns[0]["role"] == "system"
+    elif t.default_system is not None and turns[0]["role"] != "system":
         parts.append(t.system_header + t.default_system + t.end_of_turn + t.after_turn)
     pos = sum(map(len, parts))
     spans, ends, last = [], [], len(turns) - 1
+    after = t.after_turn if t.loss_mask == "overlap" else ""  # deepspec's spans run over it
     for i, turn in enumerate(turns):
-        head = headers[turn["role"]]
-        if turn["role"] == "assistant" and (t.assistant_prefix_on == "all" or i == last):
-            head += t.assistant_prefix
-        body = turn["content"] + t.end_of_turn
-        parts += (head, body, t.after_turn)
-        if turn["role"] == "assistant":
-            spans.append((pos + len(head), pos + len(head) + len(body)))
-        pos += len(head) + len(body) + len(t.after_turn)
+        role = turn["role"]
+        if i < skip:
+            head = body = tail = ""
+        elif role == "assistant":
+            head, body = _assistant(i, turn, t, i == last)
+            tail = t.after_turn
+            spans.append((pos + len(head), pos + len(head) + len(body) + len(t.after_turn) - len(after)))
+        elif role == "tool":
+            _need_tool_syntax(t, f"turn {i} is a tool turn")
+            head = ("" if i and turns[i - 1]["role"] == "tool" else "<|im_start|>user") + "\n<tool_response>\n"
+            body = turn["content"]
+            tail = "\n</tool_response>" + ("" if i < last and turns[i + 1]["role"] == "tool" else
+                                             t.end_of_turn + t.after_turn)
+        else:
+            head, body, tail = headers[role], turn["content"] + t.end_of_turn, t.after_turn
+        parts += (head, body, tail)
+        pos += len(head) + len(body) + len(tail)
         ends.append(pos)
     if add_generation_prompt:
         parts.append(t.generation_prompt)
     return Rendering("".join(parts), tuple(spans), tuple(ends))
 
 
-def _render_jinja(turns: list[dict], t: ChatTemplate, add_generation_prompt: bool,
+def _assistant(i: int, turn: dict, t: ChatTemplate, is_last: bool) -> tuple[str, str]:
+    """An assistant turn's unsupervised head and supervised body (reasoning, content, tool calls, end of turn).
+
+    A non-empty reasoning is rendered stripped of newlines at both ends, as Qwen3's template does;
+    it is supervised unless nothing is left. Without one, the prefix is rendered, unsupervised.
+    """
+    head, body = t.assistant_header, turn["content"]
+    reasoning = turn.get("reasoning_content")
+    if reasoning:
+        if not (t.reasoning_open or t.reasoning_close):
+            raise ValueError(f"turn {i}: chat template {t.name!r} has no syntax for reasoning_content; "
+                             f"use reasoning='drop', or a template that has one (qwen3)")
+        thought = t.reasoning_open + reasoning.strip("\n") + t.reasoning_close
+        head, body = (head, thought + body) if reasoning.strip("\n") else (head + thought, body)
+    elif t.assistant_prefix_on == "all" or is_last:
+        head += t.assistant_prefix
+    calls = turn.get("tool_calls")
+    if calls:
+        _need_tool_syntax(t, f"turn {i} has tool_calls")
+        body += "".join(("\n" if j or body else "") + '<tool_call>\n{"name": "' + call["function"]["name"]
+                        + '", "arguments": ' + _tojson(call["function"]["arguments"]) + "}\n</tool_call>"
+                        for j, call in enumerate(calls))
+    return head, body + t.end_of_turn
+
+
+_QWEN_TOOLS = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
+               "with function signatures within <tools></tools> XML tags:\n<tools>",
+               "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+               "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+               "<args-json-object>}\n</tool_call>")
+
+
+def _qwen_tools(tools: list[dict]) -> str:
+    return _QWEN_TOOLS[0] + "".join("\n" + _tojson(tool) for tool in tools) + _QWEN_TOOLS[1]
+
+
+def _need_tool_syntax(t: ChatTemplate, what: str) -> None:
+    if not t.tool_syntax:
+        raise ValueError(f"{what}, but chat template {t.name!r} has no syntax for tools; use one that has "
+                         f"({', '.join(n for n, k in sorted(_REGISTRY.items()) if k.tool_syntax)}) or the "
+                         f"tokenizer's own (auto)")
+
+
+def _tojson(value: Any) -> str:
+    """JSON as the `tojson` filter of transformers' chat templates writes it (", " and ": ", not ASCII-escaped)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _render_jinja(turns: list[dict], tools: list[dict] | None, t: ChatTemplate, add_generation_prompt: bool,
                   variables: Mapping[str, Any]) -> Rendering:
-    for i, turn in enumerate(turns):
-        if (reserved := _RESERVED.search(turn["content"])) is not None:
-            raise ValueError(f"turn {i}: content holds U+{ord(reserved.group()):04X}, one of the Unicode "
-                             f"noncharacters U+FDD0-U+FDEF that mark spans while a Jinja template renders")
+    fields = [(f"turn {i}: {key}", value) for i, turn in enumerate(turns)
+              for key, value in (turn.items() if len(turn) > 2 else [("content", turn["content"])])]
+    for where, value in [*fields, ("tools", tools or "")]:
+        if (reserved := _RESERVED.search(value if isinstance(value, str) else _tojson(value))) is not None:
+            raise ValueError(f"{where} holds U+{ord(reserved.group()):04X}, one of the Unicode noncharacters "
+                             f"U+FDD0-U+FDEF that mark spans while a Jinja template renders")
     assistant = [i for i, turn in enumerate(turns) if turn["role"] == "assistant"]
-    text, blocks = _remove_generation_marks(_run_jinja(t, turns, add_generation_prompt, variables))
+    messages = _template_messages(turns)
+    text, blocks = _remove_generation_marks(_run_jinja(t, messages, tools, add_generation_prompt, variables))
     if _has_generation_blocks(t.jinja):
         # one block per assistant turn: a turn ends with its block; else 0, a lower bound for every turn
         ends = [end for _, end in blocks] if len(blocks) == len(assistant) else [0] * len(assistant)
         return Rendering(text, tuple(blocks), _turn_ends(turns, ends))
+    for i in assistant:
+        for key, what in (("tool_calls", "tool calls"), ("reasoning_content", "reasoning")):
+            if turns[i].get(key):
+                raise ValueError(f"turn {i}: the Jinja chat template of {t.name!r} has no {{% generation %}} blocks, "
+                                 f"and this turn's {what} would be rendered outside its content, where no mark can "
+                                 f"locate it; put {{% generation %}}…{{% endgeneration %}} around what the template "
+                                 f"renders of an assistant turn, or use a named template (qwen3)"
+                                 + (", or reasoning='drop'" if key == "reasoning_content" else ""))
     eot = (t.end_of_turn,) if t.end_of_turn else (variables.get("eos_token") or "", *END_OF_TURN_TOKENS)
     spans = []
     for start, end in _content_spans(turns, assistant, t, text,
-                                     lambda marked: _run_jinja(t, marked, add_generation_prompt, variables)):
+                                     lambda marked: _run_jinja(t, _template_messages(marked), tools,
+                                                               add_generation_prompt, variables)):
         spans.append((start, end + len(next((e for e in eot if e and text.startswith(e, end)), ""))))
     return Rendering(text, tuple(spans), _turn_ends(turns, [end for _, end in spans]))
 
 
-def _run_jinja(t: ChatTemplate, turns: list[dict], add_generation_prompt: bool, variables: Mapping[str, Any]) -> str:
+def _template_messages(turns: list[dict]) -> list[dict]:
+    """The messages as transformers gives them to a template: reasoning also under `thinking` (gpt-oss reads that)."""
+    return [{"thinking": turn["reasoning_content"], **turn} if "reasoning_content" in turn else turn
+            for turn in turns]
+
+
+def _run_jinja(t: ChatTemplate, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool,
+               variables: Mapping[str, Any]) -> str:
     compiled = _compile_jinja(t.jinja)
     import jinja2  # installed: _compile_jinja has imported it
 
     try:
-        return compiled.render(messages=turns, tools=None, documents=None,
+        return compiled.render(messages=messages, tools=tools, documents=None,
                                add_generation_prompt=add_generation_prompt, **variables)
     except jinja2.TemplateError as e:
         raise ValueError(f"the Jinja chat template of {t.name!r} failed: {e}") from None
