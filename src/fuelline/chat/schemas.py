@@ -227,6 +227,8 @@ def _structured(obj: dict, turn: dict[str, Any], where: str, forms: set[str]) ->
         if calls not in (None, []):
             if not isinstance(calls, list):
                 raise Invalid("bad_tool_call", f"{where}.tool_calls is {type(calls).__name__}, expected a list")
+            if "tool_calls" in turn:
+                raise Invalid("bad_tool_call", f"{where} has tool calls both in its value and in tool_calls")
             turn["tool_calls"] = [_call(call, f"{where}.tool_calls[{j}]") for j, call in enumerate(calls)]
             forms.add("openai_tool_calls")
     elif turn["role"] == "tool":
@@ -246,13 +248,13 @@ def _turns(record: dict, list_key: str, role_key: str, content_key: str, forms: 
         role = _role(_require(obj, role_key, where), f"{where}.{role_key}")
         value = _require(obj, content_key, where)
         if role == FUNCTION_CALL:
-            turns.append({"role": "assistant", "content": "",
-                          "tool_calls": _function_calls(value, f"{where}.{content_key}")})
+            turn = {"role": "assistant", "content": "",
+                    "tool_calls": _function_calls(value, f"{where}.{content_key}")}
             forms.add("sharegpt_function_call")
-            continue
-        if value is None and role == "assistant" and obj.get("tool_calls"):
-            value = ""  # OpenAI's content of a message that only calls tools
-        turn = {"role": role, "content": content(value, f"{where}.{content_key}")}
+        else:
+            if value is None and role == "assistant" and obj.get("tool_calls"):
+                value = ""  # OpenAI's content of a message that only calls tools
+            turn = {"role": role, "content": content(value, f"{where}.{content_key}")}
         _structured(obj, turn, where, forms)
         turns.append(turn)
     return turns
@@ -372,7 +374,7 @@ def _check_order(turns: list[dict[str, Any]], offset: int) -> None:
         if role == "tool":
             if not calls:
                 raise Invalid("orphan_tool_result", f"turn {i} (tool) answers no tool call: "
-                                                    f"it follows a {before['role']} turn without tool calls")
+                                                    f"turn {i - 1} ({before['role']}) makes none")
             results += 1
             if results > len(calls):
                 raise Invalid("too_many_tool_results", f"turn {i} is tool result {results} of a round of "
