@@ -265,6 +265,7 @@ BROKEN = [
      "conflicting_reasoning", "turn 1 (assistant) has both a <think> block and a reasoning field"),
     (_messages({"role": "assistant", "content": "<think>only thoughts</think>"}), "empty_content",
      "turn 1 (assistant) has empty content"),
+    (_messages(_calls(_fn()), {"role": "tool", "content": " "}, FINAL), "empty_content", "turn 2 (tool) has empty content"),
     ({"messages": [RESULT, FINAL]}, "first_turn_not_user", "the first turn after the system prompt is tool"),
 ]
 
