@@ -16,9 +16,11 @@ file name and line, which repeats when two inputs share a file name; those are r
 System turns are removed unless `keep_system` (regeneration uses the target's own default).
 stats.json gets the records per schema (`schema.X`, the `schemas` table), per form of tool use
 and reasoning they were written in (`form.X`, the `forms` table; see `fuelline.chat.schemas`),
-the records kept with tools, tool calls, tool results and reasoning (`records_with_*`) and, with `category_key` (a record field, or `@file`:
-the input file's name, for a blend kept as one file per source), per category and outcome;
-the category also goes into the train record's `meta.category`.
+the records kept with tools, tool calls, tool results and reasoning (`records_with_*`), the
+conversations cut back to their last assistant turn (`trailing_user_turn_removed`,
+`trailing_tool_results_removed`) and, with `category_key` (a record field, or `@file`: the input
+file's name, for a blend kept as one file per source), per category and outcome; the category
+also goes into the train record's `meta.category`.
 """
 
 from __future__ import annotations
