@@ -29,7 +29,7 @@ def load_funnel(run_dir: str | os.PathLike) -> dict:
             "seconds": stats.get("wall_seconds"),
         }
         step["adds_up"] = step["records_in"] == step["records_out"] + step["dropped_total"]
-        for extra in ("dedup", "tokenizer", "splits", "counters", "outputs", "schemas", "categories", "cache"):
+        for extra in ("dedup", "tokenizer", "splits", "counters", "outputs", "schemas", "forms", "categories", "cache"):
             if stats.get(extra):
                 step[extra] = stats[extra]
         steps.append(step)
@@ -77,7 +77,7 @@ def format_funnel(funnel: dict) -> str:
                      f"{kept:>9.2%}{overall:>10.2%}{seconds:>9}{flag}")
         for reason, n in s["dropped"].items():
             lines.append(f"    {reason:<30}{n:>10,}{n / s['records_in']:>9.2%}")
-        for key in ("outputs", "schemas"):
+        for key in ("outputs", "schemas", "forms"):
             if s.get(key):
                 lines.append(f"    {key}: " + ", ".join(f"{k} {v:,}" for k, v in s[key].items()))
         lines.extend(format_categories(s.get("categories", {})))
