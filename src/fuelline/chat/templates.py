@@ -261,8 +261,7 @@ def _check_turn_fields(i: int, turn: dict) -> None:
     role = turn["role"]
     for key, owner in TURN_FIELDS.items():
         if key in turn and role != owner:
-            raise ValueError(f"turn {i}: {key} belongs on {'an' if owner == 'assistant' else 'a'} {owner} turn, "
-                             f"not on a {role} turn")
+            raise ValueError(f"turn {i}: {key} belongs on {_a(owner)} {owner} turn, not on {_a(role)} {role} turn")
     for key in ("reasoning_content", "tool_call_id", "name"):
         if key in turn and (role == "tool" or key == "reasoning_content") and not isinstance(turn[key], str):
             raise ValueError(f"turn {i}: {key} must be a string, found {type(turn[key]).__name__}")
@@ -287,6 +286,10 @@ def _check_turn_fields(i: int, turn: dict) -> None:
             hint = " (a JSON-encoded string: decode it to an object first)" if isinstance(arguments, str) else ""
             raise ValueError(f"{where}.function.arguments must be a JSON object (a dict), found "
                              f"{type(arguments).__name__}{hint}")
+
+
+def _a(role: str) -> str:
+    return "an" if role == "assistant" else "a"
 
 
 def conversation_tools(conversation: Any, tools: Any = None) -> list[dict] | None:
@@ -412,7 +415,7 @@ def _assistant(i: int, turn: dict, t: ChatTemplate, is_last: bool) -> tuple[str,
     calls = turn.get("tool_calls")
     if calls:
         _need_tool_syntax(t, f"turn {i} has tool_calls")
-        body += "".join(("\n" if j or body else "") + '<tool_call>\n{"name": "' + call["function"]["name"]
+        body += "".join(("\n" if j or turn["content"] else "") + '<tool_call>\n{"name": "' + call["function"]["name"]
                         + '", "arguments": ' + _tojson(call["function"]["arguments"]) + "}\n</tool_call>"
                         for j, call in enumerate(calls))
     return head, body + t.end_of_turn
