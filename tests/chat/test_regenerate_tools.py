@@ -130,7 +130,8 @@ def test_requests_carry_tools_and_history_in_openai_form_and_auto_regenerates_on
     assert (regenerated["turns"], regenerated["turn_indexes"], regenerated["tool_results_left_out"]) == ("last", [7], 1)
     answered = out["answered"]
     assert orjson.dumps(answered["conversations"][:4]) == orjson.dumps(ANSWERED["conversations"][:4])
-    assert answered["conversations"][4:] == [{"role": "assistant", "content": echo_answer(ANSWERED["conversations"][:4])}]
+    assert answered["conversations"][4:] == [
+        {"role": "assistant", "content": echo_answer(ANSWERED["conversations"][:4])}]
     assert "tool_results_left_out" not in answered["meta"]["regenerated"]
 
     plain = out["plain"]  # no tools: every answer regenerated, and nothing new in the record

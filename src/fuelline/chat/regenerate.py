@@ -10,13 +10,13 @@ call's arguments as a JSON string, each call an id (its own, else `call_{turn}_{
 result the id of the call it answers (its own when it names a call of the assistant turn before
 it, else the k-th result after that turn answers its k-th call, as for a regenerated call). An
 answer that is a tool call is stored as the turn's `tool_calls`, arguments a dict, content "" or
-the text that came with it. A regenerated
-call cannot be given the old tool result, so `turns` decides which turns are regenerated: `all`,
-`last` (only the final assistant turn, on the data's own history; tool results after it answered
-the replaced calls and are left out), or `auto` (the default): `last` for a conversation with
-tool results, `all` otherwise. A record regenerated `last` says so in `meta.regenerated`.
-Reasoning a server returns apart never enters the content; `reasoning = keep` stores it as the
-turn's `reasoning_content` (and sends it back with the history, as chat templates read it).
+the text that came with it. A regenerated call cannot be given the old tool result, so `turns`
+decides which turns are regenerated: `all`, `last` (only the final assistant turn, on the data's
+own history; tool results after it answered the replaced calls and are left out), or `auto` (the
+default): `last` for a conversation with tool results, `all` otherwise. A record regenerated
+`last` says so in `meta.regenerated`. Reasoning a server returns apart never enters the content;
+`reasoning = keep` stores it as the turn's `reasoning_content` (and sends it back with the
+history, as chat templates read it).
 
 Output, one line per input id, ever: the input record with its assistant turns replaced and
 `meta.regenerated` = {model, sampling, finish_reasons, left_out} (left_out: sampling fields a
@@ -273,8 +273,8 @@ def _check_tool_calls(calls, where: str, source: Path, line: int) -> None:
         function = call.get("function") if isinstance(call, dict) else None
         if not (isinstance(function, dict) and isinstance(function.get("name"), str)
                 and call.get("type", "function") == "function" and isinstance(call.get("id", ""), str)):
-            raise RecordError(source, line, f'{where} tool call {k} is not a {{"type": "function", "function": '
-                                            '{"name": str, "arguments": object}}')
+            raise RecordError(source, line, f'{where} tool call {k} is not a {{"id"?: str, "type": "function", '
+                                            '"function": {"name": str, "arguments": object}}')
         if not isinstance(function.get("arguments"), dict):
             raise RecordError(source, line, f"{where} tool call {k} ({function['name']}): arguments is a "
                                             f"{type(function.get('arguments')).__name__}, expected a JSON object "
