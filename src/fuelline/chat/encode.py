@@ -16,8 +16,12 @@ A CJK character or an emoji split over two tokens is thus seen whole, and a toke
 straddles a span's edge (a header's "\n" merged with a content that starts with "\n") is
 supervised, as in transformers.
 
-`max_length`: with overflow="truncate" a conversation is cut before a turn that follows an
-assistant turn, keeping the longest prefix of whole exchanges (with the system turn that
+`qwen-deepspec` masks by DeepSpec's rule instead: a span [s, e) trains the tokens from
+len(encode(text[:s])) to len(encode(text[:e])), computed from the one encoding and the short
+text since the last added token before each edge (see `_Encoder._prefix_rule_mask`).
+
+`max_length`: with overflow="truncate" a conversation is cut before a user or system turn that
+follows an assistant turn (never inside a tool round), keeping the longest prefix of whole exchanges (with the system turn that
 leads them). The cut is chosen from the token offsets of the full encoding at the turn ends;
 the kept turns are then rendered and encoded on their own and checked, cutting one exchange
 more while they do not fit (Qwen3's empty think block moves to the new last turn: 4 tokens

@@ -18,11 +18,29 @@ Built-in templates, thinking models in their non-thinking mode:
   block `<think>\\n\\n</think>\\n\\n`, as Qwen3's Jinja template renders it (its
   `enable_thinking=False` only changes the generation prompt, which gets the same block;
   earlier assistant turns are plain ChatML there too). The block is never supervised.
+  Tools, tool calls, tool results and reasoning as Qwen3's published template writes them:
+  the schemas (`tojson`, one a line) in `<tools></tools>` at the end of the system turn; each
+  call `<tool_call>\\n{"name": N, "arguments": JSON}\\n</tool_call>` after the content, a
+  newline before each but a first one with empty content; consecutive tool results in one user
+  turn, each `\\n<tool_response>\\n…\\n</tool_response>`; a non-empty reasoning as
+  `<think>\\n` + reasoning stripped of newlines + `\\n</think>\\n\\n` in place of the empty
+  block. Supervised: the reasoning block (unless empty), content, calls and `<|im_end|>`.
+- `qwen-deepspec`: DeepSpec's `qwen` preprocessing: ChatML led by the system turn "You are a
+  helpful assistant." unless there is one; a span runs from the content to the `\\n` after
+  `<|im_end|>`, and trains the tokens len(encode(text[:start])) to len(encode(text[:end])), so
+  a token merging the header's `\\n` with a content's leading newline is not trained on.
 - `llama3`: `<|begin_of_text|>` once, `<|start_header_id|>ROLE<|end_header_id|>\\n\\n…<|eot_id|>`.
 - `gemma4`: `<bos>` once, `<|turn>ROLE\\n…<turn|>\\n` with the roles system, user and model;
   the last assistant turn and the generation prompt open with the non-thinking prefix
   `<|channel>thought\\n<channel|>`, as Gemma 4's template prefills it; never supervised.
 - `auto`: the tokenizer's own Jinja chat template (see `fuelline.chat.encode`).
+
+Reasoning (`reasoning_content`) is kept on every assistant turn (`keep`), removed before
+rendering (`drop`: the non-thinking rendering), or kept only on the assistant turns after the
+last user turn (`last`, the default: Qwen3's own rule for history, which keeps the reasoning
+of the tool-calling steps of the final round too); templates without a reasoning syntax refuse
+a turn with one unless it is dropped, and so do those without a tool syntax (all but `qwen3`)
+tools, tool calls and tool turns. `train_turns="last"` supervises only the last span.
 
 Contents are rendered verbatim. Qwen3's Jinja template also rewrites some contents (it strips
 leading newlines from the final answer and splits a content at `</think>`), so it matches
@@ -45,7 +63,13 @@ order; otherwise the conversation is refused, naming the turn, since its span wo
 guess. This refuses a content that a template changes by stripping, splitting or slicing it
 (Qwen3's strips leading newlines from the final answer and splits a content at `</think>`),
 renders twice, leaves out or puts out of order. The second rendering costs about as much as the first (GSM8K, Qwen3's template:
-~100 µs more per conversation, on top of ~100 µs).
+~100 µs more per conversation, on top of ~100 µs). Tool calls and reasoning are rendered
+outside the content, where no mark can locate their text, so without generation blocks an
+assistant turn with either is refused, naming template and turn (tool results and schemas
+are never supervised, so they pass). Templates get `tools=` and the turns as transformers
+gives them: `tool_calls` with `function.arguments` a dict, `tool` turns, `reasoning_content`
+(also as `thinking`); with generation blocks, ids and mask equal `apply_chat_template(messages,
+tools=tools, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)`.
 """
 
 from __future__ import annotations
@@ -329,10 +353,12 @@ def render(conversation: Any, template: str | ChatTemplate, add_generation_promp
     """
     turns = conversation_turns(conversation)
     tools = conversation_tools(conversation, tools)
-    for key, value, allowed in (("reasoning", reasoning, REASONING), ("train_turns", train_turns, TRAIN_TURNS)):
-        if value not in allowed:
-            raise ValueError(f"{key} must be one of {', '.join(allowed)}, not {value!r}")
-    turns = _reasoning_kept(turns, reasoning)
+    if reasoning not in REASONING or train_turns not in TRAIN_TURNS:
+        key, value, allowed = (("reasoning", reasoning, REASONING) if reasoning not in REASONING else
+                               ("train_turns", train_turns, TRAIN_TURNS))
+        raise ValueError(f"{key} must be one of {', '.join(allowed)}, not {value!r}")
+    if reasoning != "keep" and any(len(turn) > 2 and "reasoning_content" in turn for turn in turns):
+        turns = _reasoning_kept(turns, reasoning)
     if isinstance(template, str):
         template = get_template(template)
     if template.jinja is None:
@@ -348,9 +374,7 @@ def render(conversation: Any, template: str | ChatTemplate, add_generation_promp
 
 
 def _reasoning_kept(turns: list[dict], reasoning: str) -> list[dict]:
-    """The turns without the `reasoning_content` that `reasoning` leaves out (the same list when none is)."""
-    if reasoning == "keep" or not any("reasoning_content" in turn for turn in turns):
-        return turns
+    """The turns without the `reasoning_content` that `reasoning` (drop or last) leaves out."""
     last_user = max((i for i, turn in enumerate(turns) if turn["role"] == "user"), default=-1)
     return [{k: v for k, v in turn.items() if k != "reasoning_content"}
             if "reasoning_content" in turn and (reasoning == "drop" or i < last_user) else turn
