@@ -111,3 +111,32 @@ def test_document_records_are_refused_by_the_chat_template_with_file_and_line(po
                             capture_output=True, text=True)
     assert result.returncode == 2 and f"{poems[0]}:1: expected a chat record" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_tool_records_pack_with_their_tools_and_the_supervision_options(qwen_dir, tmp_path):
+    """Records with tools and reasoning are packed whole (their `tools` reach the template), and
+    `reasoning`/`train_turns` given in a pipeline file reach the mask."""
+    import orjson
+
+    from fuelline.pipeline.config import load_pipeline, run_pipeline
+
+    from ..chat.tool_conversations import CONVERSATIONS, TOOLS
+
+    records = [{"id": name, "conversations": turns, "tools": TOOLS} for name, turns in CONVERSATIONS.items()]
+    source = tmp_path / "tools.jsonl"
+    source.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    pipeline = tmp_path / "p.toml"
+    pipeline.write_text(f'[defaults]\nworkers = 1\n[[stage]]\nuse = "pack"\ntokenizer = "{qwen_dir}"\ntemplate = "chat"\n'
+                        'chat_template = "qwen3"\nval_fraction = 0.0\nreasoning = "drop"\ntrain_turns = "last"\n')
+    stats = run_pipeline(load_pipeline(pipeline), tmp_path / "run", input=[str(source)], progress=False)[0]
+    assert stats["records_out"] == len(records)
+    packed = documents(tmp_path / "run" / "01-pack" / "train")
+    expected = encode_chats(records, qwen_dir, "qwen3", reasoning="drop", train_turns="last")
+    default = encode_chats(records, qwen_dir, "qwen3")
+    for (ids, mask), want in zip(packed, expected, strict=True):
+        assert np.array_equal(ids, want.input_ids) and np.array_equal(mask, want.loss_mask)
+    from fuelline.chat.encode import load_tokenizer
+
+    text = load_tokenizer(qwen_dir).tokenizer.decode(packed[0][0].tolist(), skip_special_tokens=False)
+    assert "<tools>" in text and '"get_weather"' in text
+    assert any(not np.array_equal(m, d.loss_mask) for (_, m), d in zip(packed, default))  # the options changed it

@@ -175,3 +175,23 @@ def test_a_step_resumes_refuses_other_options_naming_them_and_restarts(tmp_path)
     with pytest.raises(StepOutputMismatch, match="is not a fuelline stage output"):
         make_step("tokenizer", load_pipeline(pipeline)[0].step.config).run([str(docs)], stranger, RunOptions(), {})
     assert (stranger / "notes.txt").read_text() == "not a step's"
+
+
+def test_an_output_made_before_an_option_existed_is_found_again_at_its_default(tmp_path):
+    """A step finished by an older fuelline lacks the options added since: they stand for their defaults."""
+    from fuelline.pipeline.workdir import StepOutputMismatch
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_bytes(b"".join(orjson.dumps({"id": f"d{i}", "text": f"春眠不觉晓 {i}"}) + b"\n" for i in range(7)))
+    pipeline = tmp_path / "p.toml"
+    pipeline.write_text('[[stage]]\nuse = "tokenizer"\nvocab_size = 300\n')
+    run_pipeline(load_pipeline(pipeline), tmp_path / "run", input=[str(docs)], progress=False)
+    stats_file = tmp_path / "run" / "01-tokenizer" / "stats.json"
+    stats = orjson.loads(stats_file.read_bytes())
+    del stats["identity"]["config"]["min_frequency"]  # as if the option came later
+    stats_file.write_bytes(orjson.dumps(stats))
+    again = run_pipeline(load_pipeline(pipeline), tmp_path / "run", input=[str(docs)], progress=False)[0]
+    assert again["resumed"]
+    pipeline.write_text('[[stage]]\nuse = "tokenizer"\nvocab_size = 300\nmin_frequency = 3\n')
+    with pytest.raises(StepOutputMismatch, match=r"different config\.min_frequency"):
+        run_pipeline(load_pipeline(pipeline), tmp_path / "run", input=[str(docs)], progress=False)

@@ -28,7 +28,8 @@ import orjson
 
 from fuelline.formats.target_cache import FORMATS, FUELLINE, HIDDEN_DTYPES, Layout
 from fuelline.io.atomic import AtomicFile, atomic_write, write_bytes_atomic
-from fuelline.pipeline.options import option
+from fuelline.chat.templates import Supervision
+from fuelline.pipeline.options import group, option
 
 BUILD_DIR = ".build"
 ENCODE_BATCH = 512
@@ -46,8 +47,9 @@ class CacheConfig:
     layers: list[int] = option(factory=list, comma_list=True,
                                help="layer ids to capture, ascending (e.g. 1,9,17,25,33); -1 is the embedding output; "
                                     "the final decoder layer is not allowed")
-    chat_template: str = option("auto", "chatml, qwen, qwen3, llama3, gemma4, FILE.toml[:NAME], or auto "
-                                         "(the tokenizer's own)")
+    chat_template: str = option("auto", "chatml, qwen, qwen3, qwen-deepspec (DeepSpec's own samples), llama3, "
+                                         "gemma4, FILE.toml[:NAME], or auto (the tokenizer's own)")
+    supervision: Supervision = group(Supervision)  # reasoning, train_turns
     max_length: int = option(4096, "longest conversation in tokens; longer ones are cut at a turn boundary")
     min_loss_tokens: int = option(14, "drop conversations with fewer supervised tokens")
     format: str = option(FUELLINE, "deepspec-v2: DeepSpec's version 2, byte for byte; fuelline: checksums, ids, fp8",
@@ -180,7 +182,7 @@ def encode_inputs(inputs: list[str], model: str | os.PathLike, config: CacheConf
         nonlocal at, truncated
         try:
             results = encode_chats([r for _, r in batch], tokenizer, config.chat_template, config.max_length,
-                                   min_loss_tokens=config.min_loss_tokens)
+                                   min_loss_tokens=config.min_loss_tokens, **asdict(config.supervision))
         except ValueError as e:  # "conversation k: what is wrong": name the file and line instead
             where, _, what = str(e).partition(": ")
             if not (where.startswith("conversation ") and where.split()[-1].isdigit()):

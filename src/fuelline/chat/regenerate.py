@@ -61,7 +61,7 @@ from fuelline.io.paths import expand_inputs
 from fuelline.io.readers import RecordError, count_units, iter_file_records
 from fuelline.pipeline.options import option
 from fuelline.pipeline.stats import StepStats, write_stats
-from fuelline.pipeline.workdir import mismatch
+from fuelline.pipeline.workdir import WorkDir
 from fuelline.serve.client import ClientConfig, Completion, NoServerError, RequestFailed, ServerPool
 
 # Recommended sampling of each target family in non-thinking mode (temperature, top_p, top_k, min_p).
@@ -333,11 +333,12 @@ class Regenerator:
     """Regenerates the conversations of `inputs` into `output` through `servers` (see the module doc)."""
 
     def __init__(self, inputs, output, servers: list[str], config: RegenerateConfig, *, resume: bool = False,
-                 progress: bool = True, warn=print, identity: dict | None = None):
+                 progress: bool = True, warn=print, step_dir: WorkDir | None = None):
         self.files = expand_inputs(inputs)
         self.paths, self.servers, self.config = OutputPaths.of(output), servers, config
         self.resume, self.progress, self.warn = resume, progress, warn
-        self.identity = identity  # what a pipeline step records to know a finished run again
+        self.step_dir = step_dir  # a pipeline step's: the identity its records and stats carry
+        self.identity = step_dir.identity if step_dir is not None else None
         self.sampling = config.sampling()
         self.run_counts = _Run()
 
@@ -353,8 +354,8 @@ class Regenerator:
                                      "or remove it to start over")
         earlier = earlier_runs(self.paths) if self.resume else Earlier()
         for identity in earlier.identities.values():  # a pipeline step resumed with other options or inputs
-            if self.identity is not None and identity != self.identity:
-                raise mismatch(self.paths.records.parent, identity, self.identity)
+            if self.step_dir is not None:
+                self.step_dir.resumes(identity, anything_finished=True)
         return asyncio.run(self._run(earlier))
 
     async def _run(self, earlier: Earlier) -> dict:

@@ -13,7 +13,6 @@ from pathlib import Path
 from fuelline.chat.regenerate import OutputPaths, RegenerateConfig, regenerate, resolve_servers
 from fuelline.pipeline.options import group
 from fuelline.pipeline.step import Step
-from fuelline.pipeline.workdir import WorkDir
 from fuelline.pipeline.workers import RunOptions
 from fuelline.serve.launcher import ServeConfig, ServerGroup
 
@@ -33,7 +32,7 @@ class RegenerateStep(Step):
     name, Config, produces_records = "regenerate", PipelineRegenerateConfig, True
 
     def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:
-        step_dir = WorkDir(output, self.identity(inputs))
+        step_dir = self.work_dir(output, inputs)
         if options.restart:
             step_dir.discard()
         if (done := step_dir.finished()) is not None:  # refused when other options finished here
@@ -52,4 +51,4 @@ class RegenerateStep(Step):
         paths = OutputPaths.of(output)
         resume = any(p.exists() and p.stat().st_size for p in (paths.records, paths.errors))
         return regenerate(inputs, output, urls, replace(self.config, model=model), resume=resume, progress=progress,
-                          identity=self.identity(inputs))
+                          step_dir=self.work_dir(output, inputs))

@@ -84,6 +84,8 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any, Callable, Mapping
 
+from fuelline.pipeline.options import option
+
 ROLES = ("system", "user", "assistant", "tool")
 PREFIX_TURNS = ("all", "last")
 REASONING = ("keep", "drop", "last")
@@ -104,6 +106,18 @@ _DIGITS = "".join(map(chr, range(0xFDD4, 0xFDE4)))
 _CONTENT_MARK = re.compile(f"([{_CONTENT_OPEN}{_CONTENT_CLOSE}])([{_DIGITS}]+)")
 _RESERVED = re.compile("[\ufdd0-\ufdef]")
 _GENERATION_TAG = re.compile(r"{%-?\s*generation\s*-?%}")
+
+
+@dataclass
+class Supervision:
+    """What of a conversation is trained on besides what the template decides: the options of
+    `pack --template chat` and `cache build`, passed to `render` and `encode_chat(s)`."""
+
+    reasoning: str = option("last", "reasoning_content: trained on in every assistant turn (keep), removed before "
+                            "rendering (drop), or kept only after the last user turn, as Qwen3 renders history (last)",
+                            choices=list(REASONING))
+    train_turns: str = option("all", "train on every assistant turn (all), or only on the last one (last: agent "
+                              "trajectories whose earlier turns were edited)", choices=list(TRAIN_TURNS))
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,8 @@ from fuelline.io.readers import RecordError, iter_file_records
 from fuelline.io.remote import refuse_url
 from fuelline.io.stage_layout import STAGE_PART_PREFIX
 from fuelline.pack.templates import TEMPLATES
-from fuelline.pipeline.options import identity_values, option
+from fuelline.chat.templates import Supervision
+from fuelline.pipeline.options import group, identity_defaults, identity_values, option
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.pipeline.stats import StepStats
 from fuelline.pipeline.workdir import WorkDir, not_a_step_output
@@ -56,8 +57,9 @@ class PackConfig:
                             " in a pipeline file also @STEP)", identity=False, step_ref=True)
     template: str = option("poetry", "documents: poetry or plain; chat records (SFT): chat, with an assistant-only "
                            "mask", choices=list(TEMPLATES))
-    chat_template: str = option("chatml", "--template chat: chatml, qwen, qwen3, llama3, gemma4, or auto "
-                                "(the tokenizer's own Jinja)")
+    chat_template: str = option("chatml", "--template chat: chatml, qwen, qwen3, qwen-deepspec, llama3, gemma4, "
+                                "or auto (the tokenizer's own Jinja)")
+    supervision: Supervision = group(Supervision)  # --template chat: reasoning, train_turns
     max_length: int = option(0, "--template chat: cut longer conversations at a turn boundary (0: no limit)")
     min_loss_tokens: int = option(1, "--template chat: drop conversations with fewer supervised tokens")
     metadata_dropout: float = option(0.25, "share of poetry documents packed without title, author and dynasty")
@@ -72,7 +74,8 @@ class PackConfig:
         options = {"metadata_dropout": self.metadata_dropout, "seed": self.seed}
         if self.template == "chat":
             options.update(chat_template=self.chat_template, max_length=self.max_length,
-                           min_loss_tokens=self.min_loss_tokens, tokenizer_dir=os.fspath(tokenizer_dir))
+                           min_loss_tokens=self.min_loss_tokens, tokenizer_dir=os.fspath(tokenizer_dir),
+                           **asdict(self.supervision))
         return options
 
     def __post_init__(self):
@@ -227,7 +230,7 @@ def pack(inputs, tokenizer_dir: str | os.PathLike, output: str | os.PathLike, co
     TEMPLATES[config.template](tokenizer, **config.template_options(tokenizer_dir))  # refuses a tokenizer
     # without the template's special tokens, before anything is written
     files = expand_inputs(inputs)
-    step_dir = WorkDir(output, _identity(files, tokenizer_dir, config))
+    step_dir = WorkDir(output, _identity(files, tokenizer_dir, config), defaults=identity_defaults(PackConfig))
     with step_dir.lock():
         return _pack(files, tokenizer, tokenizer_dir, step_dir, config, dtype, run_options, restart, progress)
 

@@ -171,7 +171,7 @@ class ChatPackTemplate(Template):
     needs = ()
 
     def __init__(self, tokenizer, *, chat_template: str = "chatml", max_length: int = 0, min_loss_tokens: int = 1,
-                 tokenizer_dir: str | None = None, **options):
+                 tokenizer_dir: str | None = None, reasoning: str = "last", train_turns: str = "all", **options):
         super().__init__(tokenizer, **options)
         from fuelline.chat.encode import load_tokenizer, resolve_template
 
@@ -183,6 +183,7 @@ class ChatPackTemplate(Template):
                              f"{self.chat_template.name!r}; use the target model's tokenizer, or one trained by "
                              f"`fuelline tokenizer train` (it reserves ChatML's markers)")
         self.max_length, self.min_loss_tokens = max_length or None, min_loss_tokens
+        self.supervision = {"reasoning": reasoning, "train_turns": train_turns}
 
     def record_problem(self, record: dict) -> str | None:
         if not isinstance(record.get("conversations"), list) or not isinstance(record.get("id"), str):
@@ -192,8 +193,8 @@ class ChatPackTemplate(Template):
     def render(self, records: list[dict]) -> Rendered:
         from fuelline.chat.encode import encode_chats
 
-        results = encode_chats([r["conversations"] for r in records], self.chat_tokenizer, self.chat_template,
-                               self.max_length, min_loss_tokens=self.min_loss_tokens)
+        results = encode_chats(records, self.chat_tokenizer, self.chat_template,  # whole: with their tools
+                               self.max_length, min_loss_tokens=self.min_loss_tokens, **self.supervision)
         kept = np.array([not isinstance(r, Drop) for r in results], dtype=bool)
         encoded = [r for r in results if not isinstance(r, Drop)]
         drops = Counter(r.reason for r in results if isinstance(r, Drop))

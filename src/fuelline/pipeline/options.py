@@ -119,3 +119,9 @@ def identity_values(config) -> dict[str, Any]:
         elif f.metadata.get("identity", True):
             values[f.name] = plain[f.name]
     return values
+
+
+def identity_defaults(cls: type) -> dict[str, Any]:
+    """The identity values of Config class `cls` at their defaults: what an option added since an
+    output was made stands for in that output's identity (`fuelline.pipeline.workdir`)."""
+    return {f.name: default_of(f) for f, _ in option_fields(cls) if f.metadata.get("identity", True)}

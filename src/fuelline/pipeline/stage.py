@@ -12,13 +12,13 @@ is what a later stage reads from the stage directory.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable, Iterator, Sequence
 
 from fuelline.io.rejects import Rejects
+from fuelline.pipeline.options import identity_values
 from fuelline.pipeline.shards import InputShard
 from fuelline.records import Drop, Location
 
@@ -97,4 +97,4 @@ class Stage:
 
     def fingerprint(self) -> dict[str, Any]:
         """What identifies this stage's output: its name and every option (the resume check)."""
-        return {"stage": self.name, "config": dataclasses.asdict(self.config)}
+        return {"stage": self.name, "config": identity_values(self.config)}

@@ -18,8 +18,9 @@ from typing import Any, ClassVar
 
 from fuelline.io.paths import expand_inputs
 from fuelline.io.remote import is_url
-from fuelline.pipeline.options import identity_values
+from fuelline.pipeline.options import identity_defaults, identity_values
 from fuelline.pipeline.shards import describe_inputs
+from fuelline.pipeline.workdir import WorkDir
 from fuelline.pipeline.workers import RunOptions
 
 
@@ -44,6 +45,10 @@ class Step:
         """What a finished run is recognized by: the options that decide the output, and the inputs."""
         return {"task": self.name, "config": identity_values(self.config),
                 "inputs": describe_inputs(expand_inputs(inputs)) if inputs else []}
+
+    def work_dir(self, output: Path, inputs: list[str]) -> WorkDir:
+        """The step's output directory with this run's identity (`fuelline.pipeline.workdir`)."""
+        return WorkDir(output, self.identity(inputs), defaults=identity_defaults(self.Config))
 
     def run(self, inputs: list[str], output: Path, options: RunOptions, steps: dict[str, Path]) -> dict:
         """Write `output` and its stats.json; return the stats. `steps`: the output directory of each

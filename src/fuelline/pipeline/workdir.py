@@ -9,6 +9,9 @@ work begins (a plan) and into stats.json when it ends. Running the step again th
   stopped on bad input has nothing worth keeping);
 - refuses anything else, naming what differs: `--restart` discards the directory, or the user
   chooses another one. A directory that is not a step's output is never touched.
+An option added to a step after an output was made is absent from that output's identity; it
+stands for the option's default (`defaults`), so an output made before the option existed is
+still found again when the option keeps its default.
 The directory's lock (`fuelline.io.lock`) is held while the step runs, so a second run into it
 is refused at once.
 """
@@ -63,9 +66,11 @@ def not_a_step_output(where: str | os.PathLike) -> StepOutputMismatch:
 class WorkDir:
     """The output directory of one step run with one identity."""
 
-    def __init__(self, path: str | os.PathLike, identity: dict[str, Any], name: str | None = None):
+    def __init__(self, path: str | os.PathLike, identity: dict[str, Any], name: str | None = None,
+                 defaults: dict[str, Any] | None = None):
         self.path = Path(path)
         self.identity = identity
+        self.defaults = defaults or {}  # identity["config"] values an older output's identity may lack
         self.name = name or os.fspath(self.path)  # what messages call it: a URL whose staging directory is `path`
         self.started = time.perf_counter()
 
@@ -85,14 +90,23 @@ class WorkDir:
         stats = read_stats(self.path / stats_file)
         if stats is None:
             return None
-        if stats.get("identity") != self.identity:
-            raise mismatch(self.name, stats.get("identity") or {}, self.identity)
+        existing = self._completed(stats.get("identity") or {})
+        if existing != self.identity:
+            raise mismatch(self.name, existing, self.identity)
         return resumed(stats, self.started)
+
+    def _completed(self, existing: dict[str, Any]) -> dict[str, Any]:
+        """`existing` with the defaults of the options it predates."""
+        config = existing.get("config")
+        if not isinstance(config, dict) or not self.defaults:
+            return existing
+        return {**existing, "config": {**{k: v for k, v in self.defaults.items() if k not in config}, **config}}
 
     def resumes(self, existing: dict[str, Any], *, anything_finished: bool) -> bool:
         """Whether to resume the unfinished work recorded here with identity `existing`: True when it is
         this run's; False when it is another's of which nothing finished (the caller discards it);
         refused when it is another's with finished parts."""
+        existing = self._completed(existing)
         if existing == self.identity:
             return True
         if not anything_finished:

@@ -8,7 +8,6 @@ from pathlib import Path
 from fuelline.pipeline.options import option
 from fuelline.pipeline.stats import StepStats
 from fuelline.pipeline.step import Step
-from fuelline.pipeline.workdir import WorkDir
 from fuelline.pipeline.workers import RunOptions
 from fuelline.tokenizer.train import PRETOKENIZE, train_tokenizer
 
@@ -31,8 +30,7 @@ class TokenizerStep(Step):
     name, Config = "tokenizer", TokenizerConfig
 
     def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:
-        return WorkDir(output, self.identity(inputs)).run_once(lambda: self._train(inputs, output),
-                                                               restart=options.restart)
+        return self.work_dir(output, inputs).run_once(lambda: self._train(inputs, output), restart=options.restart)
 
     def _train(self, inputs, output: Path) -> StepStats:
         report = train_tokenizer(inputs, output, **asdict(self.config))
