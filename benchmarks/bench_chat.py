@@ -54,7 +54,7 @@ def conversations(name: str) -> list[list[dict]]:
     for record in read_records(CHAT / name):
         result = normalize_record(record)
         if not isinstance(result, Drop):
-            out.append(result[1])
+            out.append(result.turns)
     return out
 
 
