@@ -36,6 +36,20 @@ def test_qwen_vocabulary_runs_on_tiktoken_with_the_tokenizers_ids_and_offsets(qw
     assert encoder.engine == "tiktoken"
 
 
+def test_texts_that_start_with_a_special_token_are_encoded_joined_with_each_texts_own_ids(qwen):
+    """A batch whose texts each open with a special token is encoded in one call per thread; the
+    ids, tokens per text and offsets must still be each text's own, whatever its previous text
+    ended with (spaces, a newline run, half a word, a special token, nothing)."""
+    ends = [" ", "\n\n", "  \t", "abc", "你好", "<|im_end|>", "", "'s", "123", "👨‍👩‍👧"]
+    texts = [f"<|im_start|>user\n{a}{end}" for a in ADVERSARIAL[:20] for end in ends]
+    texts += ["<|im_start|>", "<|im_end|><|im_start|>x", "<|im_start|>  "]
+    encoder = FastEncoder(qwen, threads=3)
+    assert encoder._special_starts and all(t.startswith(encoder._special_starts) for t in texts)
+    assert_same(encoder, texts)
+    assert_same(encoder, ["plain first text ", *texts])  # only the texts after the first must open so
+    assert_same(encoder, [*texts[:5], "no special token here", *texts[5:9]])  # one does not: text by text
+
+
 def test_real_chat_text_gives_identical_ids_and_offsets(qwen):
     texts = ["\n".join(t["value"] for t in r["conversations"])
              for r in read_records(shared_file("chat/sharegpt_zh_1K.jsonl.zst"))]

@@ -130,6 +130,7 @@ class FastEncoder:
         pattern, ranks, special = converted
         self._tiktoken = tiktoken.Encoding("fuelline", pat_str=pattern, mergeable_ranks=ranks, special_tokens=special)
         self._allowed = set(special)
+        self._special_starts = tuple(special) or ("\0",)  # str.startswith takes no empty tuple
         self._byte_lengths = np.zeros(max([*ranks.values(), *special.values()]) + 1, dtype=np.int64)
         for token, rank in ranks.items():
             self._byte_lengths[rank] = len(token)
@@ -156,15 +157,29 @@ class FastEncoder:
         step = max(1, -(-len(texts) // self.threads))
         chunks = [texts[i:i + step] for i in range(0, len(texts), step)]
         with ThreadPoolExecutor(self.threads) as pool:  # tiktoken releases the GIL while it encodes
-            arrays = [ids for part in pool.map(self._encode_tiktoken, chunks) for ids in part]
-        counts = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
-        ids = np.concatenate(arrays).astype(np.int32) if arrays else np.zeros(0, np.int32)
+            parts = list(pool.map(self._encode_tiktoken, chunks))
+        ids = np.concatenate([p[0] for p in parts]).astype(np.int32) if parts else np.zeros(0, np.int32)
+        counts = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
         return EncodedBatch(ids, counts, text_starts, self._offsets("".join(texts), ids) if offsets else None)
 
-    def _encode_tiktoken(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """Each text's ids as a uint32 array (no Python ints: ~25% faster than lists)."""
+    def _encode_tiktoken(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The texts' ids back to back (uint32) and tokens per text.
+
+        Texts that each start with a special token are encoded joined, in one call: tiktoken
+        cuts its input at special tokens before anything else, so no token can span two of
+        them, and one call costs far less than one per text (the GIL is taken once, not once
+        per conversation). The tokens per text are then found from the tokens' byte lengths.
+        """
         encode, allowed = self._tiktoken.encode_to_numpy, self._allowed
-        return [encode(text, allowed_special=allowed) for text in texts]
+        if len(texts) > 1 and all(text.startswith(self._special_starts) for text in texts[1:]):
+            ids = encode("".join(texts), allowed_special=allowed)
+            byte_starts = np.cumsum(self._byte_lengths[ids]) - self._byte_lengths[ids]
+            text_bytes = np.fromiter((len(t.encode()) for t in texts), dtype=np.int64, count=len(texts))
+            firsts = np.searchsorted(byte_starts, np.cumsum(text_bytes) - text_bytes)
+            return ids, np.diff(np.append(firsts, len(ids)))
+        arrays = [encode(text, allowed_special=allowed) for text in texts]
+        counts = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
+        return (np.concatenate(arrays) if arrays else np.zeros(0, np.uint32)), counts
 
     def _encode_tokenizers(self, texts: Sequence[str], offsets: bool, text_starts: np.ndarray) -> EncodedBatch:
         encodings = self.tokenizer.encode_batch(list(texts), add_special_tokens=False)
