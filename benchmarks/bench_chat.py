@@ -8,7 +8,12 @@
    - fuelline: `encode_chats(convs, tokenizer, "chatml")` in batches of 1,024 conversations
      (the first call, which builds the tiktoken ranks and checks them, is timed separately).
    Ids and masks are compared for every conversation before anything is timed; fastest of
-   `--repeats` runs each.
+   `--repeats` runs each. Where fuelline's time goes is measured per file: rendering, encoding
+   (tiktoken, with the tokens' character offsets) and the rest (mask, slicing, checks).
+   Agent and reasoning data too: GSM8K turned into calculator-tool trajectories (each `<<a*b=c>>`
+   of an answer a tool call and its result, the answer's reasoning as `reasoning_content`),
+   through `qwen3` with tools against transformers with Qwen3's template with generation blocks
+   (tests/chat/tool_conversations.py).
 2. `chat prepare` (the stage through the local executor) on the three files repeated
    `--copies` times (each copy a distinct file, so ids differ), 1 and 2 workers: conversations/s.
 
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.resources
+import re
 import shutil
 import sys
 import tempfile
@@ -33,6 +39,7 @@ from common import SHARED_DATA, best_of, write_result
 from fuelline.chat.encode import encode_chats, fast_encoder
 from fuelline.chat.prepare import ChatPrepareStage
 from fuelline.chat.schemas import normalize_record
+from fuelline.chat.templates import render
 from fuelline.io import read_records
 from fuelline.pipeline.executor import RunOptions, run_stage
 from fuelline.pipeline.stage import Drop
@@ -58,16 +65,55 @@ def conversations(name: str) -> list[list[dict]]:
     return out
 
 
-def hf_loop(tokenizer, convs):
-    return [tokenizer.apply_chat_template(c, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+CALCULATOR = [{"type": "function", "function": {
+    "name": "calculator", "description": "Evaluate an arithmetic expression.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
+STEP = re.compile(r"<<([^=<>]+)=([^<>]+)>>")
+
+
+def tool_trajectories() -> list[dict]:
+    """GSM8K as calculator-tool trajectories with reasoning: one tool round per `<<expr=value>>`."""
+    records = []
+    for record in read_records(CHAT / FILES[2]):
+        reasoning, _, final = record["answer"].partition("####")
+        turns = [{"role": "user", "content": record["question"]}]
+        for k, (expression, value) in enumerate(STEP.findall(reasoning)):
+            turns.append({"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}]})
+            turns.append({"role": "tool", "content": value.strip(), "name": "calculator", "tool_call_id": f"c{k}"})
+        turns.append({"role": "assistant", "content": f"The answer is {final.strip()}.",
+                      "reasoning_content": STEP.sub("", reasoning).strip()})
+        records.append({"id": str(len(records)), "conversations": turns, "tools": CALCULATOR})
+    return records
+
+
+def hf_loop(tokenizer, convs, tools: bool = False):
+    return [tokenizer.apply_chat_template(c["conversations"], tools=c["tools"], tokenize=True, return_dict=True,
+                                          return_assistant_tokens_mask=True) if tools else
+            tokenizer.apply_chat_template(c, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
             for c in convs]
 
 
-def fuelline_batches(tokenizer_dir: Path, convs):
+def fuelline_batches(tokenizer_dir: Path, convs, template: str = "chatml", **options):
     results = []
     for start in range(0, len(convs), BATCH):
-        results.extend(encode_chats(convs[start:start + BATCH], tokenizer_dir, "chatml"))
+        results.extend(encode_chats(convs[start:start + BATCH], tokenizer_dir, template, **options))
     return results
+
+
+def time_split(tokenizer_dir: Path, convs, repeats: int, template: str = "chatml", **options) -> dict:
+    """fuelline's seconds: rendering, encoding with offsets (tiktoken), and the rest, fastest of `repeats`."""
+    from fuelline.chat.encode import load_tokenizer
+
+    tokenizer = load_tokenizer(tokenizer_dir)
+    encoder = fast_encoder(tokenizer.tokenizer)
+    texts = [render(c, template, **options).text for c in convs]
+    total, _ = best_of(lambda: fuelline_batches(tokenizer, convs, template, **options), repeats)
+    rendering, _ = best_of(lambda: [render(c, template, **options) for c in convs], repeats)
+    encoding, _ = best_of(lambda: [encoder.encode_batch(texts[i:i + BATCH], offsets=True)
+                                   for i in range(0, len(texts), BATCH)], repeats)
+    return {"render_seconds": round(rendering, 3), "encode_seconds": round(encoding, 3),
+            "rest_seconds": round(max(0.0, total - rendering - encoding), 3)}
 
 
 def check_identical(ours, theirs) -> None:
@@ -93,7 +139,7 @@ def bench_encode(tokenizer_dir: Path, repeats: int) -> dict:
         hf_seconds, _ = best_of(lambda: hf_loop(hf, convs), repeats)
         our_seconds, _ = best_of(lambda: fuelline_batches(tokenizer_dir, convs), repeats)
         rows[name] = {
-            "conversations": len(convs), "tokens": tokens,
+            "conversations": len(convs), "tokens": tokens, **time_split(tokenizer_dir, convs, repeats),
             "supervised_share": round(sum(int(r.loss_mask.sum()) for r in ours) / tokens, 4),
             "transformers_seconds": round(hf_seconds, 3), "fuelline_seconds": round(our_seconds, 3),
             "transformers_conversations_per_s": round(len(convs) / hf_seconds),
@@ -102,11 +148,38 @@ def bench_encode(tokenizer_dir: Path, repeats: int) -> dict:
         }
         print(f"{name:<28} {len(convs):>6,} chats {tokens:>10,} tokens  transformers {hf_seconds:6.2f} s  "
               f"fuelline {our_seconds:6.2f} s  {hf_seconds / our_seconds:5.2f}x")
-    total_hf = sum(r["transformers_seconds"] for r in rows.values())
-    total_ours = sum(r["fuelline_seconds"] for r in rows.values())
+    rows["gsm8k tool trajectories (qwen3)"] = bench_tools(tokenizer_dir, repeats)
+    total_hf = sum(r["transformers_seconds"] for n, r in rows.items() if n in FILES)
+    total_ours = sum(r["fuelline_seconds"] for n, r in rows.items() if n in FILES)
     print(f"{'all':<28} transformers {total_hf:6.2f} s  fuelline {total_ours:6.2f} s  {total_hf / total_ours:5.2f}x")
     return {"files": rows, "speedup_all": round(total_hf / total_ours, 2), "first_call_setup_seconds": round(setup, 2),
             "engine": fast_encoder(_tokenizer(tokenizer_dir)).reason, "batch": BATCH}
+
+
+def bench_tools(tokenizer_dir: Path, repeats: int) -> dict:
+    """Agent trajectories with reasoning: `qwen3` with tools against Qwen3's template with generation blocks."""
+    from transformers import AutoTokenizer
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.chat.tool_conversations import QWEN3_GENERATION_TEMPLATE
+
+    hf = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+    hf.chat_template = QWEN3_GENERATION_TEMPLATE
+    records = tool_trajectories()
+    ours = fuelline_batches(tokenizer_dir, records, "qwen3", reasoning="keep")
+    check_identical(ours, hf_loop(hf, records, tools=True))
+    tokens = sum(len(r.input_ids) for r in ours)
+    hf_seconds, _ = best_of(lambda: hf_loop(hf, records, tools=True), repeats)
+    our_seconds, _ = best_of(lambda: fuelline_batches(tokenizer_dir, records, "qwen3", reasoning="keep"), repeats)
+    tool_turns = sum(t["role"] == "tool" for r in records for t in r["conversations"])
+    print(f"{'gsm8k tool trajectories':<28} {len(records):>6,} chats {tokens:>10,} tokens  transformers "
+          f"{hf_seconds:6.2f} s  fuelline {our_seconds:6.2f} s  {hf_seconds / our_seconds:5.2f}x")
+    return {"conversations": len(records), "tool_results": tool_turns, "tokens": tokens,
+            **time_split(tokenizer_dir, records, repeats,
+                         "qwen3", reasoning="keep"),
+            "supervised_share": round(sum(int(r.loss_mask.sum()) for r in ours) / tokens, 4),
+            "transformers_seconds": round(hf_seconds, 3), "fuelline_seconds": round(our_seconds, 3),
+            "speedup": round(hf_seconds / our_seconds, 2)}
 
 
 def _tokenizer(tokenizer_dir: Path):

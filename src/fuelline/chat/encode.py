@@ -46,7 +46,7 @@ import numpy as np
 import tokenizers
 
 from fuelline.chat.templates import (REASONING, TRAIN_TURNS, ChatTemplate, conversation_tools, conversation_turns,
-                                     get_template, render)
+                                     get_template, render_checked)
 from fuelline.records import Drop
 from fuelline.tokenizer.fast import fast_encoder
 
@@ -290,8 +290,8 @@ class _Encoder:
 
     def _render(self, k: int, turns: list[dict], tools: list[dict] | None):
         try:
-            return render(turns, self.template, variables=self.tokenizer.special_tokens, tools=tools,
-                          reasoning=self.options.reasoning, train_turns=self.options.train_turns)
+            return render_checked(turns, tools, self.template, variables=self.tokenizer.special_tokens,
+                                  reasoning=self.options.reasoning, train_turns=self.options.train_turns)
         except ValueError as e:
             raise ValueError(f"conversation {k}: {e}" if self.number else str(e)) from None
 

@@ -365,8 +365,15 @@ def render(conversation: Any, template: str | ChatTemplate, add_generation_promp
     the last user turn (`last`, Qwen3's rule for history). `train_turns`: supervise every
     assistant turn, or only the last one (its span, or the template's last generation block).
     """
-    turns = conversation_turns(conversation)
-    tools = conversation_tools(conversation, tools)
+    return render_checked(conversation_turns(conversation), conversation_tools(conversation, tools), template,
+                          add_generation_prompt, variables=variables, reasoning=reasoning, train_turns=train_turns)
+
+
+def render_checked(turns: list[dict], tools: list[dict] | None, template: str | ChatTemplate,
+                   add_generation_prompt: bool = False, *, variables: Mapping[str, Any] | None = None,
+                   reasoning: str = "last", train_turns: str = "all") -> Rendering:
+    """`render` of turns and tools that `conversation_turns` and `conversation_tools` have checked
+    (`encode_chats` checks each conversation once, before it renders it, maybe several times)."""
     if reasoning not in REASONING or train_turns not in TRAIN_TURNS:
         key, value, allowed = (("reasoning", reasoning, REASONING) if reasoning not in REASONING else
                                ("train_turns", train_turns, TRAIN_TURNS))
