@@ -13,7 +13,6 @@ import re
 
 import numpy as np
 import pytest
-import tokenizers
 
 from fuelline.chat.encode import encode_chat, encode_chats
 from fuelline.chat.schemas import normalize_record
@@ -25,17 +24,6 @@ from .test_templates import CHATML_JINJA
 
 DEFAULT_SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 ASSISTANT = re.compile(r"<\|im_start\|>assistant\n([\s\S]*?(?:<\|im_end\|>\n|$))")
-
-
-@pytest.fixture(scope="module")
-def qwen(qwen_dir):
-    return tokenizers.Tokenizer.from_file(str(qwen_dir / "tokenizer.json"))
-
-
-@pytest.fixture(scope="module")
-def hf(qwen_dir):
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(qwen_dir, local_files_only=True)
 
 
 def deepspec(turns, hf, qwen) -> tuple[list[int], list[int]]:

@@ -60,21 +60,10 @@ EXTRA_SPECIAL = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>"
 
 
 @pytest.fixture(scope="module")
-def qwen(qwen_dir):
-    return tokenizers.Tokenizer.from_file(str(qwen_dir / "tokenizer.json"))
-
-
-@pytest.fixture(scope="module")
 def qwen_plus(qwen_dir):
     tokenizer = tokenizers.Tokenizer.from_file(str(qwen_dir / "tokenizer.json"))
     assert tokenizer.add_special_tokens(EXTRA_SPECIAL) == len(EXTRA_SPECIAL)
     return tokenizer
-
-
-@pytest.fixture(scope="module")
-def hf(qwen_dir):
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(qwen_dir, local_files_only=True)
 
 
 def with_chat_template(qwen_dir, out, source: str, as_file: bool):

@@ -10,7 +10,6 @@ think block.
 
 import numpy as np
 import pytest
-import tokenizers
 
 from fuelline.chat.encode import EncodedChat, encode_chat, encode_chats, load_tokenizer
 from fuelline.chat.templates import ChatTemplate, render
@@ -20,17 +19,6 @@ from .test_encode import decode, runs, with_chat_template
 from .test_templates import CHATML_JINJA
 from .tool_conversations import (CONVERSATIONS, ERROR, PARALLEL, ROUNDS, SINGLE, THINKING, TOOLS,
                                  QWEN3_GENERATION_TEMPLATE, QWEN3_TEMPLATE, assistant, tool, user)
-
-
-@pytest.fixture(scope="module")
-def qwen(qwen_dir):
-    return tokenizers.Tokenizer.from_file(str(qwen_dir / "tokenizer.json"))
-
-
-@pytest.fixture(scope="module")
-def hf(qwen_dir):
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(qwen_dir, local_files_only=True)
 
 
 def without_reasoning(turns):
