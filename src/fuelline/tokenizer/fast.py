@@ -130,7 +130,7 @@ class FastEncoder:
         pattern, ranks, special = converted
         self._tiktoken = tiktoken.Encoding("fuelline", pat_str=pattern, mergeable_ranks=ranks, special_tokens=special)
         self._allowed = set(special)
-        self._special_starts = tuple(special) or ("\0",)  # str.startswith takes no empty tuple
+        self._special_starts = tuple(special)  # empty: no text is known to start a split, none is joined
         self._byte_lengths = np.zeros(max([*ranks.values(), *special.values()]) + 1, dtype=np.int64)
         for token, rank in ranks.items():
             self._byte_lengths[rank] = len(token)
