@@ -1,4 +1,4 @@
-"""`fuelline cache`: build, estimate, verify, info, validate, compare."""
+"""`fuelline cache`: build, estimate, verify, info, validate, compare, export."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from fuelline.cache.export import ExportConfig
 from fuelline.cache.plan import CacheConfig
 from fuelline.cli_options import config_params, given
 
@@ -144,3 +145,40 @@ def compare(first, second):
     click.echo(format_comparison(result))
     if result["differences"]:
         raise click.exceptions.Exit(1)
+
+
+@cache.command(params=[
+    click.Option(["--to"], type=click.Choice(["specforge"]), required=True,
+                 help="the trainer's format: specforge (SpecForge's offline hidden-state files)"),
+    click.Argument(["cache_dir"], metavar="CACHE"),
+    click.Option(["--output", "-o"], required=True, type=click.Path(), help="the export directory"),
+    *config_params(ExportConfig),
+    click.Option(["--workers"], type=int, help="files written at once (threads)  [default: every core]"),
+    click.Option(["--restart"], is_flag=True, help="delete what the output directory holds and export again"),
+    click.Option(["--progress/--no-progress"], default=True, show_default=True, help="progress bar")])
+def export(to, cache_dir, output, workers, restart, progress, **values):
+    """Write a cache as a trainer's offline data: SpecForge's rows_*/data_*.ckpt files (resumable)."""
+    from fuelline.cache.export import export_specforge
+    from fuelline.pipeline.config import build_dataclass
+
+    config = build_dataclass(ExportConfig, given(values), "fuelline cache export")
+    stats = export_specforge(cache_dir, output, config, workers=workers, progress=progress, restart=restart)
+    click.echo(export_summary(stats, output))
+
+
+def export_summary(stats: dict, output) -> str:
+    """What an export did, in three lines."""
+    from fuelline.cache.estimate import human_bytes
+
+    e = stats["export"]
+    skipped = (f"skipped {stats['dropped']['nonfinite']:,} with NaN/Inf, listed in the manifest" if stats["dropped"]
+               else "skipped none")
+    run = ("already exported" if stats.get("resumed") else
+           f"wrote {e['written_files']:,} files in {e['seconds']:.1f}s: {e['files_per_second']:,.1f} files/s, "
+           f"{e['gb_per_second']:.3f} GB/s, {e['workers']} worker(s)")
+    ids = f"line i + 1 of {e['record_ids']} is its record id" if e["record_ids"] else "the cache stores no record ids"
+    return "\n".join([
+        f"specforge  {e['files']:,} of {stats['records_in']:,} samples exported for {e['method']} ({skipped})",
+        f"           {human_bytes(e['bytes'])}{' gzipped' if e['compressed'] else ''}, "
+        f"{'fp8 hidden states widened to bf16' if e['widened_from_fp8'] else 'bf16 hidden states'}; {run}",
+        f"           data_i is sample i of the cache ({ids}); {output}/fuelline_export.json says which cache"])

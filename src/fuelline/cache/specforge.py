@@ -38,10 +38,10 @@ import torch
 from torch.utils.data import Dataset
 
 from fuelline.cache.dataset import CacheDataset
+from fuelline.cache.export import METHODS, check_method  # noqa: F401 (METHODS re-exported beside the rules)
 from fuelline.cache.fp8 import dequantize
 from fuelline.formats.target_cache import CacheFormatError
 
-METHODS = ("eagle3", "dspark", "dflash")
 # method -> (the key of the captured layers' states, the key of the final state or None)
 STATE_KEYS = {"eagle3": ("aux_hidden_state", "hidden_state"),
               "dspark": ("hidden_states", "target_last_hidden_states"),
@@ -60,12 +60,6 @@ class NonFiniteState(CacheFormatError):
 
     def __reduce__(self):
         return type(self), (self.cache, self.sample, self.record_id, self.key, self.count)
-
-
-def check_method(method: str) -> str:
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
-    return method
 
 
 def _widened(sample: dict, name: str, scales: str, fresh: bool) -> torch.Tensor:

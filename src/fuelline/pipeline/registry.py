@@ -24,6 +24,7 @@ STEPS: dict[str, str] = {
     "report": "fuelline.report.step:ReportStep",
     "regenerate": "fuelline.chat.regenerate_step:RegenerateStep",
     "cache": "fuelline.cache.step:CacheStep",
+    "specforge-export": "fuelline.cache.export:ExportStep",
 }
 
 

@@ -1,0 +1,285 @@
+"""`fuelline cache export --to specforge`: a target cache as SpecForge's offline hidden-state files.
+
+Sample i of the cache becomes `OUT/rows_{g}-{g+2000}/data_{i}.ckpt` (`.ckpt.gz` with
+`--compress`), g = (i // 2000) * 2000, the layout and dict SpecForge's `prepare_hidden_states.py`
+writes (`fuelline.cache.specforge` has the keys per method); its offline datasets read OUT as
+they read their own preparation's output. The export is a second copy of the cache, widened to
+bf16 (twice an fp8 cache's bytes): where the training script can be edited, `SpecForgeDataset`
+reads the cache in place instead.
+
+- **Files.** Each is written under a hidden temp name in its folder (`.data_7.ckpt.tmp-…`, which
+  SpecForge's walker, taking only names ending in .ckpt and .ckpt.gz, never lists), fsynced and
+  renamed. The bytes depend on the sample and the options only: `torch.save` into a file object
+  writes the same bytes for the same dict (its archive is named `archive` and its
+  serialization id is derived from the content; saved to a *path*, the archive is named after
+  the file, so the temp name would show), and gzip is written with mtime 0 and no file name.
+- **Parallel.** `workers` threads each read, widen and write one sample at a time; reading
+  (page faults in torch's copies), widening, zlib and the writes release the GIL.
+- **Resume.** A sample whose file exists is done. Killed at any moment (SIGKILL included), the
+  same command writes the missing files and ends with exactly the files of an uninterrupted
+  export (tested). The identity (`WorkDir`) is the cache's (its manifest and index digests, and
+  its build's identity where stats.json has one) and the options; other options on the same
+  OUT are refused naming them, `--restart` deletes OUT first.
+- **Last.** `record_ids.txt` (line i + 1: the record id of sample i, so of data_i; the
+  deepspec-v2 format stores no ids), `fuelline_export.json` (what was exported from which
+  cache, and the samples skipped with their reasons) and stats.json (files, bytes, seconds,
+  files/s, GB/s), written last: an OUT with a stats.json is finished.
+
+A NaN or Inf in a state stops the export naming the sample (`--nonfinite error`), or leaves its
+file out and lists it (`skip`); SpecForge's preparation leaves such a sample out with a printed
+warning. A damaged sample always stops it, naming the sample.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import pickle
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from fuelline.formats.target_cache import BF16, INDEX, STATS, checksum, manifest_digest
+from fuelline.io.atomic import atomic_write, remove_temp_files, write_bytes_atomic
+from fuelline.pipeline.options import identity_defaults, identity_values, option
+from fuelline.pipeline.stats import StepStats, read_stats
+from fuelline.pipeline.step import Step
+from fuelline.pipeline.workdir import STARTED_FILE, WorkDir, not_a_step_output
+from fuelline.pipeline.workers import RunOptions
+from fuelline.progress import progress_bar
+
+METHODS = ("eagle3", "dspark", "dflash")  # here, not in fuelline.cache.specforge: the CLI lists them without torch
+GROUP = 2000  # files per folder: SpecForge's --file-group-size default
+MANIFEST_FILE, RECORD_IDS_FILE = "fuelline_export.json", "record_ids.txt"
+EXPORT_FORMAT = "fuelline.specforge-export"
+SPECFORGE_FORMAT = "specforge_hidden_states_v1"  # what SpecForge calls the offline files it reads
+NONFINITE = ("error", "skip")
+
+
+def check_method(method: str) -> str:
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
+    return method
+
+
+@dataclass
+class ExportConfig:
+    """The options of `fuelline cache export --to specforge`; all of them decide the files."""
+
+    method: str = option("eagle3", "the SpecForge method the files are for (eagle3: aux_hidden_state and "
+                                   "hidden_state; dspark: hidden_states and target_last_hidden_states; "
+                                   "dflash: hidden_states)", choices=METHODS)
+    compress: bool = option(False, "gzip each file (.ckpt.gz), as SpecForge's --compress")
+    compression_level: int = option(6, "gzip level, 1 (fast) to 9 (small), with --compress")
+    limit: int | None = option(None, "export only the first N samples of the cache")
+    nonfinite: str = option("error", "a NaN or Inf in a hidden state: error (stop, naming the sample) or skip "
+                                     "(no file for it; listed in the export's manifest)", choices=NONFINITE)
+
+    def __post_init__(self):
+        check_method(self.method)
+        if self.nonfinite not in NONFINITE:
+            raise ValueError(f"nonfinite must be error or skip, not {self.nonfinite!r}")
+        if not 1 <= self.compression_level <= 9:
+            raise ValueError(f"compression level must be 1 to 9, not {self.compression_level}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit must be a positive number of samples, not {self.limit}")
+
+    @property
+    def extension(self) -> str:
+        return ".ckpt.gz" if self.compress else ".ckpt"
+
+
+def file_path(output: Path, sample: int, extension: str) -> Path:
+    """Where SpecForge's preparation puts sample i: rows_{g}-{g+2000}/data_{i}{extension}."""
+    group = sample // GROUP * GROUP
+    return output / f"rows_{group}-{group + GROUP}" / f"data_{sample}{extension}"
+
+
+def cache_identity(cache) -> dict:
+    """What identifies a cache's content without reading its shards: digests of its manifest and of
+    its index (a fuelline index holds every record's checksum), and its build's identity."""
+    build = read_stats(cache.path / STATS)
+    index = (cache.path / INDEX).read_bytes()
+    return {"manifest_digest": f"{manifest_digest(cache.manifest):016x}", "index_digest": f"{checksum(index):016x}",
+            "build": build.get("identity") if build else None}
+
+
+def export_specforge(cache: str | os.PathLike, output: str | os.PathLike, config: ExportConfig, *,
+                     workers: int | None = None, progress: bool = True, restart: bool = False) -> dict:
+    """Export `cache` into `output` (see the module docstring); return the stats written."""
+    from fuelline.cache.dataset import CacheDataset
+
+    output = Path(output)
+    if output.exists() and not output.is_dir():
+        raise NotADirectoryError(f"{output} is a file; the export needs a directory")
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers must be at least 1, not {workers}")
+    dataset = CacheDataset(cache)  # every check that reads no record: a non-cache fails here
+    identity = {"task": ExportStep.name, "config": identity_values(config), "cache": cache_identity(dataset)}
+    step_dir = WorkDir(output, identity, defaults=identity_defaults(ExportConfig))
+    with step_dir.lock():
+        if restart:
+            step_dir.discard()
+        if (done := step_dir.finished()) is not None:
+            return done
+        started = read_stats(output / STARTED_FILE)
+        if started is None and not step_dir.is_empty():
+            raise not_a_step_output(output)
+        if started is not None and not step_dir.resumes(started, anything_finished=any(output.glob("rows_*/data_*"))):
+            step_dir.discard()
+        output.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(output / STARTED_FILE, orjson.dumps(identity, option=orjson.OPT_SORT_KEYS))
+        remove_temp_files(output)  # of files a killed export left half written (we hold the lock)
+        return _export(dataset, step_dir, config, workers or len(os.sched_getaffinity(0)), progress)
+
+
+def _export(dataset, step_dir: WorkDir, config: ExportConfig, workers: int, progress: bool) -> dict:
+    output = step_dir.path
+    count = min(len(dataset), config.limit or len(dataset))
+    ids = _record_ids(dataset, count)
+    if ids is not None:
+        write_bytes_atomic(output / RECORD_IDS_FILE, "".join(f"{i}\n" for i in ids).encode("utf-8"))
+    pending = [i for i in range(count) if not file_path(output, i, config.extension).exists()]
+    began = time.perf_counter()
+    writer = _Writer(dataset, output, config)
+    skipped = {}
+    with progress_bar(disable=not progress, total=count, initial=count - len(pending), unit="file",
+                      desc="export: specforge") as bar:
+        for sample, reason in _run(writer, pending, workers, bar):
+            skipped[sample] = reason
+    seconds = time.perf_counter() - began
+    sizes = {i: file_path(output, i, config.extension).stat().st_size for i in range(count) if i not in skipped}
+    written = [i for i in pending if i not in skipped]
+    written_bytes = sum(sizes[i] for i in written)
+    write_bytes_atomic(output / MANIFEST_FILE, orjson.dumps(
+        _manifest(dataset, config, count, len(sizes), skipped, ids), option=orjson.OPT_INDENT_2) + b"\n")
+    first = min(skipped, default=None)
+    return StepStats(
+        ExportStep.name, count, len(sizes), {"nonfinite": len(skipped)} if skipped else {},
+        {"nonfinite": f"sample {first}: {skipped[first]}"} if skipped else {}, identity=step_dir.identity,
+        wall_seconds=time.perf_counter() - step_dir.started, details={"export": {
+            "method": config.method, "compressed": config.compress, "files": len(sizes),
+            "bytes": sum(sizes.values()), "workers": workers, "widened_from_fp8": dataset.manifest["hidden_dtype"] != BF16,
+            "record_ids": RECORD_IDS_FILE if ids is not None else None,
+            # this run's writing (a resumed export wrote only the missing files)
+            "written_files": len(written), "written_bytes": written_bytes, "seconds": round(seconds, 3),
+            "files_per_second": round(len(written) / seconds, 2) if seconds else 0.0,
+            "gb_per_second": round(written_bytes / seconds / 1e9, 4) if seconds else 0.0}},
+    ).write(output)
+
+
+def _record_ids(dataset, count: int) -> list[str] | None:
+    """The record ids of the first `count` samples (None for a format without ids). Read without the
+    records' checksums: only the id's bytes are touched; every exported record is checked when read."""
+    if not dataset.fuelline:
+        return None
+    from fuelline.cache.dataset import CacheDataset
+
+    light = CacheDataset(dataset.path, verify_checksums=False)
+    ids = []
+    for i in range(count):
+        record_id = light[i]["record_id"]
+        if "\n" in record_id or "\r" in record_id:
+            raise ValueError(f"{dataset.path}: sample {i}: its record id {record_id!r} holds a line break, which "
+                             f"{RECORD_IDS_FILE} (one id per line) cannot hold")
+        ids.append(record_id)
+    light.close()
+    return ids
+
+
+class _Writer:
+    """Writes one sample's file; each thread reads through a copy of the dataset of its own (the
+    dataset's open-shard LRU is not thread-safe; a pickled copy reopens shards lazily)."""
+
+    def __init__(self, dataset, output: Path, config: ExportConfig):
+        self.dataset, self.output, self.config = dataset, output, config
+        self.local = threading.local()
+        self.copy = pickle.dumps(dataset)
+
+    def __call__(self, sample: int) -> str | None:
+        """Write sample's file; the reason it was skipped, or None."""
+        import torch
+
+        from fuelline.cache.specforge import NonFiniteState, specforge_record
+
+        if not hasattr(self.local, "dataset"):
+            self.local.dataset = pickle.loads(self.copy)
+        try:
+            record = specforge_record(self.local.dataset[sample], self.config.method, where=(self.dataset.path, sample))
+        except NonFiniteState as e:
+            if self.config.nonfinite == "skip":
+                return f"{e.key} holds {e.count:,} NaN or Inf value(s)"
+            e.add_note("pass --nonfinite skip to leave such samples out (they are listed in the export's manifest)")
+            raise
+        with atomic_write(file_path(self.output, sample, self.config.extension)) as f:
+            if self.config.compress:  # mtime 0 and no file name: the same bytes on every run
+                with gzip.GzipFile(filename="", mode="wb", fileobj=f, compresslevel=self.config.compression_level,
+                                   mtime=0) as stream:
+                    torch.save(record, stream)
+            else:
+                torch.save(record, f)
+        return None
+
+
+def _run(write: _Writer, samples: list[int], workers: int, bar):
+    """(sample, reason) of each skipped sample, writing `samples` on `workers` threads with a few
+    tasks queued per thread. The first error stops the export; the files written stay."""
+    todo, running = iter(samples), set()
+    with ThreadPoolExecutor(workers, thread_name_prefix="export") as pool:
+        try:
+            while True:
+                while len(running) < 4 * workers and (sample := next(todo, None)) is not None:
+                    future = pool.submit(write, sample)
+                    future.sample = sample
+                    running.add(future)
+                if not running:
+                    return
+                finished, running = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    if (reason := future.result()) is not None:
+                        yield future.sample, reason
+                    bar.update()
+        except BaseException as e:
+            for future in running:
+                future.cancel()
+            e.add_note("the files written so far are kept: the same command resumes")
+            raise
+
+
+def _manifest(dataset, config: ExportConfig, count: int, exported: int, skipped: dict[int, str],
+              ids: list[str] | None) -> dict:
+    manifest = dataset.manifest
+    return {
+        "format": EXPORT_FORMAT, "version": 1, "specforge_format": SPECFORGE_FORMAT, "method": config.method,
+        "compressed": config.compress, "compression_level": config.compression_level if config.compress else None,
+        "files": f"rows_{{g}}-{{g+{GROUP}}}/data_{{i}}{config.extension}: i is the cache's sample index, "
+                 f"g = i // {GROUP} * {GROUP}",
+        "samples": count, "exported": exported, "limit": config.limit, "nonfinite": config.nonfinite,
+        "skipped": [{"sample": i, "record_id": ids[i] if ids else None, "reason": reason}
+                    for i, reason in sorted(skipped.items())],
+        "record_ids": RECORD_IDS_FILE if ids is not None else None,
+        "record_ids_note": ("line i + 1 holds the record id of sample i (data_i)" if ids is not None else
+                            f"a {dataset.layout.format} cache stores no record ids"),
+        "cache": {"name": dataset.path.name, "format": dataset.layout.format,
+                  "target_model_name_or_path": manifest.get("target_model_name_or_path"),
+                  "target_layer_ids": manifest["target_layer_ids"], "hidden_size": manifest["hidden_size"],
+                  "num_samples": len(dataset), "hidden_dtype": manifest["hidden_dtype"],
+                  "widened_from_fp8": manifest["hidden_dtype"] != BF16, "exported_dtype": "bfloat16",
+                  "manifest_digest": f"{manifest_digest(manifest):016x}"},
+    }
+
+
+class ExportStep(Step):
+    """Export a target cache (the step's one input) as SpecForge's offline hidden-state files."""
+
+    name, Config = "specforge-export", ExportConfig
+
+    def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:
+        if len(inputs) != 1:
+            raise ValueError(f"{self.name} exports one target cache; it was given {len(inputs)} inputs")
+        return export_specforge(inputs[0], output, self.config, workers=options.workers, progress=options.progress,
+                                restart=options.restart)
