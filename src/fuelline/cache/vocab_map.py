@@ -1,0 +1,353 @@
+"""The draft vocabulary of an EAGLE-3 draft model, as SpecForge builds it (`vocab_mapping.pt`).
+
+A draft predicts over the `draft_vocab_size` target tokens most often supervised in its training
+data. SpecForge counts the tokens where `loss_mask == 1` over its tokenized dataset, sample by
+sample, into a `collections.Counter` (each sample's ids by `torch.unique`, so in ascending id), and
+maps with this rule:
+
+1. fewer distinct tokens than `draft_vocab_size`: add the missing ids of `range(draft_vocab_size)`
+   with count 0 until there are enough (SpecForge iterates a Python `set` there: ascending in
+   practice, not guaranteed; we take them ascending);
+2. the `draft_vocab_size` most common (`Counter.most_common`: equal counts keep insertion order,
+   so a token's tie key is (the first sample where it is supervised, its id));
+3. those ids sorted ascending as `used`; `d2t[i] = used[i] - i` (int64, an offset, not an id) and
+   `t2d[j] = j in used` (bool, `target_vocab_size` entries).
+
+Here the counting is vectorized: the samples of a target cache (either format) are located from
+its index and read straight from the shard files, a chunk of consecutive samples of one shard at
+a time (ids and mask only, never the hidden states); a token dataset written by
+`pack --template chat` is read in blocks of documents (tokens.bin and the 1-bit mask). Each chunk
+is one pass: the supervised positions, their ids, `np.bincount` for the counts and
+`np.minimum.at` for each id's first sample; chunks run on `workers` threads and merge by sum
+and minimum. Over the same samples in the same order this is exactly SpecForge's Counter, tie
+order included (tests/cache/test_vocab_map.py checks it against the rule written out). SpecForge
+counts its shuffled dataset, so on equal counts its order, not ours, decides.
+
+`build_vocab_mapping` writes the mapping (the bytes `torch.save` writes straight to the path),
+the counts beside it (`<stem>.counts.npy`, int64, one per target id) and `<stem>.stats.json`
+(what was counted, the sizes, and the coverage: the share of supervised tokens the draft
+vocabulary holds).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import orjson
+
+from fuelline.formats.target_cache import (ALIGN, FUELLINE, MANIFEST, CacheFormatError, cache_format, layout_of,
+                                           read_manifest)
+from fuelline.formats.target_cache_checks import opened
+from fuelline.formats.tokens import FORMAT as TOKENS_FORMAT
+from fuelline.formats.tokens import TokenFiles, TokenFormatError
+from fuelline.io.atomic import TEMP_MARK, atomic_write, fsync_dir, naming_disk_full, write_bytes_atomic
+
+CHUNK_TOKENS = 1 << 22  # tokens of one pass (its arrays: ~40 bytes a token)
+NEVER = np.iinfo(np.int64).max  # first_sample of a token never supervised
+
+
+@dataclass
+class TokenCounts:
+    """Supervised-token counts of a dataset, with what SpecForge's tie order depends on.
+
+    `counts[j]`: how often id j is supervised (int64); `first_sample[j]`: the first sample (in
+    dataset order) where it is, NEVER where it is not; both `max id + 1` long. `vocab_size`:
+    the target vocabulary size the source records (None: it does not), `vocab_size_from` says where."""
+
+    counts: np.ndarray
+    first_sample: np.ndarray
+    samples: int
+    tokens: int
+    source: dict
+    vocab_size: int | None
+    vocab_size_from: str | None
+    seconds: float
+
+    @property
+    def supervised(self) -> int:
+        return int(self.counts.sum())
+
+
+def count_supervised(source: str | os.PathLike, *, workers: int = 1) -> TokenCounts:
+    """The supervised-token counts of a target cache (either format), a token dataset with a loss
+    mask, or a pack output (its train/ split only: SpecForge's mapping is of the training data)."""
+    path = Path(source)
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, not {workers}")
+    started = time.perf_counter()
+    kind = _kind(path)
+    if kind == "pack output":
+        counted = _count_tokens(path / "train", workers, {"path": str(path), "kind": kind, "split": "train"})
+    elif kind == "token dataset":
+        counted = _count_tokens(path, workers, {"path": str(path), "kind": kind})
+    else:
+        counted = _count_cache(path, workers)
+    counted.seconds = time.perf_counter() - started
+    return counted
+
+
+def _kind(path: Path) -> str:
+    """What `path` holds, from its manifest's `format` field (token datasets have one, the
+    fuelline cache another, DeepSpec's caches none); a pack output is a directory holding train/."""
+    manifest = path / MANIFEST
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: no such directory (a target cache, a token dataset or a pack output)")
+    if manifest.is_file():
+        try:
+            fmt = orjson.loads(manifest.read_bytes()).get("format")
+        except (orjson.JSONDecodeError, AttributeError):
+            fmt = None  # the cache reader says what is wrong with it
+        return "token dataset" if fmt == TOKENS_FORMAT else "target cache"
+    if (path / "train" / MANIFEST).is_file():
+        return "pack output"
+    raise ValueError(f"{path}: neither a target cache nor a token dataset (no {MANIFEST}), nor a pack output "
+                     "(no train/ split)")
+
+
+def _merge(passes: list[Callable[[], tuple[np.ndarray, np.ndarray]]], workers: int) -> tuple[np.ndarray, np.ndarray]:
+    """Run the passes (each returns counts and first samples) on `workers` threads; sum and minimum."""
+    counts, first = np.zeros(0, np.int64), np.zeros(0, np.int64)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for c, f in pool.map(lambda run: run(), passes):
+            if len(c) > len(counts):
+                counts = np.concatenate([counts, np.zeros(len(c) - len(counts), np.int64)])
+                first = np.concatenate([first, np.full(len(c) - len(first), NEVER)])
+            counts[: len(c)] += c
+            np.minimum(first[: len(f)], f, out=first[: len(f)])
+    return counts, first
+
+
+def _tally(ids: np.ndarray, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Counts of `ids` (non-negative) and, per id, the least of the `samples` it occurs in."""
+    counts = np.bincount(ids)
+    first = np.full(len(counts), NEVER)
+    np.minimum.at(first, ids, samples)
+    return counts, first
+
+
+def _count_tokens(directory: Path, workers: int, source: dict) -> TokenCounts:
+    files = TokenFiles(directory)
+    if files.mask_bits is None:
+        raise TokenFormatError(directory, "no loss mask (mask.bin): the draft vocabulary is counted over supervised "
+                                          "tokens; pack the data with --template chat")
+    offsets = files.offsets
+    starts = np.asarray(offsets[:-1], dtype=np.int64)
+    cuts = np.flatnonzero(np.diff(starts // CHUNK_TOKENS)) + 1  # blocks of whole documents, ~CHUNK_TOKENS each
+    bounds = np.concatenate([[0], cuts, [files.num_documents]]).tolist() if files.num_documents else []
+
+    def block(first_doc: int, end_doc: int):
+        start, stop = int(offsets[first_doc]), int(offsets[end_doc])
+        positions = np.flatnonzero(files.mask(start, stop)) + start
+        ids = np.asarray(files.tokens[positions], dtype=np.int64)
+        return _tally(ids, np.searchsorted(offsets, positions, side="right").astype(np.int64) - 1)
+
+    passes = [lambda a=a, b=b: block(a, b) for a, b in zip(bounds, bounds[1:])]
+    counts, first = _merge(passes, workers)
+    m = files.manifest
+    return TokenCounts(counts, first, files.num_documents, files.num_tokens, source, m["vocab_size"],
+                       f"{directory / MANIFEST} (vocab_size: the tokenizer's; the target model's may be larger)", 0.0)
+
+
+def _count_cache(directory: Path, workers: int) -> TokenCounts:
+    manifest = read_manifest(directory)
+    layout = layout_of(manifest)
+    index, sizes = opened(directory, manifest, layout)  # the checks CacheDataset makes when it opens
+    index = np.asarray(index)
+    ids_at, mask_at = _id_and_mask_offsets(layout, index)
+    lengths = index["seq_len"].astype(np.int64)
+    passes = []
+    for k, entry in enumerate(manifest["shards"]):
+        samples = np.flatnonzero(index["shard_id"] == k)
+        if len(samples):
+            ends = np.cumsum(lengths[samples])
+            cuts = np.flatnonzero(np.diff(ends // CHUNK_TOKENS)) + 1
+            for chunk in np.split(samples, cuts):
+                passes.append(lambda c=chunk, p=directory / entry["file_name"], s=sizes[k]: _cache_chunk(
+                    p, s, c, ids_at[c], mask_at[c], lengths[c]))
+    counts, first = _merge(passes, workers)
+    return TokenCounts(counts, first, len(index), int(lengths.sum()),
+                       {"path": str(directory), "kind": "target cache", "format": cache_format(manifest)},
+                       *_model_vocab_size(manifest), 0.0)
+
+
+def _id_and_mask_offsets(layout, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The byte offset of each sample's input_ids and loss_mask in its shard (int64): version 2's
+    index records them; a fuelline record holds its id, then each field, every one at a 64-byte
+    boundary (`Layout.relative_offsets`, vectorized)."""
+    if layout.format != FUELLINE:
+        return index["input_ids"].astype(np.int64), index["loss_mask"].astype(np.int64)
+    seq = index["seq_len"].astype(np.int64)
+    at, found = index["offset"].astype(np.int64) + _aligned(index["id_len"].astype(np.int64)), {}
+    for name in layout.fields[:3]:  # input_ids, attention_mask, loss_mask
+        found[name] = at
+        at = at + _aligned(seq * layout.field_nbytes(name, 1))
+    return found["input_ids"], found["loss_mask"]
+
+
+def _aligned(n: np.ndarray) -> np.ndarray:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _cache_chunk(path: Path, size: int, samples: np.ndarray, ids_at: np.ndarray, mask_at: np.ndarray,
+                 lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One pass over consecutive samples of one shard: their masks, then the ids where it is 1."""
+    if path.stat().st_size != size:
+        raise CacheFormatError(path, f"{path.stat().st_size:,} bytes, {size:,} when the cache was opened: "
+                                     "truncated or replaced shard")
+    shard = np.memmap(path, dtype=np.uint8, mode="r")
+    before = np.cumsum(lengths) - lengths
+    row = np.repeat(np.arange(len(samples)), lengths)  # each token's sample, within the chunk
+    within = np.arange(int(lengths.sum())) - before[row]
+    supervised = np.flatnonzero(shard[mask_at[row] + within] == 1)
+    row, within = row[supervised], within[supervised]
+    byte = ids_at[row] + 4 * within  # version 2 packs fields unaligned: gather the int32s bytewise
+    ids = shard[byte[:, None] + np.arange(4)].view("<i4").ravel().astype(np.int64)
+    if len(ids) and ids.min() < 0:
+        at = int(np.argmax(ids < 0))
+        raise CacheFormatError(path, f"sample {int(samples[row[at]])}: token id {int(ids[at])} at position "
+                                     f"{int(within[at])} is negative")
+    return _tally(ids, samples[row])
+
+
+def _model_vocab_size(manifest: dict) -> tuple[int | None, str | None]:
+    """The target model's vocab_size, from its config.json when the cache names a local directory."""
+    from fuelline.cache.inspect import find_key
+
+    model = manifest.get("target_model_name_or_path")
+    config = Path(model) / "config.json" if isinstance(model, str) else None
+    if config is None or not config.is_file():
+        return None, None
+    try:
+        found, value = find_key(orjson.loads(config.read_bytes()), "vocab_size")
+    except (OSError, orjson.JSONDecodeError, AttributeError):
+        return None, None
+    if not found or type(value) is not int or value < 1:
+        return None, None
+    return value, str(config)
+
+
+def vocab_mapping(counts: np.ndarray, first_sample: np.ndarray, draft_vocab_size: int, target_vocab_size: int):
+    """(d2t, t2d) by SpecForge's rule (module docstring) from `count_supervised`'s arrays:
+    d2t int64 [draft_vocab_size], t2d bool [target_vocab_size], as torch tensors."""
+    import torch
+
+    for name, value in (("draft_vocab_size", draft_vocab_size), ("target_vocab_size", target_vocab_size)):
+        if type(value) is not int and not isinstance(value, np.integer) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, not {value!r}")
+    if draft_vocab_size > target_vocab_size:
+        raise ValueError(f"draft_vocab_size {draft_vocab_size:,} is larger than target_vocab_size "
+                         f"{target_vocab_size:,}: a draft vocabulary is a subset of the target's")
+    seen = np.flatnonzero(counts)
+    if len(seen) and seen[-1] >= target_vocab_size:
+        bad = seen[seen >= target_vocab_size]
+        raise ValueError(f"token id {int(bad[0]):,} (supervised first in sample {int(first_sample[bad[0]]):,}) is "
+                         f"not below target_vocab_size {target_vocab_size:,}; {len(bad):,} id(s) are outside it: the "
+                         "data is from another tokenizer, or the vocabulary size is wrong")
+    if len(seen) >= draft_vocab_size:  # most common first; equal counts by first sample, then id
+        used = seen[np.lexsort((seen, first_sample[seen], -counts[seen]))[:draft_vocab_size]]
+    else:
+        missing = np.setdiff1d(np.arange(draft_vocab_size), seen)[: draft_vocab_size - len(seen)]
+        used = np.concatenate([seen, missing])
+    used = np.sort(used)
+    t2d = torch.zeros(target_vocab_size, dtype=torch.bool)
+    t2d[torch.from_numpy(used)] = True
+    return torch.from_numpy(used - np.arange(draft_vocab_size, dtype=np.int64)), t2d
+
+
+def save_vocab_mapping(path: str | os.PathLike, d2t, t2d) -> None:
+    """`torch.save({"d2t": d2t, "t2d": t2d}, path)`, atomically and with the same bytes: torch.save
+    names the archive inside the file after the file's name, so it writes into a temporary
+    directory beside `path` under the same name, then renames."""
+    import torch
+
+    path = Path(path)
+    temp = path.parent / f".{path.name}{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        with naming_disk_full(path):
+            temp.mkdir(parents=True)
+            torch.save({"d2t": d2t, "t2d": t2d}, temp / path.name)
+            fd = os.open(temp / path.name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(temp / path.name, path)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    fsync_dir(path.parent)
+
+
+def companion_paths(output: str | os.PathLike) -> dict[str, Path]:
+    """The files `build_vocab_mapping` writes: the mapping, `<stem>.counts.npy`, `<stem>.stats.json`."""
+    output = Path(output)
+    stem = output.name[: -len(output.suffix)] if output.suffix else output.name
+    return {"mapping": output, "counts": output.with_name(f"{stem}.counts.npy"),
+            "stats": output.with_name(f"{stem}.stats.json")}
+
+
+def build_vocab_mapping(source: str | os.PathLike, output: str | os.PathLike, *, draft_vocab_size: int,
+                        target_vocab_size: int | None = None, workers: int = 1) -> dict:
+    """Count `source` (`count_supervised`), map (`vocab_mapping`) and write the mapping, the counts
+    and the stats (`companion_paths`); returns the stats. The target vocabulary size: the one
+    given, else the source's (a token dataset's manifest; a cache's target model config.json,
+    when the cache names a local directory)."""
+    paths = companion_paths(output)
+    if paths["mapping"].is_dir():
+        raise IsADirectoryError(f"{output}: a directory; -o names the mapping file to write (e.g. vocab_mapping.pt)")
+    counted = count_supervised(source, workers=workers)
+    if target_vocab_size is None:
+        if counted.vocab_size is None:
+            raise ValueError(f"{source}: the target vocabulary size is not known from the {counted.source['kind']} "
+                             "(its target model is not a local directory with a config.json): pass --target-vocab, "
+                             "the target model's config vocab_size")
+        target_vocab_size, vocab_from = counted.vocab_size, counted.vocab_size_from
+    else:
+        vocab_from = "given"
+    d2t, t2d = vocab_mapping(counted.counts, counted.first_sample, draft_vocab_size, target_vocab_size)
+    counts = np.zeros(target_vocab_size, np.int64)
+    counts[: len(counted.counts)] = counted.counts
+    supervised = counted.supervised
+    stats = {"source": counted.source, "samples": counted.samples, "tokens": counted.tokens,
+             "supervised_tokens": supervised, "distinct_tokens": int(np.count_nonzero(counts)),
+             "draft_vocab_size": draft_vocab_size, "target_vocab_size": target_vocab_size,
+             "target_vocab_size_from": vocab_from, "source_vocab_size": counted.vocab_size,
+             "coverage": int(counts[t2d.numpy()].sum()) / supervised if supervised else None,
+             "seconds": round(counted.seconds, 3),
+             "tokens_per_second": round(counted.tokens / counted.seconds) if counted.seconds else None,
+             "files": {key: str(path) for key, path in paths.items()}}
+    paths["mapping"].parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(paths["counts"]) as f:
+        np.save(f, counts)
+    save_vocab_mapping(paths["mapping"], d2t, t2d)
+    write_bytes_atomic(paths["stats"], orjson.dumps(stats, option=orjson.OPT_INDENT_2) + b"\n")
+    return stats
+
+
+def format_summary(stats: dict) -> str:
+    """What `build_vocab_mapping` did, in a few lines for the terminal."""
+    source = stats["source"]
+    what = source["kind"] + (f" ({source['format']})" if "format" in source else "") + (
+        f", its {source['split']}/ split only" if "split" in source else "")
+    coverage = "-" if stats["coverage"] is None else f"{stats['coverage']:.2%}"
+    lines = [f"counted    {source['path']}: {what}",
+             f"           {stats['samples']:,} samples, {stats['supervised_tokens']:,} supervised tokens of "
+             f"{stats['tokens']:,}, {stats['distinct_tokens']:,} distinct, in {stats['seconds']:.2f}s",
+             f"mapping    draft {stats['draft_vocab_size']:,} of target {stats['target_vocab_size']:,} "
+             f"({stats['target_vocab_size_from']}); coverage {coverage} of supervised tokens",
+             f"wrote      {stats['files']['mapping']} (+ {Path(stats['files']['counts']).name}, "
+             f"{Path(stats['files']['stats']).name})"]
+    given, recorded = stats["target_vocab_size"], stats["source_vocab_size"]
+    if stats["target_vocab_size_from"] == "given" and recorded is not None and recorded != given:
+        lines.append(f"note       the source records vocabulary size {recorded:,}, not the {given:,} given")
+    if stats["distinct_tokens"] < stats["draft_vocab_size"]:
+        lines.append(f"note       only {stats['distinct_tokens']:,} distinct supervised tokens: the rest of the draft "
+                     "vocabulary is the lowest unseen ids, as SpecForge pads it")
+    return "\n".join(lines)
