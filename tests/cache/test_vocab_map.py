@@ -124,7 +124,7 @@ def test_passes_of_a_few_tokens_count_the_same(cache, tmp_path, monkeypatch):
         assert np.array_equal(chunked.first_sample, before.first_sample)
 
 
-@pytest.mark.parametrize("draft", [1, 17, 200, 500])  # the caches hold 166 distinct ids, each once: ties, then padding
+@pytest.mark.parametrize("draft", [1, 17, 200, 500])  # 166 distinct ids, each once: ties, then padding
 def test_cache_mapping_is_specforges(cache, draft):
     counted = count_supervised(cache)
     d2t, t2d = vocab_mapping(counted.counts, counted.first_sample, draft, TARGET)

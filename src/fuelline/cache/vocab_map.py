@@ -203,13 +203,13 @@ def _cache_chunk(path: Path, size: int, samples: np.ndarray, ids_at: np.ndarray,
         raise CacheFormatError(path, f"{path.stat().st_size:,} bytes, {size:,} when the cache was opened: "
                                      "truncated or replaced shard")
     shard = np.memmap(path, dtype=np.uint8, mode="r")
-    before = np.cumsum(lengths) - lengths
     row = np.repeat(np.arange(len(samples)), lengths)  # each token's sample, within the chunk
-    within = np.arange(int(lengths.sum())) - before[row]
+    within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     supervised = np.flatnonzero(shard[mask_at[row] + within] == 1)
     row, within = row[supervised], within[supervised]
-    byte = ids_at[row] + 4 * within  # version 2 packs fields unaligned: gather the int32s bytewise
-    ids = shard[byte[:, None] + np.arange(4)].view("<i4").ravel().astype(np.int64)
+    # An int32 at every byte offset (a view, overlapping): version 2 packs fields unaligned.
+    words = np.ndarray((max(size - 3, 0),), dtype="<i4", buffer=shard, strides=(1,))
+    ids = words[ids_at[row] + 4 * within].astype(np.int64)
     if len(ids) and ids.min() < 0:
         at = int(np.argmax(ids < 0))
         raise CacheFormatError(path, f"sample {int(samples[row[at]])}: token id {int(ids[at])} at position "
@@ -298,7 +298,8 @@ def build_vocab_mapping(source: str | os.PathLike, output: str | os.PathLike, *,
     """Count `source` (`count_supervised`), map (`vocab_mapping`) and write the mapping, the counts
     and the stats (`companion_paths`); returns the stats. The target vocabulary size: the one
     given, else the source's (a token dataset's manifest; a cache's target model config.json,
-    when the cache names a local directory)."""
+    when the cache names a local directory). `seconds` in the stats: the counting, opening
+    included; `tokens_per_second`: all tokens of the counted samples, supervised or not, over it."""
     paths = companion_paths(output)
     if paths["mapping"].is_dir():
         raise IsADirectoryError(f"{output}: a directory; -o names the mapping file to write (e.g. vocab_mapping.pt)")
