@@ -275,3 +275,21 @@ def test_fewer_distinct_tokens_than_the_draft_vocabulary_pads_with_the_lowest_un
     assert torch.nonzero(t2d).flatten().tolist() == [0, 1, 2, 70]  # the seen 2 and 70, then 0 and 1
     assert stats["coverage"] == 1.0 and stats["distinct_tokens"] == 2
     assert "only 2 distinct supervised tokens" in format_summary(stats)
+
+
+@pytest.mark.slow  # ~15 s: the Qwen vocabulary's conversion and a real pack
+def test_a_real_chat_pack_output(qwen_dir, tmp_path):
+    from fuelline.pack.packer import PackConfig, pack
+
+    records = [{"id": f"c{k}", "conversations": [{"role": "user", "content": f"What is {k} plus {k}?"},
+                                                 {"role": "assistant", "content": f"{k} plus {k} is {2 * k}."}]}
+               for k in range(40)]
+    (tmp_path / "chats.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    pack([tmp_path / "chats.jsonl"], qwen_dir, tmp_path / "out", PackConfig(template="chat"), workers=1,
+         progress=False)
+    stats = build_vocab_mapping(tmp_path / "out", tmp_path / "m.pt", draft_vocab_size=32, target_vocab_size=151_936)
+    samples = token_samples(tmp_path / "out" / "train")
+    expected_d2t, expected_t2d = specforge(samples, 32, 151_936)
+    loaded = torch.load(tmp_path / "m.pt")
+    assert torch.equal(loaded["d2t"], expected_d2t) and torch.equal(loaded["t2d"], expected_t2d)
+    assert stats["samples"] == len(samples) < 40 and stats["source"]["split"] == "train"
