@@ -4,7 +4,8 @@ Each conversation is rendered once (`templates.render` records the character spa
 on while it renders), a batch's texts are encoded together with `add_special_tokens=False` (the
 ids `apply_chat_template(tokenize=True)` gives) by `FastEncoder`: tiktoken's BPE core on all
 cores when it reproduces the tokenizer's ids (checked on the first batch), else `tokenizers`
-itself. A token is supervised iff its character offsets overlap a supervised span: one
+itself. Rendering runs on the caller's thread, RENDER_BATCH conversations at a time, while the
+encoder's threads encode the previous ones (`FastEncoder.encode_batches`). A token is supervised iff its character offsets overlap a supervised span: one
 `searchsorted` of the token starts in the span ends per conversation, no loop over tokens.
 This is transformers' rule for `return_assistant_tokens_mask` too, so the two masks agree
 token for token.
@@ -53,6 +54,7 @@ from fuelline.tokenizer.fast import fast_encoder
 TOO_LONG, TOO_FEW_LOSS_TOKENS = "too_long", "too_few_loss_tokens"
 DROP_REASONS = (TOO_LONG, TOO_FEW_LOSS_TOKENS)
 OVERFLOW = ("truncate", "drop")
+RENDER_BATCH = 256  # conversations rendered on the caller's thread while the previous ones encode
 # The keys transformers gives a Jinja chat template as variables (its special tokens map).
 TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
@@ -244,17 +246,23 @@ class _Encoder:
         The whole batch is encoded and masked at once: the supervised spans are moved to where
         their text starts in the joined texts, so one `supervised_tokens` call covers them all.
         """
-        renderings = [self._render(k, turns, tools) for k, turns, tools in items]
-        batch = fast_encoder(self.tokenizer.tokenizer).encode_batch([r.text for r in renderings], offsets=True)
-        ends = np.cumsum(batch.counts)
-        if self.template.loss_mask == "deepspec":
-            mask = self._prefix_rule_mask(renderings, batch, ends)
-        else:
-            spans = [np.array(r.spans, dtype=np.int64).reshape(-1, 2) + start
-                     for r, start in zip(renderings, batch.text_starts)]
-            mask = supervised_tokens(batch.offsets, np.concatenate(spans) if spans else np.zeros((0, 2), np.int64))
-        for rendering, start, end, text_start in zip(renderings, ends - batch.counts, ends, batch.text_starts):
-            yield rendering, batch.ids[start:end], mask[start:end], batch.offsets[start:end] - text_start
+        encoder = fast_encoder(self.tokenizer.tokenizer)
+        for renderings, batch in encoder.encode_batches(self._rendered(items), offsets=True):
+            ends = np.cumsum(batch.counts)
+            if self.template.loss_mask == "deepspec":
+                mask = self._prefix_rule_mask(renderings, batch, ends)
+            else:
+                spans = [edge + start for r, start in zip(renderings, batch.text_starts.tolist())
+                         for span in r.spans for edge in span]
+                mask = supervised_tokens(batch.offsets, np.array(spans, dtype=np.int64).reshape(-1, 2))
+            for rendering, start, end, text_start in zip(renderings, ends - batch.counts, ends, batch.text_starts):
+                yield rendering, batch.ids[start:end], mask[start:end], batch.offsets[start:end] - text_start
+
+    def _rendered(self, items):
+        """(renderings, texts) per RENDER_BATCH items: rendered while the encoder encodes the previous ones."""
+        for i in range(0, len(items), RENDER_BATCH):
+            renderings = [self._render(k, turns, tools) for k, turns, tools in items[i:i + RENDER_BATCH]]
+            yield renderings, [r.text for r in renderings]
 
     def _prefix_rule_mask(self, renderings, batch, ends) -> np.ndarray:
         """DeepSpec's mask: a span [s, e) trains tokens len(encode(text[:s])) to len(encode(text[:e])).

@@ -12,10 +12,11 @@ whose results are not ranked in merge order (tiktoken merges by the rank of the 
 the ids of both are compared on the caller's first texts, and any difference makes the encoder
 fall back to `tokenizers` for good, saying why (`FastEncoder.reason`).
 
-Offsets: tiktoken gives none, but every token's byte length is known, so a token's byte span
-is a cumulative sum; it is turned into character offsets with the same rule `tokenizers`
-follows (a token holding part of a character spans the whole character), so callers see one
-kind of offsets whichever engine ran.
+Offsets: tiktoken gives none, but every token's bytes are known, so a token's character span
+is a cumulative sum over tokens of the characters that start in each (its UTF-8 lead bytes),
+with the rule `tokenizers` follows: a token holding part of a character spans the whole
+character. Callers see one kind of offsets whichever engine ran, and no pass over the text's
+bytes is needed.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -131,11 +133,12 @@ class FastEncoder:
         self._tiktoken = tiktoken.Encoding("fuelline", pat_str=pattern, mergeable_ranks=ranks, special_tokens=special)
         self._allowed = set(special)
         self._special_starts = tuple(special)  # empty: no text is known to start a split, none is joined
-        self._byte_lengths = np.zeros(max([*ranks.values(), *special.values()]) + 1, dtype=np.int64)
-        for token, rank in ranks.items():
-            self._byte_lengths[rank] = len(token)
-        for content, rank in special.items():
-            self._byte_lengths[rank] = len(content.encode())
+        # per id: the characters that start in the token (its lead bytes), and whether its first byte is one
+        self._lead_bytes = np.zeros(max([*ranks.values(), *special.values()]) + 1, dtype=np.int64)
+        self._starts_a_character = np.zeros(len(self._lead_bytes), dtype=np.int64)
+        for token, rank in [*ranks.items(), *((c.encode(), r) for c, r in special.items())]:
+            self._lead_bytes[rank] = sum((b & 0xC0) != 0x80 for b in token)
+            self._starts_a_character[rank] = (token[0] & 0xC0) != 0x80
         self.reason = "tiktoken"
 
     @property
@@ -148,19 +151,48 @@ class FastEncoder:
 
     def encode_batch(self, texts: Sequence[str], offsets: bool = False) -> EncodedBatch:
         """The texts' tokens back to back: one array each, so callers work per batch, not per text."""
-        if self._tiktoken is not None and not self._checked:
-            self._check(texts[:CHECK_TEXTS])
+        return next(self.encode_batches([(None, texts)], offsets))[1]
+
+    def encode_batches(self, batches: Iterable[tuple[Any, Sequence[str]]],
+                       offsets: bool = False) -> Iterator[tuple[Any, EncodedBatch]]:
+        """(key, encoding) for each (key, texts) of `batches`, in order.
+
+        While one batch encodes on the threads, the next is taken from `batches`: a caller that
+        makes its texts lazily (rendering them) makes them on its own thread meanwhile, and
+        works on a batch it was given while the next one encodes.
+        """
+        with ThreadPoolExecutor(self.threads) as pool:  # tiktoken and tokenizers release the GIL while they encode
+            pending: deque = deque()
+            for key, texts in batches:
+                if self._tiktoken is not None and not self._checked:
+                    self._check(texts[:CHECK_TEXTS])
+                pending.append((key, texts, self._submit(pool, texts, offsets)))
+                if len(pending) > 1:
+                    yield self._collect(*pending.popleft(), offsets)
+            while pending:
+                yield self._collect(*pending.popleft(), offsets)
+
+    def _submit(self, pool: ThreadPoolExecutor, texts: Sequence[str], offsets: bool) -> list[Future]:
+        if self._tiktoken is None:
+            return [pool.submit(self._encode_tokenizers, texts, offsets)]
+        # one piece per thread, of about equal characters (conversation lengths vary a hundredfold)
+        ends = np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)))
+        cuts = np.searchsorted(ends, ends[-1] * np.arange(1, self.threads) / self.threads) + 1 if len(texts) else []
+        bounds = [0, *sorted(set(int(c) for c in cuts if 0 < c < len(texts))), len(texts)]
+        return [pool.submit(self._encode_tiktoken, texts[a:b]) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+    def _collect(self, key: Any, texts: Sequence[str], futures: list[Future], offsets: bool) -> tuple[Any, EncodedBatch]:
         lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
         text_starts = np.cumsum(lengths) - lengths
+        parts = [future.result() for future in futures]
         if self._tiktoken is None:
-            return self._encode_tokenizers(texts, offsets, text_starts)
-        step = max(1, -(-len(texts) // self.threads))
-        chunks = [texts[i:i + step] for i in range(0, len(texts), step)]
-        with ThreadPoolExecutor(self.threads) as pool:  # tiktoken releases the GIL while it encodes
-            parts = list(pool.map(self._encode_tiktoken, chunks))
+            ids, counts, spans = parts[0]
+            if spans is not None:
+                spans += np.repeat(text_starts, counts)[:, None]
+            return key, EncodedBatch(ids, counts, text_starts, spans)
         ids = np.concatenate([p[0] for p in parts]).astype(np.int32) if parts else np.zeros(0, np.int32)
         counts = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int64)
-        return EncodedBatch(ids, counts, text_starts, self._offsets("".join(texts), ids) if offsets else None)
+        return key, EncodedBatch(ids, counts, text_starts, self._offsets(ids) if offsets else None)
 
     def _encode_tiktoken(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """The texts' ids back to back (uint32) and tokens per text.
@@ -168,20 +200,21 @@ class FastEncoder:
         Texts that each start with a special token are encoded joined, in one call: tiktoken
         cuts its input at special tokens before anything else, so no token can span two of
         them, and one call costs far less than one per text (the GIL is taken once, not once
-        per conversation). The tokens per text are then found from the tokens' byte lengths.
+        per conversation). Each text's first token is then the first one starting at or after
+        the text's first character.
         """
         encode, allowed = self._tiktoken.encode_to_numpy, self._allowed
         if len(texts) > 1 and all(text.startswith(self._special_starts) for text in texts[1:]):
             ids = encode("".join(texts), allowed_special=allowed)
-            byte_starts = np.cumsum(self._byte_lengths[ids]) - self._byte_lengths[ids]
-            text_bytes = np.fromiter((len(t.encode()) for t in texts), dtype=np.int64, count=len(texts))
-            firsts = np.searchsorted(byte_starts, np.cumsum(text_bytes) - text_bytes)
+            lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+            firsts = np.searchsorted(self._offsets(ids)[:, 0], np.cumsum(lengths) - lengths)
             return ids, np.diff(np.append(firsts, len(ids)))
         arrays = [encode(text, allowed_special=allowed) for text in texts]
         counts = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
         return (np.concatenate(arrays) if arrays else np.zeros(0, np.uint32)), counts
 
-    def _encode_tokenizers(self, texts: Sequence[str], offsets: bool, text_starts: np.ndarray) -> EncodedBatch:
+    def _encode_tokenizers(self, texts: Sequence[str], offsets: bool):
+        """ids, tokens per text and (with `offsets`) each token's offsets in its own text."""
         encodings = self.tokenizer.encode_batch(list(texts), add_special_tokens=False)
         counts = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
         total = int(counts.sum())
@@ -190,19 +223,17 @@ class FastEncoder:
         if offsets:
             flat = itertools.chain.from_iterable(x for e in encodings for x in e.offsets)
             spans = np.fromiter(flat, dtype=np.int64, count=2 * total).reshape(-1, 2)
-            spans += np.repeat(text_starts, counts)[:, None]
-        return EncodedBatch(ids, counts, text_starts, spans)
+        return ids, counts, spans
 
-    def _offsets(self, joined: str, ids: np.ndarray) -> np.ndarray:
-        """Character (start, end) of each token in `joined`, from the tokens' byte lengths."""
-        ends = np.cumsum(self._byte_lengths[ids])
-        starts = ends - self._byte_lengths[ids]
-        if not joined.isascii():  # map bytes to the characters they belong to
-            data = np.frombuffer(joined.encode(), dtype=np.uint8)
-            char_of_byte = np.cumsum((data & 0xC0) != 0x80) - 1
-            starts = char_of_byte[np.minimum(starts, len(data) - 1)]
-            ends = char_of_byte[ends - 1] + 1
-        return np.stack([starts, ends], axis=1)
+    def _offsets(self, ids: np.ndarray) -> np.ndarray:
+        """Character (start, end) of each token of a text encoded as `ids`.
+
+        A token ends after the characters started in it and those before; it starts at the
+        character its first byte belongs to (the one before, when that byte continues it).
+        """
+        leads = self._lead_bytes[ids]
+        ends = np.cumsum(leads)
+        return np.stack([ends - leads + self._starts_a_character[ids] - 1, ends], axis=1)
 
     def _check(self, texts: Sequence[str]) -> None:
         """Compare both engines on `texts`; on any difference, use `tokenizers` from now on."""
