@@ -1,0 +1,195 @@
+"""`fuelline cache export --to specforge`: deterministic atomic files, resume after SIGKILL to the
+same bytes, refusal of other options, --limit, NaN handling, the manifest and record ids, and the
+command's one-line errors. What the files hold is tests/cache/test_specforge.py's."""
+
+import gzip
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+from click.testing import CliRunner
+
+from fuelline.cache.export import ExportConfig, export_specforge
+from fuelline.cli import main
+from fuelline.formats.target_cache import DEEPSPEC_V2, FP8, CacheFormatError
+from fuelline.pipeline.config import load_pipeline, run_pipeline
+from fuelline.pipeline.options import option_fields
+from fuelline.pipeline.workdir import StepOutputMismatch
+
+from . import specforge_reader
+from .synthetic import write_cache
+from .test_specforge import nan_bytes, poke
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tree(directory: Path, *, without=("stats.json",)) -> dict[str, bytes]:
+    """Every file under `directory` (hidden ones included) by relative path: its bytes."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*"))
+            if p.is_file() and p.name not in without}
+
+
+def data_files(directory: Path) -> list[Path]:
+    return sorted(directory.glob("rows_*/data_*"))
+
+
+def test_files_are_the_same_bytes_on_every_run_and_gzip_holds_the_plain_files_bytes(tmp_path):
+    write_cache(tmp_path / "cache", hidden_dtype=FP8, num_samples=9)
+    config = ExportConfig(method="dspark")
+    one = export_specforge(tmp_path / "cache", tmp_path / "a", config, workers=1, progress=False)
+    two = export_specforge(tmp_path / "cache", tmp_path / "b", config, workers=2, progress=False)
+    assert tree(tmp_path / "a") == tree(tmp_path / "b") and len(data_files(tmp_path / "a")) == 9
+    assert one["identity"] == two["identity"] and one["export"]["bytes"] == two["export"]["bytes"]
+    export_specforge(tmp_path / "cache", tmp_path / "gz", ExportConfig(method="dspark", compress=True), workers=2,
+                     progress=False)
+    for plain in data_files(tmp_path / "a"):
+        packed = tmp_path / "gz" / plain.relative_to(tmp_path / "a").with_name(plain.name + ".gz")
+        assert gzip.decompress(packed.read_bytes()) == plain.read_bytes()
+        assert packed.read_bytes()[4:8] == b"\0\0\0\0" and not packed.read_bytes()[3] & 0x08  # mtime 0, no name
+
+
+def test_the_manifest_record_ids_and_stats_say_what_was_exported_from_which_cache(tmp_path):
+    written = write_cache(tmp_path / "cache", hidden_dtype=FP8, num_samples=7, layer_ids=(1, 4, 6))
+    stats = export_specforge(tmp_path / "cache", tmp_path / "out", ExportConfig(limit=5), progress=False)
+    out = tmp_path / "out"
+    manifest = orjson.loads((out / "fuelline_export.json").read_bytes())
+    assert manifest["method"] == "eagle3" and manifest["samples"] == manifest["exported"] == 5
+    assert manifest["skipped"] == [] and manifest["compressed"] is False
+    assert manifest["cache"] | {"manifest_digest": None} == {
+        "name": "cache", "format": "fuelline", "target_model_name_or_path": "org/target-model",
+        "target_layer_ids": [1, 4, 6], "hidden_size": 8, "num_samples": 7, "hidden_dtype": "float8_e4m3fn",
+        "widened_from_fp8": True, "exported_dtype": "bfloat16", "manifest_digest": None}
+    assert (out / "record_ids.txt").read_text(encoding="utf-8").splitlines() == [s["record_id"] for s in written[:5]]
+    assert [p.name for p in data_files(out)] == [f"data_{i}.ckpt" for i in (0, 1, 2, 3, 4)]
+    e = stats["export"]
+    assert stats["records_in"] == stats["records_out"] == e["files"] == e["written_files"] == 5
+    assert e["bytes"] == sum(p.stat().st_size for p in data_files(out)) and e["files_per_second"] > 0
+    assert orjson.loads((out / "stats.json").read_bytes())["export"] == e
+    again = export_specforge(tmp_path / "cache", out, ExportConfig(limit=5), progress=False)
+    assert again["resumed"] and again["export"] == e
+    whole = export_specforge(tmp_path / "cache", tmp_path / "all", ExportConfig(limit=70), progress=False)
+    assert whole["records_out"] == 7
+
+
+def test_a_deepspec_v2_cache_has_no_record_ids_and_the_manifest_says_so(tmp_path):
+    write_cache(tmp_path / "cache", fmt=DEEPSPEC_V2, num_samples=4)
+    stats = export_specforge(tmp_path / "cache", tmp_path / "out", ExportConfig(method="dflash"), progress=False)
+    manifest = orjson.loads((tmp_path / "out" / "fuelline_export.json").read_bytes())
+    assert not (tmp_path / "out" / "record_ids.txt").exists() and stats["export"]["record_ids"] is None
+    assert manifest["record_ids"] is None and manifest["record_ids_note"] == "a deepspec-v2 cache stores no record ids"
+    assert manifest["cache"]["widened_from_fp8"] is False and len(data_files(tmp_path / "out")) == 4
+
+
+def test_other_options_or_another_cache_are_refused_naming_what_differs_and_restart_redoes(tmp_path):
+    write_cache(tmp_path / "cache", num_samples=5)
+    out = tmp_path / "out"
+    export_specforge(tmp_path / "cache", out, ExportConfig(), progress=False)
+    for config, named in ((ExportConfig(method="dspark"), "config.method"), (ExportConfig(compress=True), "config.compress"),
+                          (ExportConfig(limit=2), "config.limit"), (ExportConfig(nonfinite="skip"), "config.nonfinite")):
+        with pytest.raises(StepOutputMismatch, match=rf"different {named}; pass --restart"):
+            export_specforge(tmp_path / "cache", out, config, progress=False)
+    write_cache(tmp_path / "cache", num_samples=5, seed=3)  # rebuilt with other states: other record checksums
+    with pytest.raises(StepOutputMismatch, match=r"different cache\.index_digest"):
+        export_specforge(tmp_path / "cache", out, ExportConfig(), progress=False)
+    redone = export_specforge(tmp_path / "cache", out, ExportConfig(method="dflash", compress=True), restart=True,
+                              progress=False)
+    assert "resumed" not in redone and [p.name for p in data_files(out)] == [f"data_{i}.ckpt.gz" for i in range(5)]
+    stranger = tmp_path / "mine"
+    stranger.mkdir()
+    (stranger / "notes.txt").write_text("not an export")
+    with pytest.raises(StepOutputMismatch, match="is not a fuelline stage output"):
+        export_specforge(tmp_path / "cache", stranger, ExportConfig(), progress=False)
+
+
+def test_a_nan_stops_the_export_naming_the_sample_or_is_skipped_and_listed(tmp_path):
+    written = write_cache(tmp_path / "cache", num_samples=6)
+    poke(tmp_path / "cache", 2, "target_hidden_states", 2, nan_bytes("bfloat16"), reseal=True)
+    with pytest.raises(CacheFormatError, match=r"sample 2 \(record id 'source/2·é'\): aux_hidden_state holds 1 NaN") as e:
+        export_specforge(tmp_path / "cache", tmp_path / "out", ExportConfig(), workers=1, progress=False)
+    assert any("--nonfinite skip" in note for note in e.value.__notes__)
+    assert not (tmp_path / "out" / "stats.json").exists()
+    skip = ExportConfig(method="dflash", nonfinite="skip")
+    stats = export_specforge(tmp_path / "cache", tmp_path / "out", skip, restart=True, progress=False)
+    assert stats["dropped"] == {"nonfinite": 1} and stats["records_out"] == 5
+    assert stats["drop_examples"]["nonfinite"] == "sample 2: hidden_states holds 1 NaN or Inf value(s)"
+    manifest = orjson.loads((tmp_path / "out" / "fuelline_export.json").read_bytes())
+    assert manifest["skipped"] == [{"sample": 2, "record_id": written[2]["record_id"],
+                                    "reason": "hidden_states holds 1 NaN or Inf value(s)"}]
+    assert sorted(specforge_reader.find_files(tmp_path / "out")) == sorted(
+        str(tmp_path / "out" / "rows_0-2000" / f"data_{i}.ckpt") for i in (0, 1, 3, 4, 5))
+    again = export_specforge(tmp_path / "cache", tmp_path / "out", skip, progress=False)
+    assert again["resumed"] and again["dropped"] == {"nonfinite": 1}
+
+
+def test_a_damaged_record_stops_the_export_naming_the_sample(tmp_path):
+    write_cache(tmp_path / "cache", num_samples=6)
+    poke(tmp_path / "cache", 4, "target_hidden_states", 0, b"\x12\x34", reseal=False)
+    with pytest.raises(CacheFormatError, match="sample 4: checksum mismatch") as e:
+        export_specforge(tmp_path / "cache", tmp_path / "out", ExportConfig(), workers=1, progress=False)
+    assert "the same command resumes" in e.value.__notes__[-1]
+    assert not (tmp_path / "out" / "rows_0-2000" / "data_4.ckpt").exists()
+
+
+def test_an_export_killed_with_sigkill_resumes_to_the_files_of_an_uninterrupted_one(tmp_path):
+    cache, killed = tmp_path / "cache", tmp_path / "killed"
+    write_cache(cache, num_samples=200, num_shards=4, hidden_size=128, max_len=128)
+    config = ExportConfig(method="dspark", compress=True, compression_level=1)
+    export_specforge(cache, tmp_path / "whole", config, workers=2, progress=False)
+    command = [sys.executable, "-m", "fuelline", "cache", "export", "--to", "specforge", str(cache), "-o", str(killed),
+               "--compress", "--compression-level", "1", "--method", "dspark", "--workers", "2", "--no-progress"]
+    process = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while len(data_files(killed)) < 20 and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.002)
+    process.send_signal(signal.SIGKILL)
+    assert process.wait() == -signal.SIGKILL  # killed mid-way, not finished
+    assert 20 <= len(data_files(killed)) < 200 and not (killed / "stats.json").exists()
+    stats = export_specforge(cache, killed, config, workers=2, progress=False)
+    assert tree(killed) == tree(tmp_path / "whole")  # the same files, byte for byte; no temp file left
+    assert len(data_files(killed)) == 200 and 0 < stats["export"]["written_files"] <= 180
+
+
+def test_the_command_end_to_end_and_its_one_line_errors(tmp_path):
+    write_cache(tmp_path / "cache", hidden_dtype=FP8, num_samples=5)
+    runner = CliRunner()
+    args = ["cache", "export", "--to", "specforge", str(tmp_path / "cache"), "--no-progress"]
+    result = runner.invoke(main, [*args, "-o", str(tmp_path / "out"), "--method", "dspark", "--limit", "3"])
+    assert result.exit_code == 0, result.output
+    assert "3 of 3 samples exported for dspark (skipped none)" in result.output
+    assert "fp8 hidden states widened to bf16" in result.output and "record_ids.txt" in result.output
+    assert len(data_files(tmp_path / "out")) == 3
+    again = runner.invoke(main, [*args, "-o", str(tmp_path / "out"), "--method", "dspark", "--limit", "3"])
+    assert again.exit_code == 0 and "already exported" in again.output
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "empty").mkdir()
+    for given, says in (
+            (["-o", str(tmp_path / "out")], "different config.limit, config.method; pass --restart"),
+            (["-o", str(tmp_path / "file")], "is a file; the export needs a directory"),
+            (["-o", str(tmp_path / "o2"), "--limit", "0"], "limit must be a positive number of samples, not 0"),
+            (["-o", str(tmp_path / "o3"), "--compress", "--compression-level", "10"], "compression level must be 1 to 9"),
+            (["-o", str(tmp_path / "o4"), "--workers", "0"], "workers must be at least 1")):
+        result = runner.invoke(main, [*args, *given])
+        assert result.exit_code == 2 and says in result.output and "Traceback" not in result.output, result.output
+    result = runner.invoke(main, ["cache", "export", "--to", "specforge", str(tmp_path / "empty"), "-o",
+                                  str(tmp_path / "o5")])
+    assert result.exit_code == 2 and "manifest.json: missing: not a target cache" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "o5").exists()
+
+
+def test_the_command_and_a_pipeline_step_take_the_same_options(tmp_path):
+    command = main.commands["cache"].commands["export"]
+    runs = {"to", "cache_dir", "output", "workers", "restart", "progress"}
+    assert {p.name for p in command.params} - runs == {f.name for f, _ in option_fields(ExportConfig)}
+    write_cache(tmp_path / "cache", num_samples=4)
+    pipeline = tmp_path / "p.toml"
+    pipeline.write_text(f'[[stage]]\nuse = "specforge-export"\ninput = "{tmp_path / "cache"}"\nmethod = "dflash"\n'
+                        'compress = true\n')
+    (stats,) = run_pipeline(load_pipeline(pipeline), tmp_path / "run", progress=False)
+    assert stats["stage"] == "specforge-export" and stats["records_out"] == 4
+    assert len(specforge_reader.find_files(tmp_path / "run" / "01-specforge-export")) == 4
