@@ -241,7 +241,7 @@ class _Encoder:
         self.tokenizer, self.template, self.options, self.number = tokenizer, template, options, number
 
     def __call__(self, items: list[tuple[int, list[dict], list[dict] | None]]):
-        """(rendering, ids, mask, offsets) for each (conversation index, turns, tools).
+        """(rendering, ids, mask, supervised tokens, offsets) for each (conversation index, turns, tools).
 
         The whole batch is encoded and masked at once: the supervised spans are moved to where
         their text starts in the joined texts, so one `supervised_tokens` call covers them all.
@@ -255,8 +255,12 @@ class _Encoder:
                 spans = [edge + start for r, start in zip(renderings, batch.text_starts.tolist())
                          for span in r.spans for edge in span]
                 mask = supervised_tokens(batch.offsets, np.array(spans, dtype=np.int64).reshape(-1, 2))
-            for rendering, start, end, text_start in zip(renderings, ends - batch.counts, ends, batch.text_starts):
-                yield rendering, batch.ids[start:end], mask[start:end], batch.offsets[start:end] - text_start
+            supervised_before = np.concatenate([[0], np.cumsum(mask)])
+            supervised = (supervised_before[ends] - supervised_before[ends - batch.counts]).tolist()
+            offsets = batch.offsets - np.repeat(batch.text_starts, batch.counts)[:, None]  # each in its own text
+            for rendering, start, end, count in zip(renderings, (ends - batch.counts).tolist(), ends.tolist(),
+                                                    supervised):
+                yield rendering, batch.ids[start:end], mask[start:end], count, offsets[start:end]
 
     def _rendered(self, items):
         """(renderings, texts) per RENDER_BATCH items: rendered while the encoder encodes the previous ones."""
@@ -312,9 +316,9 @@ def _encode(conversations, tokenizer, template, limits: _Limits, options: _Optio
     turn_lists = [turns for turns, _ in parsed]
     results: list[EncodedChat | Drop | None] = []
     cuts: dict[int, list[int]] = {}
-    for k, (rendering, ids, mask, offsets) in enumerate(encoder([(k, *p) for k, p in enumerate(parsed)])):
+    for k, (rendering, ids, mask, supervised, offsets) in enumerate(encoder([(k, *p) for k, p in enumerate(parsed)])):
         if limits.max_length is None or len(ids) <= limits.max_length:
-            results.append(_keep(ids, mask, False, limits))
+            results.append(_keep(ids, mask, supervised, False, limits))
         elif limits.overflow == "drop":
             results.append(Drop(TOO_LONG, f"{len(ids):,} tokens, max_length {limits.max_length:,}"))
         else:
@@ -327,8 +331,7 @@ def _encode(conversations, tokenizer, template, limits: _Limits, options: _Optio
     return results
 
 
-def _keep(ids: np.ndarray, mask: np.ndarray, truncated: bool, limits: _Limits) -> EncodedChat | Drop:
-    supervised = int(np.count_nonzero(mask))
+def _keep(ids: np.ndarray, mask: np.ndarray, supervised: int, truncated: bool, limits: _Limits) -> EncodedChat | Drop:
     if supervised < limits.min_loss_tokens:
         return Drop(TOO_FEW_LOSS_TOKENS, f"{supervised} of {len(ids)} tokens supervised, "
                                          f"min_loss_tokens {limits.min_loss_tokens}")
@@ -350,9 +353,10 @@ def _truncate(encoder: _Encoder, parsed, cuts: dict[int, list[int]], results: li
     """Fill in `results` for the conversations in `cuts`: each encoded at its longest cut that fits."""
     while cuts:
         todo = list(cuts)
-        for k, (_, ids, mask, _) in zip(todo, encoder([(k, parsed[k][0][:cuts[k][0]], parsed[k][1]) for k in todo])):
+        for k, (_, ids, mask, supervised, _) in zip(todo, encoder([(k, parsed[k][0][:cuts[k][0]], parsed[k][1])
+                                                                    for k in todo])):
             if len(ids) <= limits.max_length:
-                results[k] = _keep(ids, mask, True, limits)
+                results[k] = _keep(ids, mask, supervised, True, limits)
                 del cuts[k]
             else:
                 cuts[k].pop(0)
