@@ -52,18 +52,12 @@ from fuelline.pipeline.workdir import STARTED_FILE, WorkDir, not_a_step_output
 from fuelline.pipeline.workers import RunOptions
 from fuelline.progress import progress_bar
 
-METHODS = ("eagle3", "dspark", "dflash")  # here, not in fuelline.cache.specforge: the CLI lists them without torch
+METHODS = ("eagle3", "dspark", "dflash")  # fuelline.cache.specforge.METHODS (tested equal), without importing torch
 GROUP = 2000  # files per folder: SpecForge's --file-group-size default
 MANIFEST_FILE, RECORD_IDS_FILE = "fuelline_export.json", "record_ids.txt"
 EXPORT_FORMAT = "fuelline.specforge-export"
 SPECFORGE_FORMAT = "specforge_hidden_states_v1"  # what SpecForge calls the offline files it reads
 NONFINITE = ("error", "skip")
-
-
-def check_method(method: str) -> str:
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
-    return method
 
 
 @dataclass
@@ -80,7 +74,8 @@ class ExportConfig:
                                      "(no file for it; listed in the export's manifest)", choices=NONFINITE)
 
     def __post_init__(self):
-        check_method(self.method)
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}, not {self.method!r}")
         if self.nonfinite not in NONFINITE:
             raise ValueError(f"nonfinite must be error or skip, not {self.nonfinite!r}")
         if not 1 <= self.compression_level <= 9:

@@ -38,7 +38,6 @@ import torch
 from torch.utils.data import Dataset
 
 from fuelline.cache.dataset import CacheDataset
-from fuelline.cache.export import METHODS, check_method  # noqa: F401 (METHODS re-exported beside the rules)
 from fuelline.cache.fp8 import dequantize
 from fuelline.formats.target_cache import CacheFormatError
 
@@ -46,7 +45,14 @@ from fuelline.formats.target_cache import CacheFormatError
 STATE_KEYS = {"eagle3": ("aux_hidden_state", "hidden_state"),
               "dspark": ("hidden_states", "target_last_hidden_states"),
               "dflash": ("hidden_states", None)}
+METHODS = tuple(STATE_KEYS)  # also spelled out in fuelline.cache.export, whose options the CLI lists without torch
 DEFAULT_MAX_LEN = 2048  # SpecForge's default --max-length
+
+
+def check_method(method: str) -> str:
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
+    return method
 
 
 class NonFiniteState(CacheFormatError):
