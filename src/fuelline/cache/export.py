@@ -33,6 +33,7 @@ warning. A damaged sample always stops it, naming the sample.
 from __future__ import annotations
 
 import gzip
+import mmap
 import os
 import pickle
 import threading
@@ -43,7 +44,7 @@ from pathlib import Path
 
 import orjson
 
-from fuelline.formats.target_cache import BF16, INDEX, STATS, checksum, manifest_digest
+from fuelline.formats.target_cache import BF16, INDEX, STATS, CacheFormatError, checksum, manifest_digest
 from fuelline.io.atomic import atomic_write, remove_temp_files, write_bytes_atomic
 from fuelline.pipeline.options import identity_defaults, identity_values, option
 from fuelline.pipeline.stats import StepStats, read_stats
@@ -168,21 +169,31 @@ def _export(dataset, step_dir: WorkDir, config: ExportConfig, workers: int, prog
 
 
 def _record_ids(dataset, count: int) -> list[str] | None:
-    """The record ids of the first `count` samples (None for a format without ids). Read without the
-    records' checksums: only the id's bytes are touched; every exported record is checked when read."""
+    """The record ids of the first `count` samples (None for a format without ids), read from the
+    shards' bytes at the index's offsets: the id opens each fuelline record. ~9 µs a sample, where
+    reading samples (CacheDataset) to take their ids costs ~170 µs; every exported record's checksum
+    is checked when the record is read."""
     if not dataset.fuelline:
         return None
-    from fuelline.cache.dataset import CacheDataset
-
-    light = CacheDataset(dataset.path, verify_checksums=False)
-    ids = []
-    for i in range(count):
-        record_id = light[i]["record_id"]
-        if "\n" in record_id or "\r" in record_id:
-            raise ValueError(f"{dataset.path}: sample {i}: its record id {record_id!r} holds a line break, which "
-                             f"{RECORD_IDS_FILE} (one id per line) cannot hold")
-        ids.append(record_id)
-    light.close()
+    index = dataset.index[:count]
+    ids, shards = [], {}
+    try:
+        for i, (shard, offset, length) in enumerate(zip(index["shard_id"].tolist(), index["offset"].tolist(),
+                                                        index["id_len"].tolist())):
+            if shard not in shards:
+                with open(dataset.path / dataset.manifest["shards"][shard]["file_name"], "rb") as f:
+                    shards[shard] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            try:
+                record_id = shards[shard][offset: offset + length].decode("utf-8")
+            except UnicodeDecodeError:
+                raise CacheFormatError(dataset.path, f"sample {i}: its record id is not UTF-8") from None
+            if "\n" in record_id or "\r" in record_id:
+                raise ValueError(f"{dataset.path}: sample {i}: its record id {record_id!r} holds a line break, "
+                                 f"which {RECORD_IDS_FILE} (one id per line) cannot hold")
+            ids.append(record_id)
+    finally:
+        for data in shards.values():
+            data.close()
     return ids
 
 
