@@ -14,7 +14,9 @@ reads the cache in place instead.
   serialization id is derived from the content; saved to a *path*, the archive is named after
   the file, so the temp name would show), and gzip is written with mtime 0 and no file name.
 - **Parallel.** `workers` threads each read, widen and write one sample at a time; reading
-  (page faults in torch's copies), widening, zlib and the writes release the GIL.
+  (page faults in torch's copies), widening, zlib and the writes release the GIL. On 2 cores
+  (200 samples of 1 to 512 tokens, hidden 1024, 3 layers), 1 → 2 threads: gzip 6.2 → 12.4
+  files/s (zlib is the whole cost), plain bf16 61 → 80 files/s (fsync-bound), plain fp8 48 → 52.
 - **Resume.** A sample whose file exists is done. Killed at any moment (SIGKILL included), the
   same command writes the missing files and ends with exactly the files of an uninterrupted
   export (tested). The identity (`WorkDir`) is the cache's (its manifest and index digests, and
