@@ -24,7 +24,7 @@ from fuelline.serve.cli import serve_command
 # RecordError and TokenFormatError are ValueErrors, OutputBusy and a failed server start RuntimeErrors.
 USER_ERRORS = (ValueError, RuntimeError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 RESUME_HINT = "run the same command again to resume"
-SUMMARY_KEYS = ("dedup", "tokenizer", "outputs", "schemas", "forms", "encoder", "cache")
+SUMMARY_KEYS = ("dedup", "tokenizer", "outputs", "schemas", "forms", "encoder", "cache", "export")
 CHAT_PREFIX = "chat-"
 
 

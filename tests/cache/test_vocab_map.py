@@ -293,3 +293,24 @@ def test_a_real_chat_pack_output(qwen_dir, tmp_path):
     loaded = torch.load(tmp_path / "m.pt")
     assert torch.equal(loaded["d2t"], expected_d2t) and torch.equal(loaded["t2d"], expected_t2d)
     assert stats["samples"] == len(samples) < 40 and stats["source"]["split"] == "train"
+
+
+def test_the_command_writes_specforges_mapping_and_says_its_coverage(tmp_path):
+    from click.testing import CliRunner
+
+    from fuelline.cli import main
+
+    write_cache(tmp_path / "cache", num_samples=20, max_len=30)
+    out = tmp_path / "maps" / "vocab_mapping.pt"
+    runner = CliRunner()
+    missing = runner.invoke(main, ["cache", "vocab-map", str(tmp_path / "cache"), "--draft-vocab", "50", "-o", str(out)])
+    assert missing.exit_code == 2 and "pass --target-vocab" in missing.output and "Traceback" not in missing.output
+    assert not out.exists()
+    result = runner.invoke(main, ["cache", "vocab-map", str(tmp_path / "cache"), "--draft-vocab", "50", "-o", str(out),
+                                  "--target-vocab", str(TARGET), "--workers", "2"])
+    assert result.exit_code == 0, result.output
+    d2t, t2d = specforge(cache_samples(tmp_path / "cache"), 50, TARGET)
+    saved = torch.load(out)
+    assert torch.equal(saved["d2t"], d2t) and torch.equal(saved["t2d"], t2d)
+    stats = orjson.loads(companion_paths(out)["stats"].read_bytes())
+    assert f"coverage {stats['coverage']:.2%} of supervised tokens" in result.output

@@ -1,13 +1,13 @@
 """The target cache: a target model's hidden states, captured once, read by draft training.
 
 `fuelline cache build` writes it (`fuelline.cache.build`); `CacheDataset`, `CacheCollator`,
-`LengthGroupedBatchSampler` and `widen_hidden` read it (imported on first use: they need torch,
-which the CLI does not load until a command needs it); the byte layout is
-`fuelline.formats.target_cache`.
+`LengthGroupedBatchSampler` and `widen_hidden` read it, and `SpecForgeDataset` reads it as
+SpecForge's offline dataset does (imported on first use: they need torch, which the CLI does not
+load until a command needs it); the byte layout is `fuelline.formats.target_cache`.
 """
 
 READERS = ("CacheCollator", "CacheDataset", "LengthGroupedBatchSampler", "widen_hidden")
-__all__ = list(READERS)
+__all__ = [*READERS, "SpecForgeDataset"]
 
 
 def __getattr__(name: str):
@@ -15,4 +15,8 @@ def __getattr__(name: str):
         from fuelline.cache import dataset
 
         return getattr(dataset, name)
+    if name == "SpecForgeDataset":
+        from fuelline.cache import specforge
+
+        return specforge.SpecForgeDataset
     raise AttributeError(f"module 'fuelline.cache' has no attribute {name!r}")

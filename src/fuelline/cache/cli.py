@@ -1,4 +1,4 @@
-"""`fuelline cache`: build, estimate, verify, info, validate, compare, export."""
+"""`fuelline cache`: build, estimate, verify, info, validate, compare, export, vocab-map."""
 
 from __future__ import annotations
 
@@ -182,3 +182,25 @@ def export_summary(stats: dict, output) -> str:
         f"           {human_bytes(e['bytes'])}{' gzipped' if e['compressed'] else ''}, "
         f"{'fp8 hidden states widened to bf16' if e['widened_from_fp8'] else 'bf16 hidden states'}; {run}",
         f"           data_i is sample i of the cache ({ids}); {output}/fuelline_export.json says which cache"])
+
+
+@cache.command("vocab-map")
+@click.argument("source", metavar="CACHE_OR_PACK", type=click.Path(exists=True, file_okay=False))
+@click.option("--draft-vocab", "draft_vocab", required=True, type=click.IntRange(min=1),
+              help="the draft model's vocabulary size (SpecForge's draft_vocab_size)")
+@click.option("--output", "-o", required=True, type=click.Path(dir_okay=False),
+              help="the mapping file to write (vocab_mapping.pt); its counts and stats go beside it")
+@click.option("--target-vocab", "target_vocab", type=click.IntRange(min=1), default=None,
+              help="the target model's config vocab_size  [default: the cache's model config.json; a token "
+                   "dataset's tokenizer size]")
+@click.option("--workers", type=click.IntRange(min=1), default=None, help="passes counted at once  [default: every core]")
+def vocab_map(source, draft_vocab, output, target_vocab, workers):
+    """SpecForge's draft vocabulary (vocab_mapping.pt: d2t, t2d) from the supervised tokens of a cache or a
+    `pack --template chat` token dataset, with the share of supervised tokens it covers."""
+    import os
+
+    from fuelline.cache.vocab_map import build_vocab_mapping, format_summary
+
+    stats = build_vocab_mapping(source, output, draft_vocab_size=draft_vocab, target_vocab_size=target_vocab,
+                                workers=workers or len(os.sched_getaffinity(0)))
+    click.echo(format_summary(stats))
