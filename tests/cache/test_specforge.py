@@ -212,3 +212,16 @@ def test_a_damaged_record_is_an_error_naming_the_sample_never_another_sample(tmp
     bridge[2]
     with pytest.raises(CacheFormatError, match="sample 3: checksum mismatch"):
         bridge[3]
+
+
+def test_finite_states_whose_sum_overflows_are_not_taken_for_nan():
+    """The NaN check sums first and counts only a non-finite sum; huge finite values overflow the sum."""
+    huge = torch.full((4, 2 * 8), 3e38, dtype=torch.bfloat16)
+    sample = {"input_ids": torch.arange(4, dtype=torch.int32), "loss_mask": torch.ones(4, dtype=torch.uint8),
+              "target_hidden_states": huge, "target_last_hidden_states": huge[:, :8]}
+    assert not torch.isfinite(huge.sum())
+    record = specforge_record(sample, "eagle3", where=("cache", 0))
+    assert torch.equal(record["aux_hidden_state"][0], huge)
+    sample["target_hidden_states"] = huge.clone().index_fill_(1, torch.tensor([3]), float("inf"))
+    with pytest.raises(NonFiniteState, match="sample 0: aux_hidden_state holds 4 NaN or Inf"):
+        specforge_record(sample, "eagle3", where=("cache", 0))

@@ -43,7 +43,7 @@ from typing import Callable
 import numpy as np
 import orjson
 
-from fuelline.formats.target_cache import (ALIGN, FUELLINE, MANIFEST, CacheFormatError, cache_format, layout_of,
+from fuelline.formats.target_cache import (MANIFEST, CacheFormatError, cache_format, layout_of,
                                            read_manifest)
 from fuelline.formats.target_cache_checks import opened
 from fuelline.formats.tokens import FORMAT as TOKENS_FORMAT
@@ -161,7 +161,8 @@ def _count_cache(directory: Path, workers: int) -> TokenCounts:
     layout = layout_of(manifest)
     index, sizes = opened(directory, manifest, layout)  # the checks CacheDataset makes when it opens
     index = np.asarray(index)
-    ids_at, mask_at = _id_and_mask_offsets(layout, index)
+    offsets = layout.field_offsets(index)
+    ids_at, mask_at = offsets["input_ids"], offsets["loss_mask"]
     lengths = index["seq_len"].astype(np.int64)
     passes = []
     for k, entry in enumerate(manifest["shards"]):
@@ -176,24 +177,6 @@ def _count_cache(directory: Path, workers: int) -> TokenCounts:
     return TokenCounts(counts, first, len(index), int(lengths.sum()),
                        {"path": str(directory), "kind": "target cache", "format": cache_format(manifest)},
                        *_model_vocab_size(manifest), 0.0)
-
-
-def _id_and_mask_offsets(layout, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The byte offset of each sample's input_ids and loss_mask in its shard (int64): version 2's
-    index records them; a fuelline record holds its id, then each field, every one at a 64-byte
-    boundary (`Layout.relative_offsets`, vectorized)."""
-    if layout.format != FUELLINE:
-        return index["input_ids"].astype(np.int64), index["loss_mask"].astype(np.int64)
-    seq = index["seq_len"].astype(np.int64)
-    at, found = index["offset"].astype(np.int64) + _aligned(index["id_len"].astype(np.int64)), {}
-    for name in layout.fields[:3]:  # input_ids, attention_mask, loss_mask
-        found[name] = at
-        at = at + _aligned(seq * layout.field_nbytes(name, 1))
-    return found["input_ids"], found["loss_mask"]
-
-
-def _aligned(n: np.ndarray) -> np.ndarray:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
 def _cache_chunk(path: Path, size: int, samples: np.ndarray, ids_at: np.ndarray, mask_at: np.ndarray,

@@ -169,10 +169,24 @@ class Layout:
         seq = np.asarray(seq_len, dtype=np.int64)
         if self.format != FUELLINE:
             return seq * self.bytes_per_token()
-        size = _aligned(np.asarray(id_len, dtype=np.int64))
+        return self._aligned_offsets(seq, _aligned(np.asarray(id_len, dtype=np.int64)))["end"]
+
+    def field_offsets(self, index: np.ndarray) -> dict[str, np.ndarray]:
+        """Each field's byte offset in its shard for every record of `index` (int64 arrays): version 2's
+        index holds them; a fuelline record's follow from its offset, id length and seq_len."""
+        if self.format != FUELLINE:
+            return {name: index[name].astype(np.int64) for name in self.fields}
+        first = index["offset"].astype(np.int64) + _aligned(index["id_len"].astype(np.int64))
+        return self._aligned_offsets(index["seq_len"].astype(np.int64), first)
+
+    def _aligned_offsets(self, seq: np.ndarray, at: np.ndarray) -> dict[str, np.ndarray]:
+        """`relative_offsets` of the fuelline format for many records, from where each one's first field is."""
+        offsets = {}
         for name in self.fields:
-            size = size + _aligned(seq * self.field_nbytes(name, 1))
-        return size
+            offsets[name] = at
+            at = at + _aligned(seq * self.field_nbytes(name, 1))
+        offsets["end"] = at
+        return offsets
 
     def index_dtype(self) -> np.dtype:
         return FUELLINE_INDEX if self.format == FUELLINE else V2_INDEX
