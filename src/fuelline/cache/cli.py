@@ -194,7 +194,8 @@ def export_summary(stats: dict, output) -> str:
               help="the target model's config vocab_size  [default: the cache's model config.json; a token "
                    "dataset's tokenizer size]")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="passes counted at once  [default: every core]")
-def vocab_map(source, draft_vocab, output, target_vocab, workers):
+@click.option("--progress/--no-progress", default=True, show_default=True, help="progress bar")
+def vocab_map(source, draft_vocab, output, target_vocab, workers, progress):
     """SpecForge's draft vocabulary (vocab_mapping.pt: d2t, t2d) from the supervised tokens of a cache or a
     `pack --template chat` token dataset, with the share of supervised tokens it covers."""
     import os
@@ -202,5 +203,5 @@ def vocab_map(source, draft_vocab, output, target_vocab, workers):
     from fuelline.cache.vocab_map import build_vocab_mapping, format_summary
 
     stats = build_vocab_mapping(source, output, draft_vocab_size=draft_vocab, target_vocab_size=target_vocab,
-                                workers=workers or len(os.sched_getaffinity(0)))
+                                workers=workers or len(os.sched_getaffinity(0)), progress=progress)
     click.echo(format_summary(stats))

@@ -49,6 +49,7 @@ from fuelline.formats.target_cache_checks import opened
 from fuelline.formats.tokens import FORMAT as TOKENS_FORMAT
 from fuelline.formats.tokens import TokenFiles, TokenFormatError
 from fuelline.io.atomic import TEMP_MARK, atomic_write, fsync_dir, naming_disk_full, write_bytes_atomic
+from fuelline.progress import progress_bar
 
 CHUNK_TOKENS = 1 << 22  # tokens of one pass (its arrays: ~40 bytes a token)
 NEVER = np.iinfo(np.int64).max  # first_sample of a token never supervised
@@ -76,20 +77,21 @@ class TokenCounts:
         return int(self.counts.sum())
 
 
-def count_supervised(source: str | os.PathLike, *, workers: int = 1) -> TokenCounts:
+def count_supervised(source: str | os.PathLike, *, workers: int = 1, progress: bool = False) -> TokenCounts:
     """The supervised-token counts of a target cache (either format), a token dataset with a loss
-    mask, or a pack output (its train/ split only: SpecForge's mapping is of the training data)."""
+    mask, or a pack output (its train/ split only: SpecForge's mapping is of the training data);
+    `progress`: a bar of the tokens counted."""
     path = Path(source)
     if workers < 1:
         raise ValueError(f"workers must be at least 1, not {workers}")
     started = time.perf_counter()
     kind = _kind(path)
     if kind == "pack output":
-        counted = _count_tokens(path / "train", workers, {"path": str(path), "kind": kind, "split": "train"})
+        counted = _count_tokens(path / "train", workers, {"path": str(path), "kind": kind, "split": "train"}, progress)
     elif kind == "token dataset":
-        counted = _count_tokens(path, workers, {"path": str(path), "kind": kind})
+        counted = _count_tokens(path, workers, {"path": str(path), "kind": kind}, progress)
     else:
-        counted = _count_cache(path, workers)
+        counted = _count_cache(path, workers, progress)
     counted.seconds = time.perf_counter() - started
     return counted
 
@@ -112,11 +114,16 @@ def _kind(path: Path) -> str:
                      "(no train/ split)")
 
 
-def _merge(passes: list[Callable[[], tuple[np.ndarray, np.ndarray]]], workers: int) -> tuple[np.ndarray, np.ndarray]:
-    """Run the passes (each returns counts and first samples) on `workers` threads; sum and minimum."""
+def _merge(passes: list[tuple[int, Callable[[], tuple[np.ndarray, np.ndarray]]]], workers: int,
+           progress: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Run the passes ((tokens, pass): each returns counts and first samples) on `workers` threads;
+    sum and minimum."""
     counts, first = np.zeros(0, np.int64), np.zeros(0, np.int64)
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for c, f in pool.map(lambda run: run(), passes):
+    with (ThreadPoolExecutor(max_workers=workers) as pool,
+          progress_bar(disable=not progress, total=sum(t for t, _ in passes), unit="token", unit_scale=True,
+                       desc="vocab-map: counting") as bar):
+        for (tokens, _), (c, f) in zip(passes, pool.map(lambda p: p[1](), passes)):
+            bar.update(tokens)
             if len(c) > len(counts):
                 counts = np.concatenate([counts, np.zeros(len(c) - len(counts), np.int64)])
                 first = np.concatenate([first, np.full(len(c) - len(first), NEVER)])
@@ -133,7 +140,7 @@ def _tally(ids: np.ndarray, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return counts, first
 
 
-def _count_tokens(directory: Path, workers: int, source: dict) -> TokenCounts:
+def _count_tokens(directory: Path, workers: int, source: dict, progress: bool) -> TokenCounts:
     files = TokenFiles(directory)
     if files.mask_bits is None:
         raise TokenFormatError(directory, "no loss mask (mask.bin): the draft vocabulary is counted over supervised "
@@ -149,14 +156,14 @@ def _count_tokens(directory: Path, workers: int, source: dict) -> TokenCounts:
         ids = np.asarray(files.tokens[positions], dtype=np.int64)
         return _tally(ids, np.searchsorted(offsets, positions, side="right").astype(np.int64) - 1)
 
-    passes = [lambda a=a, b=b: block(a, b) for a, b in zip(bounds, bounds[1:])]
-    counts, first = _merge(passes, workers)
+    passes = [(int(offsets[b] - offsets[a]), lambda a=a, b=b: block(a, b)) for a, b in zip(bounds, bounds[1:])]
+    counts, first = _merge(passes, workers, progress)
     m = files.manifest
     return TokenCounts(counts, first, files.num_documents, files.num_tokens, source, m["vocab_size"],
                        f"{directory / MANIFEST} (vocab_size: the tokenizer's; the target model's may be larger)", 0.0)
 
 
-def _count_cache(directory: Path, workers: int) -> TokenCounts:
+def _count_cache(directory: Path, workers: int, progress: bool) -> TokenCounts:
     manifest = read_manifest(directory)
     layout = layout_of(manifest)
     index, sizes = opened(directory, manifest, layout)  # the checks CacheDataset makes when it opens
@@ -171,9 +178,9 @@ def _count_cache(directory: Path, workers: int) -> TokenCounts:
             ends = np.cumsum(lengths[samples])
             cuts = np.flatnonzero(np.diff(ends // CHUNK_TOKENS)) + 1
             for chunk in np.split(samples, cuts):
-                passes.append(lambda c=chunk, p=directory / entry["file_name"], s=sizes[k]: _cache_chunk(
-                    p, s, c, ids_at[c], mask_at[c], lengths[c]))
-    counts, first = _merge(passes, workers)
+                passes.append((int(lengths[chunk].sum()), lambda c=chunk, p=directory / entry["file_name"], s=sizes[k]:
+                               _cache_chunk(p, s, c, ids_at[c], mask_at[c], lengths[c])))
+    counts, first = _merge(passes, workers, progress)
     return TokenCounts(counts, first, len(index), int(lengths.sum()),
                        {"path": str(directory), "kind": "target cache", "format": cache_format(manifest)},
                        *_model_vocab_size(manifest), 0.0)
@@ -277,7 +284,7 @@ def companion_paths(output: str | os.PathLike) -> dict[str, Path]:
 
 
 def build_vocab_mapping(source: str | os.PathLike, output: str | os.PathLike, *, draft_vocab_size: int,
-                        target_vocab_size: int | None = None, workers: int = 1) -> dict:
+                        target_vocab_size: int | None = None, workers: int = 1, progress: bool = False) -> dict:
     """Count `source` (`count_supervised`), map (`vocab_mapping`) and write the mapping, the counts
     and the stats (`companion_paths`); returns the stats. The target vocabulary size: the one
     given, else the source's (a token dataset's manifest; a cache's target model config.json,
@@ -286,7 +293,7 @@ def build_vocab_mapping(source: str | os.PathLike, output: str | os.PathLike, *,
     paths = companion_paths(output)
     if paths["mapping"].is_dir():
         raise IsADirectoryError(f"{output}: a directory; -o names the mapping file to write (e.g. vocab_mapping.pt)")
-    counted = count_supervised(source, workers=workers)
+    counted = count_supervised(source, workers=workers, progress=progress)
     if target_vocab_size is None:
         if counted.vocab_size is None:
             raise ValueError(f"{source}: the target vocabulary size is not known from the {counted.source['kind']} "
