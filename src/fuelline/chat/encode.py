@@ -5,8 +5,9 @@ on while it renders), a batch's texts are encoded together with `add_special_tok
 ids `apply_chat_template(tokenize=True)` gives) by `FastEncoder`: tiktoken's BPE core on all
 cores when it reproduces the tokenizer's ids (checked on the first batch), else `tokenizers`
 itself. Rendering runs on the caller's thread, RENDER_BATCH conversations at a time, while the
-encoder's threads encode the previous ones (`FastEncoder.encode_batches`). A token is supervised iff its character offsets overlap a supervised span: one
-`searchsorted` of the token starts in the span ends per conversation, no loop over tokens.
+encoder's threads encode the previous ones (`FastEncoder.encode_batches`). A token is
+supervised iff its character offsets overlap a supervised span: one `searchsorted` of the
+token starts in the span ends per conversation, no loop over tokens.
 This is transformers' rule for `return_assistant_tokens_mask` too, so the two masks agree
 token for token.
 
@@ -249,15 +250,15 @@ class _Encoder:
         encoder = fast_encoder(self.tokenizer.tokenizer)
         for renderings, batch in encoder.encode_batches(self._rendered(items), offsets=True):
             ends = np.cumsum(batch.counts)
+            offsets = batch.offsets_in_texts()
             if self.template.loss_mask == "deepspec":
-                mask = self._prefix_rule_mask(renderings, batch, ends)
+                mask = self._prefix_rule_mask(renderings, batch, offsets, ends)
             else:
                 spans = [edge + start for r, start in zip(renderings, batch.text_starts.tolist())
                          for span in r.spans for edge in span]
                 mask = supervised_tokens(batch.offsets, np.array(spans, dtype=np.int64).reshape(-1, 2))
             supervised_before = np.concatenate([[0], np.cumsum(mask)])
             supervised = (supervised_before[ends] - supervised_before[ends - batch.counts]).tolist()
-            offsets = batch.offsets - np.repeat(batch.text_starts, batch.counts)[:, None]  # each in its own text
             for rendering, start, end, count in zip(renderings, (ends - batch.counts).tolist(), ends.tolist(),
                                                     supervised):
                 yield rendering, batch.ids[start:end], mask[start:end], count, offsets[start:end]
@@ -268,7 +269,7 @@ class _Encoder:
             renderings = [self._render(k, turns, tools) for k, turns, tools in items[i:i + RENDER_BATCH]]
             yield renderings, [r.text for r in renderings]
 
-    def _prefix_rule_mask(self, renderings, batch, ends) -> np.ndarray:
+    def _prefix_rule_mask(self, renderings, batch, offsets_in_texts, ends) -> np.ndarray:
         """DeepSpec's mask: a span [s, e) trains tokens len(encode(text[:s])) to len(encode(text[:e])).
 
         An added token splits an encoding (the text on either side is encoded on its own), so
@@ -280,8 +281,8 @@ class _Encoder:
         added = np.fromiter(tokenizer.get_added_tokens_decoder(), np.int64)
         mask, pieces = np.zeros(len(batch.ids), dtype=bool), {}
         bounds = []  # (conversation's first token, tokens before the piece, piece) per span edge
-        for rendering, first, end, text_start in zip(renderings, ends - batch.counts, ends, batch.text_starts):
-            offsets = batch.offsets[first:end] - text_start
+        for rendering, first, end in zip(renderings, ends - batch.counts, ends):
+            offsets = offsets_in_texts[first:end]
             at = np.flatnonzero(np.isin(batch.ids[first:end], added))
             for x in np.array(rendering.spans, dtype=np.int64).reshape(-1):
                 k = np.searchsorted(offsets[at, 1], x, side="right")  # added tokens ending at or before x

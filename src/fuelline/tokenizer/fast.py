@@ -101,8 +101,12 @@ class EncodedBatch:
         ids = [self.ids[a:b] for a, b in spans]  # slices: several times faster than np.split
         if self.offsets is None:
             return ids
-        offsets = self.offsets - np.repeat(self.text_starts, self.counts)[:, None]
+        offsets = self.offsets_in_texts()
         return list(zip(ids, [offsets[a:b] for a, b in spans]))
+
+    def offsets_in_texts(self) -> np.ndarray:
+        """`offsets` with each token's text's start subtracted: positions in its own text."""
+        return self.offsets - np.repeat(self.text_starts, self.counts)[:, None]
 
 
 class FastEncoder:
