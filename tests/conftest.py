@@ -22,6 +22,16 @@ def shared_file(relative: str) -> Path:
     return path
 
 
+SLOW_TIMEOUT = 900  # seconds: pyproject's default of 120 is the budget of a default test, not of a slow one
+
+
+def pytest_collection_modifyitems(items):
+    """A slow test without a timeout of its own gets SLOW_TIMEOUT instead of the default test's."""
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT))
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("FUELLINE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))

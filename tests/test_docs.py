@@ -4,7 +4,10 @@
 Each page runs in a fresh directory laid out like a checkout beside ../shared (a link to the
 shared data, and `configs/` linked from the repository), so its relative paths resolve as they
 do for a user at the repository root; a page makes what it needs (e.g. `fuelline demo --dir
-runs/demo`) in an earlier block of the same page. Blocks of other languages (json, toml, text)
+runs/demo`) in an earlier block of the same page. The pages that start with that demo share one
+run of it: its output is copied into each page's checkout (always at the same path, so the
+copy is the demo's own output there), and the page's own `fuelline demo` resumes it, as a
+second demo in the same place does for a user. Blocks of other languages (json, toml, text)
 are examples of file contents or of commands that cannot run here (a GPU) and are not run.
 
 A bash or python block is left out only when the line right before its fence is the marker
@@ -15,6 +18,7 @@ keeps it that way.
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -30,6 +34,7 @@ PAGES = ["README.md"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs")
 # Pages whose examples serve and run the real SmolLM2 on this CPU (minutes each): run by `-m slow`.
 REAL_MODEL_PAGES = {"README.md", "docs/cache.md"}
 SETUP = 'pip install -e . && fuelline demo\npip install -e ".[dev]" && python -m pytest -q\n'
+DEMO = "fuelline demo --dir runs/demo"
 
 
 def blocks(page: Path) -> list[tuple[bool, str, str]]:
@@ -49,22 +54,59 @@ def test_only_the_setup_block_is_skipped():
     assert not others, f"blocks skipped by the docs test besides the README's set-up: {others}"
 
 
+def run_block(page: str, k: int, lang: str, body: str, checkout: Path) -> None:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    command = [sys.executable, "-c", body] if lang == "python" else ["bash", "-euo", "pipefail", "-c", body]
+    start = time.perf_counter()
+    result = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True, timeout=1200)
+    assert result.returncode == 0, f"{page} block {k} ({lang}) failed:\n{body}\n{result.stdout}\n{result.stderr}"
+    print(f"{page} block {k} ({lang}): {time.perf_counter() - start:.1f}s")
+
+
+@pytest.fixture(scope="module")
+def docs_root(tmp_path_factory) -> Path:
+    """The directory that holds the pages' checkout and, beside it, `shared` (a link to the shared data)."""
+    shared_file("chinese-poetry.jsonl.zst")  # skips, saying why, without the shared data
+    root = tmp_path_factory.mktemp("docs")
+    (root / "shared").symlink_to(shared_file("chat").parent.parent)
+    return root
+
+
+def starts_with_the_demo(body: str) -> bool:
+    return body.splitlines()[0].split("#")[0].strip() == DEMO
+
+
+def fresh_checkout(root: Path) -> Path:
+    """ROOT/checkout, emptied, with `configs/` linked from the repository."""
+    checkout = root / "checkout"
+    shutil.rmtree(checkout, ignore_errors=True)
+    checkout.mkdir()
+    (checkout / "configs").symlink_to(ROOT / "configs")
+    return checkout
+
+
+@pytest.fixture(scope="module")
+def demo_output(docs_root) -> Path:
+    """What `fuelline demo --dir runs/demo` leaves in a checkout, run once for every page that starts with it."""
+    checkout = fresh_checkout(docs_root)
+    run_block("the shared demo", 1, "bash", DEMO, checkout)
+    kept = docs_root / "demo"
+    (checkout / "runs" / "demo").rename(kept)
+    return kept
+
+
+# A page runs many commands (chat.md: about a minute on a quiet machine), hence its own timeouts.
 @pytest.mark.parametrize("page", [pytest.param(page, marks=[pytest.mark.slow, pytest.mark.timeout(2400)])
-                                  if page in REAL_MODEL_PAGES else page for page in PAGES])
-def test_every_block_runs(page, tmp_path):
+                                  if page in REAL_MODEL_PAGES else pytest.param(page, marks=pytest.mark.timeout(400))
+                                  for page in PAGES])
+def test_every_block_runs(page, docs_root, request):
     shared_file("chat/gsm8k-train.jsonl.zst")  # skips, saying why, without the shared data
-    shared_file("chinese-poetry.jsonl.zst")
     runnable = runnable_blocks(ROOT / page)
     if page == "README.md":
         assert runnable, "the README's quick start has no runnable block"
-    workdir = tmp_path / "checkout"
-    workdir.mkdir()
-    (tmp_path / "shared").symlink_to(shared_file("chat").parent.parent)
-    (workdir / "configs").symlink_to(ROOT / "configs")
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    demo = request.getfixturevalue("demo_output") if runnable and starts_with_the_demo(runnable[0][1]) else None
+    checkout = fresh_checkout(docs_root)
+    if demo:  # copy2 keeps the mtimes the demo's resume markers name; the path is the one the demo ran in
+        shutil.copytree(demo, checkout / "runs" / "demo", symlinks=True)
     for k, (lang, body) in enumerate(runnable, start=1):
-        command = [sys.executable, "-c", body] if lang == "python" else ["bash", "-euo", "pipefail", "-c", body]
-        start = time.perf_counter()
-        result = subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True, timeout=1200)
-        assert result.returncode == 0, f"{page} block {k} ({lang}) failed:\n{body}\n{result.stdout}\n{result.stderr}"
-        print(f"{page} block {k} ({lang}): {time.perf_counter() - start:.1f}s")
+        run_block(page, k, lang, body, checkout)

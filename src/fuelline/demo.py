@@ -95,8 +95,9 @@ def _dirty(poem: dict, rng: random.Random) -> dict:
     return {**poem, "paragraphs": lines}
 
 
-def generate_corpus(directory: Path, seed: int = 0, poems: int = 3000) -> Path:
-    """Write the demo corpus (one JSONL.zst file) into `directory`; return its path."""
+def generate_corpus(directory: Path, seed: int = 0, poems: int = 3000) -> tuple[Path, bool]:
+    """Write the demo corpus (one JSONL.zst file) into `directory`; return its path and whether
+    its bytes changed (a file already holding the same corpus is left as it is)."""
     rng = random.Random(seed)
     records = [_poem(rng, i) for i in range(poems)]
     records += [dict(rng.choice(records), id=f"copy-{i}") for i in range(poems // 10)]  # exact copies
@@ -111,8 +112,11 @@ def generate_corpus(directory: Path, seed: int = 0, poems: int = 3000) -> Path:
     lines.insert(len(lines) // 2, b'{"title": "broken", "paragraphs": ["unterminated')  # a malformed line
     lines.insert(len(lines) // 3, orjson.dumps({"title": "no lines", "source": "quantangshi"}))  # a bad record
     path = directory / "poems.jsonl.zst"
-    write_bytes_atomic(path, zstandard.ZstdCompressor(level=3).compress(b"\n".join(lines) + b"\n"))
-    return path
+    data = zstandard.ZstdCompressor(level=3).compress(b"\n".join(lines) + b"\n")
+    if path.is_file() and path.read_bytes() == data:
+        return path, False
+    write_bytes_atomic(path, data)
+    return path, True
 
 
 def run_demo(directory: str | None, *, workers: int | None = None,
@@ -121,18 +125,27 @@ def run_demo(directory: str | None, *, workers: int | None = None,
 
     `report(stats, run_dir)` shows the steps' stats (the CLI's summary lines)."""
     from fuelline.pipeline.config import load_pipeline, run_pipeline
+    from fuelline.pipeline.workdir import StepOutputMismatch
     from fuelline.report.funnel import format_funnel, load_funnel
 
     base = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="fuelline-demo-"))
     base.mkdir(parents=True, exist_ok=True)
-    corpus = generate_corpus(base / "corpus")
+    corpus, corpus_changed = generate_corpus(base / "corpus")
     pipeline_file = base / "pipeline.toml"
-    pipeline_file.write_text(DEMO_PIPELINE, encoding="utf-8")
+    pipeline_changed = not pipeline_file.is_file() or pipeline_file.read_text(encoding="utf-8") != DEMO_PIPELINE
+    if pipeline_changed:
+        write_bytes_atomic(pipeline_file, DEMO_PIPELINE.encode())
     run_dir = base / "run"
     print(f"corpus: {corpus}\npipeline: {pipeline_file}\nrun: {run_dir}\n")
-    # The corpus was just rewritten, so an earlier demo run in the same place is redone.
-    all_stats = run_pipeline(load_pipeline(pipeline_file), run_dir, input=[str(corpus)], workers=workers,
-                             restart=True)
+    # The same corpus and pipeline as an earlier demo in the same place: its steps resume (a
+    # finished run is found again at once); anything else is redone from the start.
+    restart = corpus_changed or pipeline_changed
+    try:
+        all_stats = run_pipeline(load_pipeline(pipeline_file), run_dir, input=[str(corpus)], workers=workers,
+                                 restart=restart)
+    except StepOutputMismatch:  # an earlier demo of other options (another fuelline version): redo it
+        all_stats = run_pipeline(load_pipeline(pipeline_file), run_dir, input=[str(corpus)], workers=workers,
+                                 restart=True)
     report(all_stats, run_dir)
     print("\n" + format_funnel(load_funnel(run_dir)))
     packed = next(p for p in sorted(run_dir.iterdir()) if p.name.endswith("-pack"))
