@@ -25,11 +25,32 @@ def shared_file(relative: str) -> Path:
 SLOW_TIMEOUT = 900  # seconds: pyproject's default of 120 is the budget of a default test, not of a slow one
 
 
+# Files whose tests share nothing costly: under `--dist loadfile` their tests spread over the workers.
+SPREAD_FILES = {"tests/test_docs.py"}  # each page runs alone (the slow part has two pages of minutes each)
+
+
 def pytest_collection_modifyitems(items):
     """A slow test without a timeout of its own gets SLOW_TIMEOUT instead of the default test's."""
     for item in items:
         if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile`, but the tests of SPREAD_FILES are scheduled one by one.
+
+    A file runs whole on one worker so that its module fixtures (a Ray cluster, served models,
+    reference builds) start once."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return nodeid if file in SPREAD_FILES else file
+
+    return FileScheduling(config, log)
 
 
 @pytest.fixture(autouse=True)

@@ -95,10 +95,15 @@ def demo_output(docs_root) -> Path:
     return kept
 
 
-# A page runs many commands (chat.md: about a minute on a quiet machine), hence its own timeouts.
-@pytest.mark.parametrize("page", [pytest.param(page, marks=[pytest.mark.slow, pytest.mark.timeout(2400)])
-                                  if page in REAL_MODEL_PAGES else pytest.param(page, marks=pytest.mark.timeout(400))
-                                  for page in PAGES])
+def page_marks(page: str) -> list:
+    """A page runs many commands (chat.md: about a minute on a quiet machine), hence its own timeout.
+    Pages share nothing but the demo, so the xdist workers take them one by one (tests/conftest.py)."""
+    if page in REAL_MODEL_PAGES:
+        return [pytest.mark.slow, pytest.mark.timeout(2400)]
+    return [pytest.mark.timeout(400)]
+
+
+@pytest.mark.parametrize("page", [pytest.param(page, marks=page_marks(page)) for page in PAGES])
 def test_every_block_runs(page, docs_root, request):
     shared_file("chat/gsm8k-train.jsonl.zst")  # skips, saying why, without the shared data
     runnable = runnable_blocks(ROOT / page)
