@@ -100,7 +100,7 @@ def page_marks(page: str) -> list:
     Pages share nothing but the demo, so the xdist workers take them one by one (tests/conftest.py)."""
     if page in REAL_MODEL_PAGES:
         return [pytest.mark.slow, pytest.mark.timeout(2400)]
-    return [pytest.mark.timeout(400)]
+    return [pytest.mark.timeout(600)]
 
 
 @pytest.mark.parametrize("page", [pytest.param(page, marks=page_marks(page)) for page in PAGES])

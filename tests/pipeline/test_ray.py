@@ -6,6 +6,7 @@ The cluster runs in a session of its own and is stopped by its process ids, neve
 """
 
 import io
+import logging
 import multiprocessing
 import os
 import re
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -72,8 +74,14 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def ray_address():
-    """A Ray head on 127.0.0.1 with 2 CPUs for this module; its address."""
-    pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
+    """A Ray head on 127.0.0.1 with 2 CPUs for this module; its address.
+
+    This process stays connected to it meanwhile, as a program that calls `run_stage` may be: the
+    runs in this process use that connection (`RayExecutor`), so they share one Ray job and its
+    workers instead of starting a job each (seconds). The runs in processes of their own (the
+    killed workers, a cluster of its own) connect, or start a cluster, as the command line does.
+    """
+    ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[ray]')")
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # Ray's socket paths must stay short (~107 bytes)
     port = free_port()
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0",  # workers import the stages defined here
@@ -90,8 +98,12 @@ def ray_address():
             assert head.poll() is None, f"ray start failed:\n{log.read_text()}"
             assert time.monotonic() < deadline, f"ray start did not start:\n{log.read_text()}"
             time.sleep(0.2)
+        with warnings.catch_warnings():  # as RayExecutor: a tip about GPU visibility, which CPU tasks do not use
+            warnings.filterwarnings("ignore", category=FutureWarning, module="ray")
+            ray.init(address=f"127.0.0.1:{port}", log_to_driver=False, logging_level=logging.WARNING)
         yield f"127.0.0.1:{port}"
     finally:
+        ray.shutdown()
         os.killpg(head.pid, signal.SIGTERM)  # `ray start --block` stops the processes it started
         try:
             head.wait(timeout=30)
@@ -113,28 +125,34 @@ def raw(tmp_path_factory):
     return path
 
 
-def fuelline(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fuelline.cli", *args, "-q"], capture_output=True, text=True,
-                          timeout=300, check=False)
+def fuelline(*args: str):
+    """The CLI in this process (a Ray driver here, like the pipeline tests below): only its output,
+    exit code and message are looked at."""
+    from click.testing import CliRunner
+
+    from fuelline.cli import main  # not at the top: Ray's workers import this module for its stages
+
+    return CliRunner().invoke(main, [*args, "-q"])
 
 
 def run_ok(*args: str) -> str:
     result = fuelline(*args)
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, (result.output, result.exception)
     return result.stdout
 
 
 @pytest.fixture(scope="module")
 def local_runs(raw, tokenizer_dir, tmp_path_factory):
     """clean, dedup and pack on the local executor: clean reads the raw poems, dedup the clean output,
-    pack the dedup output (a Ray run reads the same inputs, since outputs record their input paths)."""
+    pack the dedup output (a Ray run reads the same inputs, since outputs record their input paths).
+    One worker, in this process: the number of workers changes no byte (tests/pipeline/test_executor.py)."""
     base = tmp_path_factory.mktemp("local")
-    run_ok("clean", "-i", str(raw), "-o", str(base / "clean"), "--shard-size", SHARD, "-w", "2")
-    run_ok("dedup", "-i", str(base / "clean"), "-o", str(base / "dedup"), "--shard-size", SHARD, "-w", "2")
+    run_ok("clean", "-i", str(raw), "-o", str(base / "clean"), "--shard-size", SHARD, "-w", "1")
+    run_ok("dedup", "-i", str(base / "clean"), "-o", str(base / "dedup"), "--shard-size", SHARD, "-w", "1")
     run_ok("boilerplate", "-i", str(base / "clean"), "-o", str(base / "boilerplate"), "--shard-size", SHARD,
-           "--min-doc-freq", "2", "--threshold", "0.3", "-w", "2")  # so that it removes lines (~330)
+           "--min-doc-freq", "2", "--threshold", "0.3", "-w", "1")  # so that it removes lines (~330)
     run_ok("pack", "-i", str(base / "dedup"), "--tokenizer", str(tokenizer_dir), "-o", str(base / "pack"),
-           "--shard-size", SHARD, "-w", "2")
+           "--shard-size", SHARD, "-w", "1")
     return base
 
 
@@ -209,21 +227,6 @@ def test_a_pipeline_file_runs_its_steps_on_ray_and_the_command_line_may_say_loca
             assert (tmp_path / "ray" / "02-pack" / split / name).read_bytes() == \
                    (tmp_path / "local" / "02-pack" / split / name).read_bytes()
     assert on_ray[1]["splits"] == local[1]["splits"]
-
-
-def test_a_pipeline_without_an_address_starts_one_ray_instance_for_all_its_steps(raw, local_runs, tmp_path,
-                                                                                    monkeypatch):
-    ray = pytest.importorskip("ray")
-    started, init = [], ray.init
-    monkeypatch.setattr(ray, "init", lambda *args, **kwargs: started.append(kwargs) or init(*args, **kwargs))
-    pipeline = tmp_path / "pipeline.toml"
-    pipeline.write_text(f'[defaults]\nexecutor = "ray"\nworkers = 2\nshard_size = {SHARD}\n\n'
-                        '[[stage]]\nuse = "clean"\n\n[[stage]]\nuse = "dedup"\n')
-    run_pipeline(load_pipeline(pipeline), tmp_path / "run", input=[str(raw)], progress=False)
-    assert [kwargs.get("num_cpus") for kwargs in started] == [2] and not ray.is_initialized()
-    kept = [{n: b for n, b in data_files(d).items() if not n.startswith("_rejects/")}  # rejects name their input
-            for d in (tmp_path / "run" / "02-dedup", local_runs / "dedup")]
-    assert kept[0] == kept[1] and "clusters.jsonl.zst" in kept[0]
 
 
 @dataclass
@@ -326,28 +329,49 @@ def test_bad_input_on_ray_is_one_error_line_naming_the_shard(ray_address, raw, t
     source.write_bytes(raw.read_bytes().replace(b"\n", b"\n{oops\n", 1))  # line 2
     result = fuelline("clean", "-i", str(source), "-o", str(tmp_path / "out"), "--shard-size", SHARD,
                       "--executor", "ray", "--ray-address", ray_address)
-    assert result.returncode == 2, result.stderr
+    assert result.exit_code == 2, result.output
     assert f"error: {source}:2: invalid JSON" in result.stderr
     assert f"in the Ray task of shard part-00000 ({source}, lines 1-500)" in result.stderr
     assert "Traceback" not in result.stderr
 
 
-def test_without_an_address_ray_runs_on_a_cluster_of_its_own_that_ends_with_the_run(ray_address, raw, local_runs,
-                                                                                   tmp_path):
+# `fuelline run` with its ray.init counted, and whether Ray is still initialized once it returns.
+COUNTED_RUN = """
+import json, sys
+import ray
+from fuelline.cli import main
+started, init = [], ray.init
+ray.init = lambda *args, **kwargs: started.append(kwargs) or init(*args, **kwargs)
+main(sys.argv[1:], standalone_mode=False)
+print(json.dumps({"num_cpus": [kwargs.get("num_cpus") for kwargs in started], "initialized": ray.is_initialized()}))
+"""
+
+
+def test_a_pipeline_without_an_address_runs_on_one_ray_instance_of_its_own_that_ends_with_the_run(
+        ray_address, raw, local_runs, tmp_path):
+    """One instance for all the steps, with the run's workers as its CPUs, though a cluster is running
+    (`ray_address`); a real process, so that what outlives it can be looked for."""
+    pipeline = tmp_path / "pipeline.toml"
+    pipeline.write_text(f'[defaults]\nexecutor = "ray"\nworkers = 2\nshard_size = {SHARD}\n\n'
+                        '[[stage]]\nuse = "clean"\n\n[[stage]]\nuse = "dedup"\n')
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # Ray's files, instead of /tmp/ray
+    command = subprocess.Popen([sys.executable, "-c", COUNTED_RUN, "run", str(pipeline), "-o", str(tmp_path / "run"),
+                                "-i", str(raw), "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True, env={**os.environ, "RAY_TMPDIR": temp})
     try:
-        command = subprocess.Popen([sys.executable, "-m", "fuelline.cli", "clean", "-i", str(raw), "-o",
-                                    str(tmp_path / "clean"), "--shard-size", SHARD, "-w", "2", "--executor", "ray",
-                                    "-q"], stderr=subprocess.PIPE, text=True, start_new_session=True,
-                                   env={**os.environ, "RAY_TMPDIR": temp})
-        _, stderr = command.communicate(timeout=300)
-        # the Ray processes it started are in its session (its id is the command's process id)
-        left = end_session(command.pid, grace=10)
+        stdout, stderr = command.communicate(timeout=100)
     finally:
+        # the Ray processes it started are in its session (its id is the command's process id); a
+        # command that timed out is ended with them
+        left = end_session(command.pid, grace=10)
         shutil.rmtree(temp, ignore_errors=True)
     assert command.returncode == 0, stderr
     assert left == []
-    assert data_files(tmp_path / "clean") == data_files(local_runs / "clean")
+    assert orjson.loads(stdout.splitlines()[-1]) == {"num_cpus": [2], "initialized": False}
+    assert data_files(tmp_path / "run" / "01-clean") == data_files(local_runs / "clean")
+    kept = [{n: b for n, b in data_files(d).items() if not n.startswith("_rejects/")}  # rejects name their input
+            for d in (tmp_path / "run" / "02-dedup", local_runs / "dedup")]
+    assert kept[0] == kept[1] and "clusters.jsonl.zst" in kept[0]
 
 
 def test_without_ray_installed_the_error_names_the_extra(tmp_path, monkeypatch):

@@ -3,16 +3,16 @@ and resumes from what the URL holds."""
 
 import importlib.util
 import random
-import subprocess
-import sys
 import uuid
 
 import orjson
 import pytest
 import zstandard
+from click.testing import CliRunner
 from fsspec.core import url_to_fs
 
 from fuelline.clean.stage import CleanStage
+from fuelline.cli import main
 from fuelline.dedup.stage import DedupStage
 from fuelline.io import expand_inputs, read_records
 from fuelline.io.remote import staging_dir
@@ -96,8 +96,14 @@ STAGES = {"clean": lambda: CleanStage(CleanStage.Config(profile="web")),  # with
           "dedup": lambda: DedupStage()}
 
 
-@pytest.mark.parametrize("scheme, stage_name", [("memory", "clean"), ("memory", "dedup"), ("file", "clean"),
-                                                ("file", "dedup")])
+@pytest.mark.parametrize("scheme, stage_name", [
+    ("memory", "dedup"),
+    ("file", "clean"),
+    # Each stage and each scheme is above; dedup with file:// URLs and workers in other processes is
+    # also in the default suite on Ray (tests/pipeline/test_ray.py, test_dedup_on_ray_reads_and_writes_urls).
+    pytest.param("memory", "clean", marks=pytest.mark.slow),
+    pytest.param("file", "dedup", marks=pytest.mark.slow),
+])
 def test_url_input_and_output_give_the_local_bytes_and_resume(scheme, stage_name, cache, memory_root, tmp_path):
     files = corpus()
     (tmp_path / "in").mkdir()
@@ -180,7 +186,8 @@ def test_a_url_that_is_not_a_stage_output_or_matches_nothing_is_refused(cache, m
 
 
 def fuelline(*args):
-    return subprocess.run([sys.executable, "-m", "fuelline.cli", *args], capture_output=True, text=True)
+    """The CLI in this process: only its exit code and what it prints are looked at."""
+    return CliRunner().invoke(main, list(args))
 
 
 def test_the_cli_takes_urls_and_names_a_missing_backend_in_one_line(cache, tmp_path):
@@ -190,17 +197,17 @@ def test_the_cli_takes_urls_and_names_a_missing_backend_in_one_line(cache, tmp_p
     out = tmp_path / "out"
     result = fuelline("clean", "-i", f"file://{source.parent}", "-o", f"file://{out}", "--profile", "web",
                       "--on-error", "skip", "--shard-size", "60", "-w", "1", "-q")
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, result.output
     assert f"(rejected records in file://{out}/_rejects/)" in result.stdout
     assert sum(1 for _ in read_records(out)) == orjson.loads((out / "stats.json").read_bytes())["records_out"] > 0
     if importlib.util.find_spec("s3fs") is None:
         result = fuelline("clean", "-i", str(source), "-o", "s3://bucket/clean", "-q")
-        assert result.returncode == 2
+        assert result.exit_code == 2
         assert result.stderr.startswith("error: s3://bucket/clean: s3:// needs the package s3fs, which is not "
                                          "installed: pip install s3fs")
         assert result.stderr.count("\n") == 1
     result = fuelline("tokenizer", "train", "-i", str(source), "-o", "gs://bucket/tokenizer")
-    assert result.returncode == 2
+    assert result.exit_code == 2
     assert result.stderr == ("error: fuelline tokenizer train --output writes to a local directory; "
                              "gs://bucket/tokenizer is a URL (stage outputs may be URLs: docs/io.md, "
                              "\"Object storage and other URLs\")\n")
