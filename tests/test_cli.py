@@ -1,28 +1,37 @@
+"""The `fuelline` command line. Most tests run it in this process (click's CliRunner: the same
+exit code and the same stdout and stderr, without a Python start each); a real `python -m
+fuelline.cli` runs the demo and shows a traceback under --debug."""
+
 import subprocess
 import sys
 
 import click
 import orjson
 import zstandard
+from click.testing import CliRunner
+
+from fuelline.cli import main
 
 
-def fuelline(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "fuelline.cli", *args], capture_output=True, text=True, cwd=cwd)
+def fuelline_process(*args):
+    """`fuelline ARGS` in a process of its own."""
+    return subprocess.run([sys.executable, "-m", "fuelline.cli", *args], capture_output=True, text=True)
+
+
+def fuelline(*args):
+    """`fuelline ARGS` in this process; the result has exit_code, stdout and stderr."""
+    return CliRunner().invoke(main, [str(a) for a in args])
 
 
 def test_help_lists_only_working_commands():
     result = fuelline("--help")
-    assert result.returncode == 0
+    assert result.exit_code == 0
     section = result.stdout.split("Commands:")[1].splitlines()
     listed = [line.split()[0] for line in section if line.startswith("  ") and line[2] != " "]  # not wrapped help
     assert listed == ["boilerplate", "cache", "chat", "clean", "dedup", "demo", "export", "ingest", "inspect", "pack", "report", "run",
                       "serve", "tokenizer", "verify"]
-    from click.testing import CliRunner
-
-    from fuelline.cli import main
-
-    for command in listed:  # each one builds and documents its options (in this process: 20 starts saved)
-        shown = CliRunner().invoke(main, [command, "--help"])
+    for command in listed:  # each one builds and documents its options
+        shown = fuelline(command, "--help")
         assert shown.exit_code == 0 and "Usage: " in shown.output, (command, shown.output)
 
 
@@ -30,13 +39,16 @@ def test_malformed_input_exits_2_with_file_and_line(tmp_path):
     source = tmp_path / "in.jsonl.zst"
     source.write_bytes(zstandard.ZstdCompressor().compress(b'{"text": "ok"}\n{"text": oops}\n'))
     result = fuelline("ingest", "-i", str(source), "-o", str(tmp_path / "out"), "-q")
-    assert result.returncode == 2
+    assert result.exit_code == 2, (result.stderr, result.exception)
     assert f"error: {source}:2: invalid JSON" in result.stderr
     assert "Traceback" not in result.stderr
 
 
+DEMO_STEPS = ("clean", "boilerplate", "dedup", "tokenizer", "pack")
+
+
 def test_demo_runs_the_whole_pipeline_and_reports_every_drop(tmp_path):
-    result = fuelline("demo", "--dir", str(tmp_path), "--workers", "2")
+    result = fuelline_process("demo", "--dir", str(tmp_path), "--workers", "2")
     assert result.returncode == 0, result.stderr
     clean = orjson.loads((tmp_path / "run" / "01-clean" / "stats.json").read_bytes())
     assert clean["dropped"]["malformed_json"] == 1 and clean["dropped"]["malformed_record"] == 1
@@ -46,14 +58,20 @@ def test_demo_runs_the_whole_pipeline_and_reports_every_drop(tmp_path):
     boilerplate = orjson.loads((tmp_path / "run" / "02-boilerplate" / "stats.json").read_bytes())
     assert boilerplate["counters"]["boilerplate_lines_removed"] > 500  # the footer of half the ci
     assert "exact_duplicate" in result.stdout and "TokenDataset" in result.stdout
-    assert (tmp_path / "run" / "05-pack" / "train" / "manifest.json").exists()
-    again = fuelline("demo", "--dir", str(tmp_path))  # a second demo in the same place works too
-    assert again.returncode == 0, again.stderr
+    manifest = tmp_path / "run" / "05-pack" / "train" / "manifest.json"
+    assert manifest.exists() and "resumed" not in result.stdout
+    written = manifest.stat().st_mtime_ns
+    again = fuelline("demo", "--dir", str(tmp_path))  # a second demo in the same place resumes (other workers)
+    assert again.exit_code == 0, (again.stderr, again.exception)
+    summaries = [line for line in again.stdout.splitlines() if " dropped: " in line]  # one line per step
+    assert [line.split()[0] for line in summaries] == list(DEMO_STEPS), again.stdout
+    assert all("resumed" in line for line in summaries), again.stdout
+    assert manifest.stat().st_mtime_ns == written and "TokenDataset" in again.stdout  # not packed again
 
 
 def assert_one_line_error(result, *fragments):
     """Exit 2, one `error: …` line on stderr naming each fragment, and no traceback."""
-    assert result.returncode == 2, result.stderr
+    assert result.exit_code == 2, (result.stderr, result.exception)
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, result.stderr
@@ -81,7 +99,7 @@ def test_ordinary_mistakes_give_one_line_and_exit_2(tmp_path):
     docs = tmp_path / "docs.jsonl"
     docs.write_text('{"text": "hello"}\n')
     result = fuelline("pack", "-i", str(docs), "--tokenizer", str(tmp_path / "no-tokenizer"), "-o", str(tmp_path / "p"))
-    assert result.returncode == 2 and "no-tokenizer" in result.stderr and "does not exist" in result.stderr
+    assert result.exit_code == 2 and "no-tokenizer" in result.stderr and "does not exist" in result.stderr
     empty = tmp_path / "empty-tokenizer"
     empty.mkdir()
     result = fuelline("pack", "-i", str(docs), "--tokenizer", str(empty), "-o", str(tmp_path / "p"), "-q")
@@ -90,17 +108,18 @@ def test_ordinary_mistakes_give_one_line_and_exit_2(tmp_path):
 
 def test_debug_shows_the_traceback(tmp_path):
     unknown = write_pipeline(tmp_path / "unknown.toml", "treshold = 0.9")
-    result = fuelline("--debug", "run", str(unknown), "-o", str(tmp_path / "run"))
+    result = fuelline_process("--debug", "run", str(unknown), "-o", str(tmp_path / "run"))  # Python prints it
     assert result.returncode != 0
     assert "Traceback" in result.stderr and "ValueError: " in result.stderr and "build_dataclass" in result.stderr
 
 
-def test_ctrl_c_says_how_to_resume_and_exits_130():
-    script = ("import click\nfrom fuelline.cli import main\n"
-              "@main.command('sleepy')\ndef sleepy():\n    raise KeyboardInterrupt\n"
-              "main(['sleepy'])\n")
-    result = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True)
-    assert result.returncode == 130
+def test_ctrl_c_says_how_to_resume_and_exits_130(monkeypatch):
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(main.commands, "sleepy", click.Command("sleepy", callback=interrupted))
+    result = fuelline("sleepy")
+    assert result.exit_code == 130
     assert result.stderr.strip() == "interrupted: run the same command again to resume"
 
 
@@ -114,16 +133,16 @@ def test_summary_line_points_at_the_rejects(tmp_path):
     source = tmp_path / "in.jsonl"
     source.write_text('{"text": "ok"}\n{"text": oops}\n')
     result = fuelline("ingest", "-i", str(source), "-o", str(tmp_path / "out"), "-q", "--on-error", "skip")
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, (result.stderr, result.exception)
     assert f"(rejected records in {tmp_path / 'out' / '_rejects'}/)" in result.stdout
     kept = fuelline("ingest", "-i", str(source), "-o", str(tmp_path / "bare"), "-q", "--on-error", "skip",
                     "--no-rejects")
-    assert kept.returncode == 0 and "malformed_json 1" in kept.stdout and "rejected records" not in kept.stdout
+    assert kept.exit_code == 0 and "malformed_json 1" in kept.stdout and "rejected records" not in kept.stdout
 
     pipeline = tmp_path / "p.toml"
     pipeline.write_text('[defaults]\non_error = "skip"\n[[stage]]\nuse = "ingest"\n', encoding="utf-8")
     result = fuelline("run", str(pipeline), "-o", str(tmp_path / "run"), "-i", str(source), "-q")
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, (result.stderr, result.exception)
     assert f"(rejected records in {tmp_path / 'run' / '01-ingest' / '_rejects'}/)" in result.stdout
 
 
@@ -133,8 +152,6 @@ def test_optional_bool_options_are_flags():
 
 
 def test_every_option_of_every_command_has_help():
-    from fuelline.cli import main
-
     def commands(command, path):
         yield path, command
         for name, sub in getattr(command, "commands", {}).items():
@@ -153,7 +170,7 @@ def test_export_megatron_takes_a_pack_output(packed_poems, tmp_path):
     from fuelline.formats.tokens import read_manifest
 
     result = fuelline("export", "megatron", str(packed_poems), "-o", str(tmp_path / "gpt"))
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, (result.stderr, result.exception)
     for split in ("train", "val"):
         manifest = read_manifest(packed_poems / split)
         bin_path = tmp_path / f"gpt_{split}.bin"
@@ -163,11 +180,13 @@ def test_export_megatron_takes_a_pack_output(packed_poems, tmp_path):
 
 
 def test_export_megatron_skips_an_empty_split(poems, tokenizer_dir, tmp_path):
+    source = tmp_path / "poems.jsonl"  # a few hundred poems make a train split as well as thousands
+    source.write_bytes(b"".join(orjson.dumps(doc) + b"\n" for doc in poems[1][:300]))
     packed = tmp_path / "packed"
-    result = fuelline("pack", "-i", str(poems[0]), "--tokenizer", str(tokenizer_dir), "-o", str(packed),
+    result = fuelline("pack", "-i", str(source), "--tokenizer", str(tokenizer_dir), "-o", str(packed),
                       "--val-fraction", "0", "-q", "-w", "1")
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, (result.stderr, result.exception)
     result = fuelline("export", "megatron", str(packed), "-o", str(tmp_path / "gpt"))
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, (result.stderr, result.exception)
     assert (tmp_path / "gpt_train.bin").exists() and not (tmp_path / "gpt_val.bin").exists()
     assert "val holds no documents" in result.stdout

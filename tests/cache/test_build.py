@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,16 @@ def write_chats(path: Path, count: int, seed: int = 0) -> Path:
     return path
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """In-process builds on one intra-op thread, as the CLI runs below (OMP_NUM_THREADS=1), so a cache built
+    here has the CLI's bytes; and on a busy machine a second thread mostly waits (forwards ~10x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def chats(tmp_path_factory):
     return write_chats(tmp_path_factory.mktemp("chats") / "chats.jsonl", 48)
@@ -54,6 +65,14 @@ def chats(tmp_path_factory):
 def config(**overrides) -> CacheConfig:
     values = dict(layers=LAYERS, min_loss_tokens=1, batch_tokens=1024, min_shards=3, device="cpu")
     return CacheConfig(**{**values, **overrides})
+
+
+@pytest.fixture(scope="module")
+def padded(qwen4_dir, chats, tmp_path_factory):
+    """`chats` in length-grouped (padded) batches, bf16, the fuelline format: (cache, stats), read by the
+    tests that need such a cache and changed by none."""
+    out = tmp_path_factory.mktemp("padded") / "cache"
+    return out, build_cache(qwen4_dir, [chats], out, config(), progress=False)
 
 
 def reference_states(model_dir: Path, layers: list[int]):
@@ -89,13 +108,12 @@ def test_one_sample_batches_equal_output_hidden_states(qwen4_dir, chats, tmp_pat
         assert torch.equal(sample["target_last_hidden_states"], last), i
 
 
-def test_padded_batches_store_only_real_positions(qwen4_dir, chats, tmp_path):
+def test_padded_batches_store_only_real_positions(qwen4_dir, chats, padded):
     """Length-grouped batches with padding: the stored states are those of the unpadded sequence (up to
     bf16 rounding: another batch shape sums in another order), ids and masks exactly the encoding."""
     from fuelline.chat.encode import encode_chats
 
-    out = tmp_path / "cache"
-    stats = build_cache(qwen4_dir, [chats], out, config(), progress=False)
+    out, stats = padded
     assert 0 < stats["cache"]["padding_share"] < 0.5
     records = {r["id"]: r for r in map(json.loads, chats.read_text().splitlines())}
     states = reference_states(qwen4_dir, LAYERS)
@@ -133,13 +151,16 @@ def test_fp8_within_the_documented_bound(qwen4_dir, chats, tmp_path):
             assert bool((error <= error_bound(truth, scales)).all()), (i, name)
 
 
-def test_bytes_per_token_and_estimate_match_the_build(qwen4_dir, chats, tmp_path):
+def test_bytes_per_token_and_estimate_match_the_build(qwen4_dir, chats, padded, tmp_path):
     from fuelline.cache.estimate import estimate_from_inputs
 
     estimates, counts = estimate_from_inputs(qwen4_dir, [chats], config(), 64, progress=False)
     for fmt, dtype in (("deepspec-v2", "bf16"), ("fuelline", "bf16"), ("fuelline", "fp8")):
-        out = tmp_path / f"{fmt}-{dtype}"
-        build_cache(qwen4_dir, [chats], out, config(format=fmt, hidden_dtype=dtype), progress=False)
+        if (fmt, dtype) == ("fuelline", "bf16"):
+            out = padded[0]  # config()'s own format and dtype
+        else:
+            out = tmp_path / f"{fmt}-{dtype}"
+            build_cache(qwen4_dir, [chats], out, config(format=fmt, hidden_dtype=dtype), progress=False)
         on_disk = sum(p.stat().st_size for p in out.glob("shard-*.bin")) + (out / "samples.idx").stat().st_size
         (estimate,) = [e for e in estimates if (e.format, e.hidden_dtype) == (fmt, HIDDEN_DTYPES[dtype])]
         assert estimate.total_bytes == on_disk, (fmt, dtype)
@@ -151,13 +172,34 @@ def _cli(*args: str) -> list[str]:
 
 
 def _build_args(model: Path, chats: Path, out: Path, *extra: str) -> list[str]:
+    """The options of `config(**CLI_BUILD)`."""
     return ["--model", str(model), "-i", str(chats), "-o", str(out), "--layers", ",".join(map(str, LAYERS)),
             "--min-loss-tokens", "1", "--batch-tokens", "256", "--min-shards", "4", "--device", "cpu", *extra]
 
 
-def _env(threads: int = 1) -> dict:
+CLI_BUILD = dict(batch_tokens=256, min_shards=4)
+
+
+def invoke(*args: str):
+    """`fuelline ARGS` in this process (click's runner), for what only the exit code and the messages show.
+    An exception the command did not turn into a message is what a real process shows as a traceback."""
+    from click.testing import CliRunner
+
+    from fuelline.cli import main
+
+    result = CliRunner().invoke(main, list(args))
+    assert result.exception is None or isinstance(result.exception, SystemExit), \
+        "".join(traceback.format_exception(result.exception))
+    return result
+
+
+def invoke_build(*args: str):
+    return invoke("cache", "build", "--no-progress", *args)
+
+
+def _env() -> dict:
     # One thread per process: the 1-rank and 2-rank runs then compute in the same order.
-    return {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+    return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def _kill_after_first_commit(command: list[str], out: Path) -> None:
@@ -177,20 +219,23 @@ def _kill_after_first_commit(command: list[str], out: Path) -> None:
 
 @pytest.fixture(scope="module")
 def uninterrupted(qwen4_dir, tmp_path_factory):
-    """The reference build: one rank, one thread, never interrupted."""
+    """The reference build: one rank, one thread, never interrupted; built in this process with the options
+    of `_build_args` (the CLI's builds in test_a_hub_id_is_found_through_the_hub_cache_offline and
+    test_two_ranks_write_the_same_cache_as_one show that a process of its own writes the same bytes)."""
     chats = write_chats(tmp_path_factory.mktemp("chats") / "more.jsonl", 96, seed=1)
     out = tmp_path_factory.mktemp("reference") / "cache"
-    subprocess.run(_cli(*_build_args(qwen4_dir, chats, out)), env=_env(), check=True, capture_output=True)
+    build_cache(qwen4_dir, [chats], out, config(**CLI_BUILD), progress=False)
     return chats, out
 
 
 def test_sigkill_resumes_to_identical_bytes(qwen4_dir, uninterrupted, tmp_path):
+    """A real process killed; the same command resumes it (in this process: what resumes is on disk)."""
     chats, reference = uninterrupted
     out = tmp_path / "cache"
     _kill_after_first_commit(_cli(*_build_args(qwen4_dir, chats, out)), out)
     assert any(out.glob(".build/*.partial"))
-    done = subprocess.run(_cli(*_build_args(qwen4_dir, chats, out)), env=_env(), capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    done = invoke_build(*_build_args(qwen4_dir, chats, out))
+    assert done.exit_code == 0, done.stderr
     assert files_of(out) == files_of(reference)
     assert not (out / ".build").exists()
 
@@ -209,36 +254,40 @@ def test_two_ranks_write_the_same_cache_as_one(qwen4_dir, uninterrupted, tmp_pat
     assert files_of(out) == files_of(reference)
 
 
-def test_another_thread_count_keeps_the_plan_and_moves_hidden_states_only_by_bf16_rounding(qwen4_dir, uninterrupted,
+def test_another_thread_count_keeps_the_plan_and_moves_hidden_states_only_by_bf16_rounding(qwen4_dir, chats, padded,
                                                                                          tmp_path):
     """What docs/cache.md promises across thread counts (and so across rank counts on a CPU): the
-    plan, ids, masks and layout exactly, the hidden states within bf16 rounding."""
+    plan, ids, masks and layout exactly, the hidden states within bf16 rounding. `padded` was built
+    on one thread; the padded batches are few, and so are the waits of two threads on a busy machine."""
     from fuelline.cache.compare import compare_caches
 
-    chats, reference = uninterrupted
+    reference = padded[0]
     out = tmp_path / "cache"
-    done = subprocess.run(_cli(*_build_args(qwen4_dir, chats, out)), env=_env(threads=2), capture_output=True,
-                          text=True)
-    assert done.returncode == 0, done.stderr
+    torch.set_num_threads(2)
+    try:
+        build_cache(qwen4_dir, [chats], out, config(), progress=False)
+    finally:
+        torch.set_num_threads(1)
     result = compare_caches(reference, out)
-    assert result["differences"] == [] and result["samples"] == 96
+    assert result["differences"] == [] and result["samples"] == 48
     assert result["max_relative_difference"] <= 2 ** -6  # at most 4 units in the last place of a token's largest
-    same = subprocess.run([sys.executable, "-m", "fuelline", "cache", "compare", str(reference), str(reference)],
-                          capture_output=True, text=True)
-    assert same.returncode == 0 and "hidden states: identical" in same.stdout
+    same = invoke("cache", "compare", str(reference), str(reference))
+    assert same.exit_code == 0 and "hidden states: identical" in same.stdout
 
 
-def test_compare_names_what_differs_between_two_plans(qwen4_dir, uninterrupted, tmp_path):
-    chats, reference = uninterrupted
+def test_compare_names_what_differs_between_two_plans(qwen4_dir, chats, padded, tmp_path):
     out = tmp_path / "cache"
-    build_cache(qwen4_dir, [chats], out, config(max_length=64, min_shards=4, batch_tokens=256), progress=False)
-    done = subprocess.run([sys.executable, "-m", "fuelline", "cache", "compare", str(reference), str(out)],
-                          capture_output=True, text=True)
-    assert done.returncode == 1 and "Traceback" not in done.stderr
+    build_cache(qwen4_dir, [chats], out, config(max_length=64), progress=False)
+    done = invoke("cache", "compare", str(padded[0]), str(out))
+    assert done.exit_code == 1 and "Traceback" not in done.stderr
     assert done.stdout.startswith("different plans: ")
 
 
+@pytest.mark.slow
 def test_two_rank_build_resumed_by_one_rank(qwen4_dir, uninterrupted, tmp_path):
+    """A variation of two proofs in the default suite: test_sigkill_resumes_to_identical_bytes (a SIGKILL and an
+    exact resume) and test_two_ranks_write_the_same_cache_as_one (a torchrun of two ranks); here the killed
+    build had two ranks and the resume has one."""
     chats, reference = uninterrupted
     out = tmp_path / "cache"
     _kill_after_first_commit(_torchrun(2, _build_args(qwen4_dir, chats, out)), out)
@@ -248,14 +297,14 @@ def test_two_rank_build_resumed_by_one_rank(qwen4_dir, uninterrupted, tmp_path):
 
 
 def test_finished_cache_is_found_again(qwen4_dir, uninterrupted):
+    """Found by the CLI's options, though built in this process: the two describe the same build."""
     chats, reference = uninterrupted
     before = files_of(reference)
-    done = subprocess.run(_cli(*_build_args(qwen4_dir, chats, reference)), env=_env(), capture_output=True, text=True)
-    assert done.returncode == 0 and "already built" in done.stdout
+    done = invoke_build(*_build_args(qwen4_dir, chats, reference))
+    assert done.exit_code == 0 and "already built" in done.stdout
     assert files_of(reference) == before
-    other = subprocess.run(_cli(*_build_args(qwen4_dir, chats, reference, "--hidden-dtype", "fp8")), env=_env(),
-                           capture_output=True, text=True)
-    assert other.returncode == 2 and "different config.hidden_dtype; pass --restart" in other.stderr
+    other = invoke_build(*_build_args(qwen4_dir, chats, reference, "--hidden-dtype", "fp8"))
+    assert other.exit_code == 2 and "different config.hidden_dtype; pass --restart" in other.stderr
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -270,8 +319,8 @@ def test_refused_options_say_why(qwen4_dir, chats, tmp_path, extra, message):
     if "--layers" in extra:
         at = args.index("--layers")
         del args[at: at + 2]
-    done = subprocess.run(_cli(*args, *extra), env=_env(), capture_output=True, text=True)
-    assert done.returncode == 2, done.stderr
+    done = invoke_build(*args, *extra)
+    assert done.exit_code == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr
     assert not (out / MANIFEST).exists()
 
@@ -303,18 +352,16 @@ def test_a_failed_plan_leaves_nothing_behind(qwen4_dir, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "a", "conversations": [{"role": "user", "content": "hi"}, '
                    '{"role": "assistant", "content": "hello there"}]}\n{"id": "b", "text": "no turns"}\n')
-    done = subprocess.run(_cli(*_build_args(qwen4_dir, bad, tmp_path / "cache")), env=_env(), capture_output=True,
-                          text=True)
-    assert done.returncode == 2 and "bad.jsonl:2" in done.stderr and "Traceback" not in done.stderr
+    done = invoke_build(*_build_args(qwen4_dir, bad, tmp_path / "cache"))
+    assert done.exit_code == 2 and "bad.jsonl:2" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "cache").exists()
 
 
 def test_a_bad_option_value_is_named_before_any_model_is_loaded(chats, tmp_path):
     """The model given does not even exist: the option is checked first, and named with its value."""
-    done = subprocess.run(_cli("--model", str(tmp_path / "no-model"), "-i", str(chats), "-o", str(tmp_path / "cache"),
-                               "--layers", "0", "--chat-template", "nosuchtemplate"), env=_env(), capture_output=True,
-                          text=True)
-    assert done.returncode == 2 and "Traceback" not in done.stderr
+    done = invoke_build("--model", str(tmp_path / "no-model"), "-i", str(chats), "-o", str(tmp_path / "cache"),
+                        "--layers", "0", "--chat-template", "nosuchtemplate")
+    assert done.exit_code == 2 and "Traceback" not in done.stderr
     assert "--chat-template nosuchtemplate: unknown chat template 'nosuchtemplate'; known: auto, chatml" in done.stderr
     assert str(chats) not in done.stderr  # the input is not to blame
     assert not (tmp_path / "cache").exists()
@@ -331,7 +378,10 @@ def test_a_failure_after_the_plan_says_the_build_resumes(qwen4_dir, chats, tmp_p
     assert build_cache(qwen4_dir, [chats], out, config(), progress=False)["records_out"] == 48
 
 
-def test_progress_in_a_log_file_is_lines_and_no_progress_means_none(qwen4_dir, chats, tmp_path):
+def test_progress_in_a_log_file_is_lines_and_no_progress_means_none(qwen4_dir, tmp_path):
+    """Real processes: transformers' loading report and bars go to the process's own stderr. A few
+    conversations: every bar is drawn whatever the length of the input."""
+    chats = write_chats(tmp_path / "few.jsonl", 4)
     args = [sys.executable, "-m", "fuelline", "cache", "build", *_build_args(qwen4_dir, chats, tmp_path / "a")]
     logged = subprocess.run(args, env=_env(), capture_output=True)  # stderr a pipe: not a terminal
     assert logged.returncode == 0, logged.stderr.decode()
@@ -341,10 +391,13 @@ def test_progress_in_a_log_file_is_lines_and_no_progress_means_none(qwen4_dir, c
     assert quiet.returncode == 0 and quiet.stderr == b"", quiet.stderr.decode()
 
 
-def test_a_hub_id_is_found_through_the_hub_cache_offline(qwen4_dir, chats, tmp_path):
+def test_a_hub_id_is_found_through_the_hub_cache_offline(qwen4_dir, uninterrupted, tmp_path, monkeypatch):
     """`--model org/name` as from_pretrained takes it: a Hub cache laid out as huggingface_hub writes it,
-    read with HF_HUB_OFFLINE=1. The cache equals the one built from the directory, but for the model's name
-    (and the index checksums, which cover the manifest that holds it)."""
+    read with HF_HUB_OFFLINE=1 (a real process: huggingface_hub reads both variables when imported). The
+    cache equals the one built from the directory, but for the model's name (and the index checksums,
+    which cover the manifest that holds it)."""
+    chats, by_dir = uninterrupted
+    by_id = tmp_path / "by-id"
     hub = tmp_path / "hub"
     snapshot = hub / "models--fuelline-test--qwen3-4-layers" / "snapshots" / ("0" * 40)
     snapshot.mkdir(parents=True)
@@ -353,23 +406,24 @@ def test_a_hub_id_is_found_through_the_hub_cache_offline(qwen4_dir, chats, tmp_p
     for path in qwen4_dir.iterdir():
         (snapshot / path.name).symlink_to(path)
     env = {**_env(), "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
-    by_id = subprocess.run(_cli(*_build_args(Path("fuelline-test/qwen3-4-layers"), chats, tmp_path / "by-id")),
-                           env=env, capture_output=True, text=True)
-    assert by_id.returncode == 0, by_id.stderr
-    by_dir = subprocess.run(_cli(*_build_args(qwen4_dir, chats, tmp_path / "by-dir")), env=env, capture_output=True,
-                            text=True)
-    assert by_dir.returncode == 0, by_dir.stderr
-    manifest = json.loads((tmp_path / "by-id" / MANIFEST).read_text())
+    done = subprocess.run(_cli(*_build_args(Path("fuelline-test/qwen3-4-layers"), chats, by_id)), env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((by_id / MANIFEST).read_text())
     assert manifest["target_model_name_or_path"] == "fuelline-test/qwen3-4-layers"
     shards = lambda d: {n: b for n, b in files_of(d).items() if n.startswith("shard-")}  # noqa: E731
-    assert shards(tmp_path / "by-id") == shards(tmp_path / "by-dir")
-    by_id, by_dir = (np.fromfile(tmp_path / d / INDEX, dtype=FUELLINE_INDEX) for d in ("by-id", "by-dir"))
+    assert shards(by_id) == shards(by_dir)
+    id_index, dir_index = (np.fromfile(d / INDEX, dtype=FUELLINE_INDEX) for d in (by_id, by_dir))
     unsealed = [name for name in FUELLINE_INDEX.names if name != "index_checksum"]
-    assert all(np.array_equal(by_id[name], by_dir[name]) for name in unsealed)
-    assert verify_cache(tmp_path / "by-id") == verify_cache(tmp_path / "by-dir") == []
-    missing = subprocess.run(_cli(*_build_args(Path("fuelline-test/not-cached"), chats, tmp_path / "none")), env=env,
-                             capture_output=True, text=True)
-    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert all(np.array_equal(id_index[name], dir_index[name]) for name in unsealed)
+    assert verify_cache(by_id) == verify_cache(by_dir) == []
+    import huggingface_hub.constants
+
+    # the message only (the variables are proven above): in this process, as huggingface_hub read them
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    missing = invoke_build(*_build_args(Path("fuelline-test/not-cached"), chats, tmp_path / "none"))
+    assert missing.exit_code == 2 and "Traceback" not in missing.stderr
     assert "fuelline-test/not-cached: no such model directory, and not found as a Hub id" in missing.stderr
 
 

@@ -4,12 +4,11 @@ started and stopped by the run) → cache → report, on the chat demo's sample 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
 import pytest
+from click.testing import CliRunner
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -17,20 +16,25 @@ pytest.importorskip("transformers")
 from fuelline.cache.dataset import CacheDataset  # noqa: E402
 from fuelline.cache.inspect import validate_for_draft, verify_cache  # noqa: E402
 from fuelline.chat.demo import run_chat_demo, sample_records  # noqa: E402
+from fuelline.cli import main as fuelline_main  # noqa: E402
 from fuelline.report.funnel import format_funnel, load_funnel  # noqa: E402
+
+# The sample plants one of each fault below 120 conversations; each conversation is a request
+# or two to the tiny model on the CPU, most of the regenerate step's time.
+CONVERSATIONS = 30
 
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
     base = tmp_path_factory.mktemp("chat-demo")
-    run_dir, stats = run_chat_demo(str(base), conversations=60, progress=False)
+    run_dir, stats = run_chat_demo(str(base), conversations=CONVERSATIONS, progress=False)
     return base, run_dir, stats
 
 
 def test_every_stage_adds_up_from_input_to_cache(demo_run):
     base, run_dir, stats = demo_run
     prepare, regenerate, cache, report = stats
-    records = sample_records(60)
+    records = sample_records(CONVERSATIONS)
     assert prepare["records_in"] == len(records)
     assert prepare["records_out"] + sum(prepare["dropped"].values()) == len(records)
     broken = sum(1 for r in records if not r["id"].startswith(("sg-", "oa-", "al-")))
@@ -81,13 +85,12 @@ def test_validate_accepts_the_matching_draft_config_and_refuses_a_wrong_one(demo
     bad.write_text(json.dumps({"target_layer_ids": [0, 1], "hidden_size": 128, "target_model_name_or_path": model}))
     problems = validate_for_draft(cache_dir, bad)
     assert any("target_layer_ids" in p for p in problems) and any("hidden_size" in p for p in problems)
-    cli = subprocess.run([sys.executable, "-m", "fuelline", "cache", "validate", str(cache_dir), "--draft-config",
-                          str(bad)], capture_output=True, text=True)
-    assert cli.returncode == 1 and "hidden_size" in cli.stderr
+    cli = CliRunner().invoke(fuelline_main, ["cache", "validate", str(cache_dir), "--draft-config", str(bad)])
+    assert cli.exit_code == 1 and "hidden_size" in cli.stderr
 
 
 def test_a_second_run_resumes_every_step(demo_run):
     base, run_dir, first = demo_run
-    _, again = run_chat_demo(str(base), conversations=60, progress=False)
+    _, again = run_chat_demo(str(base), conversations=CONVERSATIONS, progress=False)
     assert [s.get("records_out") for s in again[:3]] == [s.get("records_out") for s in first[:3]]
     assert all(s.get("resumed") for s in again[1:3])

@@ -2,9 +2,9 @@
 
 The references are hand-written expectations (the exact supervised text of each assistant turn)
 and transformers' `apply_chat_template`, given Jinja templates written here from each format's
-rules. The comparison with transformers runs on every conversation of ../shared/data/chat with
-a complete exchange (13,007: 999 ShareGPT, 4,535 Alpaca, 7,473 GSM8K; 2.8 M tokens), in one
-batch each way, plus a few edge cases.
+rules. The comparison with transformers runs, in one batch each way, on every 20th conversation
+of each file of ../shared/data/chat with a complete exchange (650 of them) plus a few edge cases;
+the slow tests run it on all 13,007 (999 ShareGPT, 4,535 Alpaca, 7,473 GSM8K; 2.8 M tokens).
 """
 
 import json
@@ -77,6 +77,19 @@ def with_chat_template(qwen_dir, out, source: str, as_file: bool):
     return out
 
 
+TEMPLATE_SOURCES = {"config": CHATML_JINJA, "file": CHATML_GENERATION_JINJA}
+
+
+@pytest.fixture(scope="module")
+def template_dirs(qwen_dir, tmp_path_factory):
+    """Copies of the Qwen tokenizer directory with a ChatML template in tokenizer_config.json, and
+    one with generation blocks in chat_template.jinja; shared, so each is loaded (and its fast
+    encoder built, seconds for 151k tokens) once in the module."""
+    base = tmp_path_factory.mktemp("templates")
+    return {where: with_chat_template(qwen_dir, base / where, source, as_file=where == "file")
+            for where, source in TEMPLATE_SOURCES.items()}
+
+
 def sharegpt(record) -> list[dict]:
     """The complete human/gpt pairs from the start (some conversations end on a human turn)."""
     turns, raw = [], record["conversations"]
@@ -96,14 +109,36 @@ def qa(record) -> list[dict]:
     return [{"role": "user", "content": record["question"]}, {"role": "assistant", "content": record["answer"]}]
 
 
+CHAT_FILES = {"chat/sharegpt_zh_1K.jsonl.zst": sharegpt, "chat/codegen-instruct.json.zst": alpaca,
+              "chat/gsm8k-train.jsonl.zst": qa}
+SAMPLE_STRIDE = 20
+
+
 @pytest.fixture(scope="module")
-def real_chats():
-    chats = [c for r in read_records(shared_file("chat/sharegpt_zh_1K.jsonl.zst")) if (c := sharegpt(r))]
-    codegen = list(read_records(shared_file("chat/codegen-instruct.json.zst")))
-    gsm8k = list(read_records(shared_file("chat/gsm8k-train.jsonl.zst")))
-    chats += [alpaca(r) for r in codegen] + [qa(r) for r in gsm8k]
+def chat_records():
+    return {name: list(read_records(shared_file(name))) for name in CHAT_FILES}
+
+
+def conversations(chat_records, stride: int = 1) -> list[list[dict]]:
+    """Every `stride`-th record of each file as a conversation (those without a complete exchange left out)."""
+    return [c for name, records in chat_records.items() for r in records[::stride] if (c := CHAT_FILES[name](r))]
+
+
+@pytest.fixture(scope="module")
+def real_chats(chat_records):
+    chats = conversations(chat_records)
     assert len(chats) == 999 + 4_535 + 7_473
     return chats + EDGES
+
+
+@pytest.fixture(scope="module")
+def sample_chats(chat_records):
+    """Every 20th record of each file and the edge cases: each kind of conversation of the whole set."""
+    sharegpt_sample = [len(sharegpt(r)) // 2 for r in chat_records["chat/sharegpt_zh_1K.jsonl.zst"][::SAMPLE_STRIDE]]
+    assert 1 in sharegpt_sample and max(sharegpt_sample) >= 5  # one exchange, and many
+    inputs = {bool(r["input"]) for r in chat_records["chat/codegen-instruct.json.zst"][::SAMPLE_STRIDE]}
+    assert inputs == {True, False}  # Alpaca instructions with an input, and without
+    return conversations(chat_records, SAMPLE_STRIDE) + EDGES
 
 
 def runs(mask: np.ndarray) -> list[tuple[int, int]]:
@@ -166,11 +201,13 @@ def test_a_token_straddling_a_span_edge_is_supervised(qwen):
     assert tokens[straddling - 1] == "assistant" and result.loss_mask[straddling]
 
 
-def test_ids_equal_transformers_for_chatml_and_qwen3_jinja(hf, real_chats):
+@pytest.mark.parametrize("chats", ["sample_chats", pytest.param("real_chats", marks=pytest.mark.slow)])
+def test_ids_equal_transformers_for_chatml_and_qwen3_jinja(hf, chats, request):
+    chats = request.getfixturevalue(chats)
     for name, source in (("chatml", CHATML_JINJA), ("qwen3", QWEN3_NO_THINKING_JINJA)):
-        expected = hf.apply_chat_template(real_chats, chat_template=source, tokenize=True, return_dict=True,
+        expected = hf.apply_chat_template(chats, chat_template=source, tokenize=True, return_dict=True,
                                           enable_thinking=False)["input_ids"]
-        got = encode_chats(real_chats, hf, name, min_loss_tokens=0)
+        got = encode_chats(chats, hf, name, min_loss_tokens=0)
         bad = [k for k, (g, e) in enumerate(zip(got, expected)) if g.input_ids.tolist() != e]
         assert bad == [], (name, len(bad), bad[:5])
     prompt = hf.apply_chat_template(POEM[:3], chat_template=QWEN3_NO_THINKING_JINJA, tokenize=False,
@@ -178,24 +215,27 @@ def test_ids_equal_transformers_for_chatml_and_qwen3_jinja(hf, real_chats):
     assert render(POEM[:3], "qwen3", add_generation_prompt=True).text == prompt
 
 
-def test_masks_equal_transformers_generation_blocks(hf, real_chats, qwen_dir, tmp_path):
-    expected = hf.apply_chat_template(real_chats, chat_template=CHATML_GENERATION_JINJA, tokenize=True,
+@pytest.mark.parametrize("chats, supervised", [("sample_chats", 50_000),
+                                                pytest.param("real_chats", 500_000, marks=pytest.mark.slow)])
+def test_masks_equal_transformers_generation_blocks(hf, chats, supervised, request, template_dirs):
+    chats = request.getfixturevalue(chats)
+    expected = hf.apply_chat_template(chats, chat_template=CHATML_GENERATION_JINJA, tokenize=True,
                                       return_dict=True, return_assistant_tokens_mask=True)
-    auto = load_tokenizer(with_chat_template(qwen_dir, tmp_path / "gen", CHATML_GENERATION_JINJA, as_file=True))
+    auto = load_tokenizer(template_dirs["file"])
     for tokenizer, name in ((hf, "chatml"), (auto, "auto")):
-        got = encode_chats(real_chats, tokenizer, name, min_loss_tokens=0)
+        got = encode_chats(chats, tokenizer, name, min_loss_tokens=0)
         bad = [k for k, (g, ids, mask) in enumerate(zip(got, expected["input_ids"], expected["assistant_masks"]))
                if g.input_ids.tolist() != ids or g.loss_mask.astype(int).tolist() != mask]
         assert bad == [], (name, len(bad), bad[:5])
-    assert sum(sum(mask) for mask in expected["assistant_masks"]) > 500_000
+    assert sum(sum(mask) for mask in expected["assistant_masks"]) > supervised
 
 
-@pytest.mark.parametrize("source, as_file", [(CHATML_JINJA, False), (CHATML_GENERATION_JINJA, True)])
-def test_auto_equals_named_chatml(qwen_dir, qwen, tmp_path, source, as_file):
-    directory = with_chat_template(qwen_dir, tmp_path / "tok", source, as_file)
+@pytest.mark.parametrize("where", TEMPLATE_SOURCES)
+def test_auto_equals_named_chatml(template_dirs, qwen, where):
+    directory = template_dirs[where]
     chats = [*EDGES, POEM, POEM[:3]]
     named = encode_chats(chats, qwen, "chatml")
-    for tokenizer in (directory, directory / "tokenizer.json", ChatTokenizer(qwen, source)):
+    for tokenizer in (directory, directory / "tokenizer.json", ChatTokenizer(qwen, TEMPLATE_SOURCES[where])):
         auto = encode_chats(chats, tokenizer, "auto")
         assert [r.input_ids.tolist() for r in auto] == [r.input_ids.tolist() for r in named]
         assert [r.loss_mask.tolist() for r in auto] == [r.loss_mask.tolist() for r in named]

@@ -1,15 +1,15 @@
 """chat-prepare: every schema normalized, every bad record dropped under a named reason with its
 file and line, a split that depends only on (seed, id), and outputs a later stage can read."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import orjson
 import pytest
 import zstandard
+from click.testing import CliRunner
 
 from fuelline.chat.prepare import SPLIT_SALT, ChatPrepareConfig, ChatPrepareStage
+from fuelline.cli import main
 from fuelline.dedup.stage import DedupConfig, DedupStage
 from fuelline.io import read_records
 from fuelline.pipeline.config import load_pipeline, run_pipeline
@@ -31,6 +31,11 @@ def write_jsonl(path: Path, records: list) -> Path:
 
 def prepare(inputs, out: Path, options: RunOptions = QUIET, **config) -> dict:
     return run_stage(ChatPrepareStage(ChatPrepareConfig(**config)), inputs, out, options)
+
+
+def fuelline(*args):
+    """`fuelline ARGS` in this process (click's CliRunner): exit_code, stdout and stderr, no Python start."""
+    return CliRunner().invoke(main, [str(a) for a in args])
 
 
 def rejects(out: Path) -> list[dict]:
@@ -172,9 +177,10 @@ def test_split_depends_only_on_seed_and_id(tmp_path):
 
 
 def test_output_is_byte_identical_for_any_number_of_workers(tmp_path):
-    sources = [shared_file("chat/sharegpt_zh_1K.jsonl.zst"), shared_file("chat/gsm8k-train.jsonl.zst")]
-    prepare(sources, tmp_path / "one", RunOptions(workers=1, shard_size=700, progress=False))
-    prepare(sources, tmp_path / "two", RunOptions(workers=2, shard_size=700, progress=False))
+    gsm8k = list(read_records(shared_file("chat/gsm8k-train.jsonl.zst")))[:1_000]  # two files, several shards each
+    sources = [shared_file("chat/sharegpt_zh_1K.jsonl.zst"), write_jsonl(tmp_path / "gsm8k.jsonl", gsm8k)]
+    prepare(sources, tmp_path / "one", RunOptions(workers=1, shard_size=300, progress=False))
+    prepare(sources, tmp_path / "two", RunOptions(workers=2, shard_size=300, progress=False))
     one, two = data_files(tmp_path / "one"), data_files(tmp_path / "two")
     assert one == two and any(name.startswith("eval/part-") for name in one)
 
@@ -199,41 +205,39 @@ def test_category_from_file_name(tmp_path):
 
 def test_cli_writes_single_jsonl_files_and_resumes(tmp_path):
     source = shared_file("chat/gsm8k-train.jsonl.zst")
-    args = [sys.executable, "-m", "fuelline.cli", "chat", "prepare", "-i", str(source), "--train-output",
-            str(tmp_path / "train.jsonl"), "--eval-output", str(tmp_path / "eval.jsonl"), "-q", "-w", "1"]
-    first = subprocess.run(args, capture_output=True, text=True)
-    assert first.returncode == 0, first.stderr
+    args = ["chat", "prepare", "-i", source, "--train-output", tmp_path / "train.jsonl", "--eval-output",
+            tmp_path / "eval.jsonl", "-q", "-w", "1"]
+    first = fuelline(*args)
+    assert first.exit_code == 0, (first.stderr, first.exception)
     train = (tmp_path / "train.jsonl").read_bytes()
     evals = [orjson.loads(line) for line in (tmp_path / "eval.jsonl").read_bytes().splitlines()]
     assert len(train.splitlines()) + len(evals) == CHAT_FILES["gsm8k-train.jsonl.zst"]
     assert all(set(r) == {"id", "turns"} for r in evals)
-    again = subprocess.run(args, capture_output=True, text=True)
-    assert again.returncode == 0 and "1 shard(s) resumed" in again.stdout
+    again = fuelline(*args)
+    assert again.exit_code == 0 and "1 shard(s) resumed" in again.stdout
     assert (tmp_path / "train.jsonl").read_bytes() == train
-    other = subprocess.run(args + ["--seed", "5"], capture_output=True, text=True)
-    assert other.returncode == 2 and "different config" in other.stderr and "Traceback" not in other.stderr
+    other = fuelline(*args, "--seed", "5")
+    assert other.exit_code == 2 and "different config" in other.stderr and "Traceback" not in other.stderr
 
 
 def test_cli_malformed_json_names_file_and_line(tmp_path):
     source = tmp_path / "in.jsonl.zst"
     source.write_bytes(zstandard.ZstdCompressor().compress(b'{"question": "q", "answer": "a"}\n{"question": \n'))
-    result = subprocess.run([sys.executable, "-m", "fuelline.cli", "chat", "prepare", "-i", str(source),
-                             "--train-output", str(tmp_path / "t"), "--eval-output", str(tmp_path / "e"), "-q"],
-                            capture_output=True, text=True)
-    assert result.returncode == 2 and f"{source}:2: invalid JSON" in result.stderr
+    result = fuelline("chat", "prepare", "-i", source, "--train-output", tmp_path / "t", "--eval-output", tmp_path / "e",
+                      "-q")
+    assert result.exit_code == 2 and f"{source}:2: invalid JSON" in result.stderr
 
 
 def _prepare_cli(source, tmp_path):
-    return subprocess.run([sys.executable, "-m", "fuelline.cli", "chat", "prepare", "-i", str(source), "--train-output",
-                           str(tmp_path / "t.jsonl"), "--eval-output", str(tmp_path / "e.jsonl"), "-q", "-w", "1"],
-                          capture_output=True, text=True)
+    return fuelline("chat", "prepare", "-i", source, "--train-output", tmp_path / "t.jsonl", "--eval-output",
+                    tmp_path / "e.jsonl", "-q", "-w", "1")
 
 
 def test_cli_that_keeps_nothing_says_why_on_the_terminal_and_fails(tmp_path):
     source = tmp_path / "docs.jsonl"
     source.write_text("".join(f'{{"text": "document {i}"}}\n' for i in range(5)))
     result = _prepare_cli(source, tmp_path)
-    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert result.exit_code == 2 and "Traceback" not in result.stderr
     assert "kept none of its 5 records (dropped: unknown_schema 5)" in result.stderr
     assert f"5 of 5 records (100%) dropped as unknown_schema; the first: {source}:1: keys text match no chat schema" \
         in result.stderr
@@ -247,7 +251,7 @@ def test_cli_warns_when_one_reason_drops_most_records(tmp_path):
     ).decode() for i in range(4)]
     source.write_text("\n".join(lines) + "\n")
     result = _prepare_cli(source, tmp_path)
-    assert result.returncode == 0, result.stderr
+    assert result.exit_code == 0, (result.stderr, result.exception)
     assert "warning: 6 of 10 records (60%) dropped as unknown_schema; the first: " in result.stderr
     assert len((tmp_path / "t.jsonl").read_bytes().splitlines()) + len((tmp_path / "e.jsonl").read_bytes().splitlines()) == 4
 
@@ -316,9 +320,7 @@ def test_repeated_ids_are_renamed_so_every_output_id_is_unique(tmp_path):
 
 
 def test_cli_refuses_a_work_dir_beside_a_train_directory(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "fuelline.cli", "chat", "prepare", "-i",
-                             str(shared_file("chat/gsm8k-train.jsonl.zst")), "--train-output", str(tmp_path / "train"),
-                             "--eval-output", str(tmp_path / "eval"), "--work-dir", str(tmp_path / "w"), "-q"],
-                            capture_output=True, text=True)
-    assert result.returncode == 2 and "--work-dir is for a .jsonl --train-output" in result.stderr
+    result = fuelline("chat", "prepare", "-i", shared_file("chat/gsm8k-train.jsonl.zst"), "--train-output",
+                      tmp_path / "train", "--eval-output", tmp_path / "eval", "--work-dir", tmp_path / "w", "-q")
+    assert result.exit_code == 2 and "--work-dir is for a .jsonl --train-output" in result.stderr
     assert not (tmp_path / "w").exists() and not (tmp_path / "train").exists()

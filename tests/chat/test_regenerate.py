@@ -1,24 +1,33 @@
 """Regeneration against real HTTP servers on 127.0.0.1 (fuelline.serve.echo, whose answers are a known
 function of the conversation): every id exactly once, answers conditioned on the regenerated
-history, exact resume after SIGKILL, failover when a server dies, fails or stalls."""
+history, exact resume after SIGKILL, failover when a server dies, fails or stalls.
 
+Most servers run on a thread of the test process (`echo_servers`): real HTTP, without the second a
+process takes to start. A server the test kills is a process of its own (`echo_processes`)."""
+
+import asyncio
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
 import pytest
+from aiohttp import web
+from click.testing import CliRunner
 
+import fuelline.cli
 from fuelline.chat.regenerate import RegenerateConfig, regenerate
 from fuelline.io import read_records
 from fuelline.serve.client import ClientConfig
-from fuelline.serve.echo import echo_answer
+from fuelline.serve.echo import echo_answer, echo_app
 
 from ..conftest import shared_file
 
@@ -34,8 +43,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_echo(*args: str, port: int | None = None) -> tuple[subprocess.Popen, str]:
-    port = port or free_port()
+def start_echo(*args: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "fuelline.serve.echo", "--port", str(port), *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
@@ -50,7 +59,8 @@ def start_echo(*args: str, port: int | None = None) -> tuple[subprocess.Popen, s
 
 
 @contextmanager
-def echo_servers(*configs: tuple[str, ...]):
+def echo_processes(*configs: tuple[str, ...]):
+    """Echo servers as processes, for a test that kills one: (their URLs, their processes)."""
     started = [start_echo(*args) for args in configs]
     try:
         yield [url for _, url in started], [proc for proc, _ in started]
@@ -58,6 +68,38 @@ def echo_servers(*configs: tuple[str, ...]):
         for proc, _ in started:
             proc.kill()
             proc.wait()
+
+
+@contextmanager
+def echo_thread(*args: str, port: int = 0):
+    """The app `python -m fuelline.serve.echo ARGS` serves, on a thread of this process and its own event
+    loop (port 0: a free one). Its URL; the server stops at the end of the block."""
+    app, _ = echo_app(["--port", str(port), *args])
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)  # cuts a stalled answer at the end
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=60)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+
+
+@contextmanager
+def echo_servers(*configs: tuple[str, ...]):
+    """Echo servers on threads of this process, one per tuple of command-line arguments: their URLs."""
+    with ExitStack() as stack:
+        yield [stack.enter_context(echo_thread(*args)) for args in configs]
+
+
+def cli(*args: str):
+    """`fuelline ARGS` run in this process (click's runner): its exit code and output, stderr apart."""
+    return CliRunner().invoke(fuelline.cli.main, list(args))
 
 
 @pytest.fixture(scope="module")
@@ -69,11 +111,11 @@ def conversations(tmp_path_factory):
     out = tmp_path_factory.mktemp("chats") / "train"
     run_stage(ChatPrepareStage(ChatPrepareConfig(test_size=0.0)), [shared_file("chat/sharegpt_zh_1K.jsonl.zst")],
               out, RunOptions(workers=1, progress=False))
-    records = list(read_records(out))[:250]
+    records = list(read_records(out))[:100]  # with the 50 below, about 560 answers to regenerate
     records += [{"id": f"gsm-{i}", "conversations": [{"role": "system", "content": "Be exact."},
                                                      {"role": "user", "content": f"What is {i} + {i}?"},
                                                      {"role": "assistant", "content": str(2 * i)}]}
-                for i in range(150)]
+                for i in range(50)]
     path = out.parent / "chats.jsonl"
     path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
     return path, records
@@ -102,7 +144,7 @@ def assert_regenerated(output: Path, records: list[dict], model: str = "echo") -
 
 def test_two_servers_every_id_once_conditioned_on_the_regenerated_history(conversations, tmp_path):
     path, records = conversations
-    with echo_servers((), ()) as (urls, _):
+    with echo_servers((), ()) as urls:
         stats = regenerate([path], tmp_path / "out.jsonl", urls, RegenerateConfig("echo", preset="qwen3",
                            disable_thinking=True, client=FAST_CLIENT), progress=False)
     assert_regenerated(tmp_path / "out.jsonl", records)
@@ -117,7 +159,7 @@ def test_two_servers_every_id_once_conditioned_on_the_regenerated_history(conver
 
 def test_fields_a_server_refuses_are_left_out_for_it_and_recorded(conversations, tmp_path):
     path, records = conversations
-    with echo_servers((), ("--reject-fields", "top_k,min_p")) as (urls, _):
+    with echo_servers((), ("--reject-fields", "top_k,min_p")) as urls:
         stats = regenerate([path], tmp_path / "out.jsonl", urls, RegenerateConfig("echo", preset="qwen3",
                            client=FAST_CLIENT), progress=False, warn=lambda m: None)
     out = assert_regenerated(tmp_path / "out.jsonl", records)
@@ -126,12 +168,19 @@ def test_fields_a_server_refuses_are_left_out_for_it_and_recorded(conversations,
     assert any(r["meta"]["regenerated"].get("left_out") == ["min_p", "top_k"] for r in out)
 
 
-def run_cli(path: Path, output: Path, urls: list[str], *extra: str, **kwargs) -> subprocess.Popen:
-    args = [sys.executable, "-m", "fuelline.cli", "chat", "regenerate", "-i", str(path), "-o", str(output),
-            "--model", "echo", "-q", "--concurrency", "4", "--request-timeout", "5", *extra]
+def regenerate_args(path: Path, output: Path, urls: list[str], *extra: str) -> list[str]:
+    """`fuelline chat regenerate`'s arguments for PATH → OUTPUT on URLS."""
+    args = ["chat", "regenerate", "-i", str(path), "-o", str(output), "--model", "echo", "-q", "--concurrency", "4",
+            "--request-timeout", "5", *extra]
     for url in urls:
         args += ["--server", url]
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+    return args
+
+
+def run_cli(path: Path, output: Path, urls: list[str], *extra: str) -> subprocess.Popen:
+    """`fuelline chat regenerate` as a process of its own, for a test that kills it."""
+    return subprocess.Popen([sys.executable, "-m", "fuelline.cli", *regenerate_args(path, output, urls, *extra)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def lines(path: Path) -> int:
@@ -158,10 +207,38 @@ def stopped_at_exit(proc: subprocess.Popen):
         proc.communicate()
 
 
+@contextmanager
+def after_lines(output: Path, count: int, action):
+    """`action` on a thread once `output` holds `count` lines, while the block (a regeneration) runs;
+    the block ending first, or the action failing, fails the test."""
+    done, failures = threading.Event(), []
+
+    def watch():
+        try:
+            while lines(output) < count and not done.wait(0.01):
+                pass
+            if done.is_set():
+                raise AssertionError(f"the run ended ({lines(output)} lines) before the action due at {count} lines")
+            action()
+        except BaseException as e:
+            failures.append(e)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=60)
+    if failures:
+        raise failures[0]
+
+
 def test_sigkill_mid_run_then_resume_gives_every_id_exactly_once(conversations, tmp_path):
     path, records = conversations
     output = tmp_path / "out.jsonl"
-    with echo_servers(("--delay", "0.01"), ("--delay", "0.01")) as (urls, _):
+    # At most 8 answers in flight, 0.02 s each: the run takes over a second however fast the machine.
+    with echo_servers(("--delay", "0.02"), ("--delay", "0.02")) as urls:
         with stopped_at_exit(run_cli(path, output, urls)) as proc:
             wait_for_lines(output, len(records) // 3, proc)
             proc.send_signal(signal.SIGKILL)
@@ -170,10 +247,9 @@ def test_sigkill_mid_run_then_resume_gives_every_id_exactly_once(conversations, 
         assert 0 < partial < len(records)
         with open(output, "ab") as f:  # as if killed in the middle of a write
             f.write(b'{"id": "torn", "conversations": [')
-        with stopped_at_exit(run_cli(path, output, urls, "--resume")) as again:
-            stdout, stderr = again.communicate(timeout=120)
-    assert again.returncode == 0, stderr
-    assert f"({partial:,} resumed)" in stdout
+        again = cli(*regenerate_args(path, output, urls, "--resume"))
+    assert again.exit_code == 0, again.stderr
+    assert f"({partial:,} resumed)" in again.stdout
     assert_regenerated(output, records)
 
 
@@ -181,9 +257,8 @@ def test_existing_output_needs_resume(conversations, tmp_path):
     path, records = conversations
     output = tmp_path / "out.jsonl"
     output.write_text('{"id": "x"}\n')
-    result = run_cli(path, output, ["127.0.0.1:9"])
-    _, stderr = result.communicate(timeout=60)
-    assert result.returncode == 2 and "pass --resume" in stderr and "Traceback" not in stderr
+    result = cli(*regenerate_args(path, output, ["127.0.0.1:9"]))
+    assert result.exit_code == 2 and "pass --resume" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_damaged_output_is_refused_on_resume(conversations, tmp_path):
@@ -198,51 +273,53 @@ def test_damaged_output_is_refused_on_resume(conversations, tmp_path):
 def test_a_server_killed_mid_run_loses_nothing(conversations, tmp_path):
     path, records = conversations
     output = tmp_path / "out.jsonl"
-    with echo_servers(("--delay", "0.01"), ("--delay", "0.01")) as (urls, procs):
-        with stopped_at_exit(run_cli(path, output, urls)) as proc:
-            wait_for_lines(output, len(records) // 4, proc)
-            procs[1].kill()
-            stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 0, stderr
+    # At most 8 answers in flight, 0.02 s each: the run takes over a second however fast the machine.
+    four_at_a_time = replace(FAST_CLIENT, concurrency=4)
+    with echo_servers(("--delay", "0.02"),) as [good], echo_processes(("--delay", "0.02"),) as ([doomed], [process]):
+        with after_lines(output, len(records) // 4, process.kill):
+            stats = regenerate([path], output, [good, doomed], RegenerateConfig("echo", client=four_at_a_time),
+                               progress=False, warn=lambda m: None)
+        assert process.poll() == -signal.SIGKILL
     assert_regenerated(output, records)
-    stats = orjson.loads((tmp_path / "out.stats.json").read_bytes())
-    assert stats["dropped"] == {} and stats["servers"][urls[1]]["failed"] > 0 and stats["counters"]["retried"] > 0
+    assert stats["dropped"] == {} and stats["servers"][doomed]["failed"] > 0 and stats["counters"]["retried"] > 0
 
 
 def test_a_server_that_comes_back_is_used_again(conversations, tmp_path):
+    """Stopped mid-run (its socket closed, its connections cut), rested by the client, started again
+    on its port: probed and used again. (A server SIGKILLed mid-run: the test above.)"""
     path, records = conversations
     output = tmp_path / "out.jsonl"
-    with echo_servers(("--delay", "0.02"),) as (urls, _):
-        port = free_port()
-        victim, second = start_echo("--delay", "0.02", port=port)
-        proc = run_cli(path, output, [*urls, second], "--concurrency", "2")
-        try:
-            wait_for_lines(output, len(records) // 5, proc)
-            victim.kill()
-            victim.wait()
-            time.sleep(1.0)
-            victim, _ = start_echo("--delay", "0.02", port=port)
-            stdout, stderr = proc.communicate(timeout=180)
-        finally:
-            victim.kill()
-            victim.wait()
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    assert proc.returncode == 0, stderr
-    assert "back in rotation" in stderr
+    warnings: list[str] = []
+    with echo_servers(("--delay", "0.02"),) as [good], ExitStack() as victim_running:
+        victim = victim_running.enter_context(echo_thread("--delay", "0.02"))
+
+        def stop_then_bring_back():
+            victim_running.close()
+            deadline = time.monotonic() + 60
+            while not any(victim in w and "resting it" in w for w in warnings):
+                assert time.monotonic() < deadline, "the client never rested the stopped server"
+                time.sleep(0.01)
+            victim_running.enter_context(echo_thread("--delay", "0.02", port=int(victim.rsplit(":", 1)[1])))
+
+        # Two requests in flight per server at 0.02 s each: the run outlasts the server's absence.
+        two_at_a_time = replace(FAST_CLIENT, concurrency=2)
+        with after_lines(output, len(records) // 5, stop_then_bring_back):
+            regenerate([path], output, [good, victim], RegenerateConfig("echo", client=two_at_a_time),
+                       progress=False, warn=warnings.append)
+    assert any(victim in w and "back in rotation" in w for w in warnings)
     assert_regenerated(output, records)
 
 
 @pytest.mark.parametrize("fault", [("--fault", "http500"), ("--fault", "drop"), ("--fault", "stall", "--fault-every", "7")])
 def test_a_faulty_server_beside_a_good_one_loses_nothing(conversations, tmp_path, fault):
     path, records = conversations
-    # The timeout is what finds a stalled answer; otherwise it is generous: on a loaded machine
-    # the good server may take seconds to answer, and a timeout there would be no fault of its own.
-    timeout = 5.0 if "stall" in fault else 60.0
+    # The timeout is what finds a stalled answer: 2 s, each stall holding a request that long, and
+    # an answer of the good server slowed past it by a loaded machine is only retried (8 attempts).
+    # Otherwise it is generous: a timeout of the good server would be no fault of its own.
+    timeout = 2.0 if "stall" in fault else 60.0
     config = RegenerateConfig("echo", client=ClientConfig(concurrency=8, request_timeout=timeout, attempts=8,
                                                           backoff=0.05, probe_interval=0.2))
-    with echo_servers((), fault) as (urls, _):
+    with echo_servers((), fault) as urls:
         stats = regenerate([path], tmp_path / "out.jsonl", urls, config, progress=False, warn=lambda m: None)
     assert_regenerated(tmp_path / "out.jsonl", records)
     assert stats["dropped"] == {} and stats["servers"][urls[1]]["failed"] > 0
@@ -254,14 +331,14 @@ def test_requests_that_fail_for_good_go_to_the_errors_file_and_are_retried_on_re
     output = tmp_path / "out.jsonl"
     config = RegenerateConfig("echo", client=ClientConfig(concurrency=8, request_timeout=1.0, attempts=2,
                                                           backoff=0.01, probe_interval=0.1, failures_to_rest=10**6))
-    with echo_servers(("--fault", "http500", "--fault-every", "3"),) as (urls, _):
+    with echo_servers(("--fault", "http500", "--fault-every", "3"),) as urls:
         stats = regenerate([path], output, urls, config, progress=False, warn=lambda m: None)
     errors = [orjson.loads(line) for line in (tmp_path / "out.jsonl.errors").read_bytes().splitlines()]
     assert stats["dropped"]["failed"] == len(errors) > 0
     assert stats["records_in"] == len(records) == stats["records_out"] + len(errors)
     assert {e["reason"] for e in errors} == {"http_500"} and all("answered 500" in e["detail"] for e in errors)
     assert not {e["id"] for e in errors} & {r["id"] for r in read_records(output)}
-    with echo_servers((),) as (urls, _):
+    with echo_servers((),) as urls:
         again = regenerate([path], output, urls, config, resume=True, progress=False)
     assert again["counters"]["regenerated"] == len(errors) and again["dropped"] == {}
     assert_regenerated(output, records)
@@ -269,7 +346,7 @@ def test_requests_that_fail_for_good_go_to_the_errors_file_and_are_retried_on_re
 
 def test_truncated_answers_keep_their_finish_reason_or_are_dropped(conversations, tmp_path):
     path, records = conversations
-    with echo_servers((),) as (urls, _):
+    with echo_servers((),) as urls:
         kept = regenerate([path], tmp_path / "kept.jsonl", urls,
                           RegenerateConfig("echo", max_tokens=3, client=FAST_CLIENT), progress=False)
         dropped = regenerate([path], tmp_path / "dropped.jsonl", urls,
@@ -284,15 +361,15 @@ def test_truncated_answers_keep_their_finish_reason_or_are_dropped(conversations
 
 def test_no_server_answers_is_a_clear_error(conversations, tmp_path):
     path, _ = conversations
-    result = run_cli(path, tmp_path / "out.jsonl", [f"127.0.0.1:{free_port()}"])
-    _, stderr = result.communicate(timeout=60)
-    assert result.returncode == 2 and "none of the 1 server(s) answers" in stderr and "Traceback" not in stderr
+    result = cli(*regenerate_args(path, tmp_path / "out.jsonl", [f"127.0.0.1:{free_port()}"]))
+    assert result.exit_code == 2 and "none of the 1 server(s) answers" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_malformed_input_names_file_and_line(tmp_path):
     source = tmp_path / "bad.jsonl"
     source.write_text('{"id": "a", "conversations": [{"role": "user", "content": "q"}]}\n{"id": 3}\n')
-    with echo_servers((),) as (urls, _):
+    with echo_servers((),) as urls:
         with pytest.raises(ValueError, match=r"bad.jsonl:2: expected a chat record"):
             regenerate([source], tmp_path / "out.jsonl", urls, RegenerateConfig("echo", client=FAST_CLIENT),
                        progress=False)
@@ -305,9 +382,9 @@ def test_pipeline_step_prepares_regenerates_reports_and_skips_when_done(tmp_path
     from fuelline.report.funnel import format_funnel, load_funnel
 
     source = shared_file("chat/gsm8k-train.jsonl.zst")
-    with echo_servers((), ("--fault", "http500", "--fault-every", "5")) as (urls, _):
+    with echo_servers((), ("--fault", "http500", "--fault-every", "5")) as urls:
         pipeline = tmp_path / "chat.toml"
-        pipeline.write_text('[[stage]]\nuse = "chat-prepare"\ntest_size = 0.9\n\n'
+        pipeline.write_text('[[stage]]\nuse = "chat-prepare"\ntest_size = 0.98\n\n'
                             f'[[stage]]\nuse = "regenerate"\nmodel = "echo"\nservers = {orjson.dumps(urls).decode()}\n'
                             'preset = "qwen3"\nconcurrency = 8\n')
         first = run_pipeline(load_pipeline(pipeline), tmp_path / "run", input=[str(source)], progress=False)
@@ -334,7 +411,7 @@ def test_pipeline_step_prepares_regenerates_reports_and_skips_when_done(tmp_path
 
 def test_reasoning_returned_separately_never_enters_the_answer(conversations, tmp_path):
     path, records = conversations
-    with echo_servers(("--reasoning",),) as (urls, _):
+    with echo_servers(("--reasoning",),) as urls:
         regenerate([path], tmp_path / "out.jsonl", urls, RegenerateConfig("echo", client=FAST_CLIENT), progress=False)
     assert b"REASONING" not in (tmp_path / "out.jsonl").read_bytes()
     assert_regenerated(tmp_path / "out.jsonl", records)

@@ -1,11 +1,11 @@
 """Regeneration against servers that go wrong (issue 25): every server gone, answers that are
 not answers, bookkeeping fields that are garbage, and stats that must describe the whole input
-after a resume. Real HTTP servers on 127.0.0.1: fuelline.serve.echo and its fault modes."""
+after a resume. Real HTTP servers on 127.0.0.1: fuelline.serve.echo and its fault modes, each
+on a thread of the test process."""
 
 import asyncio
-import signal
-import threading
 import time
+from contextlib import ExitStack
 
 import orjson
 import pytest
@@ -13,7 +13,7 @@ import pytest
 from fuelline.chat.regenerate import RegenerateConfig, regenerate
 from fuelline.serve.client import ClientConfig, NoServerError, ServerPool
 
-from .test_regenerate import assert_regenerated, echo_servers, free_port, lines
+from .test_regenerate import after_lines, assert_regenerated, echo_servers, echo_thread, free_port, lines
 
 QUESTION = [{"role": "user", "content": "q"}]
 
@@ -92,23 +92,19 @@ def write_jsonl(path, records):
     return path
 
 
-def test_every_server_killed_mid_run_ends_with_the_documented_error(tmp_path):
-    """The probe's run: two servers answering, both sent SIGTERM after ~100 conversations."""
+def test_every_server_stopped_mid_run_ends_with_the_documented_error(tmp_path):
+    """The probe's run: two servers answering, both stopped after ~100 conversations (their sockets
+    closed, their connections cut, as SIGTERM stops `python -m fuelline.serve.echo`)."""
     source = write_jsonl(tmp_path / "in.jsonl", chats(600))
     output = tmp_path / "out.jsonl"
     config = RegenerateConfig("echo", client=ClientConfig(concurrency=8, request_timeout=60, attempts=4,
                                                           backoff=0.05, probe_interval=0.2, all_down_timeout=2))
-    with echo_servers(("--delay", "0.01"), ("--delay", "0.01")) as (urls, procs):
-        def kill_after_100():
-            deadline = time.monotonic() + 120
-            while lines(output) < 100 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            for proc in procs:
-                proc.send_signal(signal.SIGTERM)
-        threading.Thread(target=kill_after_100, daemon=True).start()
+    with ExitStack() as servers_running:
+        urls = [servers_running.enter_context(echo_thread("--delay", "0.01")) for _ in range(2)]
         started = time.monotonic()
-        with pytest.raises(RuntimeError, match="no server has answered for 2 s.*rerun with --resume"):
-            regenerate([source], output, urls, config, progress=False, warn=lambda m: None)
+        with after_lines(output, 100, servers_running.close):
+            with pytest.raises(RuntimeError, match="no server has answered for 2 s.*rerun with --resume"):
+                regenerate([source], output, urls, config, progress=False, warn=lambda m: None)
     assert time.monotonic() - started < 60
     assert 100 <= lines(output) < 600
 
@@ -132,7 +128,7 @@ def test_an_answer_that_is_not_one_is_retried_elsewhere_never_written(tmp_path, 
     # A retry goes back to the faulty server when the good one is full: enough attempts that no
     # conversation fails for good on a loaded machine, and a faulty server that rests a while.
     client = ClientConfig(concurrency=4, request_timeout=60.0, attempts=10, backoff=0.01, probe_interval=1.0)
-    with echo_servers(("--fault", fault), ()) as (urls, _):
+    with echo_servers(("--fault", fault), ()) as urls:
         stats = regenerate_quietly(source, tmp_path / "out.jsonl", urls, client=client)
     assert_regenerated(tmp_path / "out.jsonl", records)
     assert stats["dropped"] == {} and stats["finish_reasons"] == {"stop": 60}
@@ -150,7 +146,7 @@ def test_a_server_answering_only_non_answers_sends_every_conversation_to_the_err
     output = tmp_path / "out.jsonl"
     client = ClientConfig(concurrency=4, request_timeout=60.0, attempts=2, backoff=0.01, probe_interval=0.1,
                           failures_to_rest=10**6)
-    with echo_servers(("--fault", fault),) as (urls, _):
+    with echo_servers(("--fault", fault),) as urls:
         stats = regenerate_quietly(source, output, urls, client=client)
     errors = [orjson.loads(line) for line in (tmp_path / "out.jsonl.errors").read_bytes().splitlines()]
     assert not output.read_bytes() and stats["records_out"] == 0
@@ -161,11 +157,11 @@ def test_a_server_answering_only_non_answers_sends_every_conversation_to_the_err
 def test_empty_answers_and_other_finish_reasons_are_kept_when_asked(tmp_path):
     records = chats(4, turns=1)
     source = write_jsonl(tmp_path / "in.jsonl", records)
-    with echo_servers(("--fault", "empty"),) as (urls, _):
+    with echo_servers(("--fault", "empty"),) as urls:
         stats = regenerate_quietly(source, tmp_path / "empty.jsonl", urls, keep_empty_answers=True)
     written = [orjson.loads(line) for line in (tmp_path / "empty.jsonl").read_bytes().splitlines()]
     assert stats["records_out"] == 4 and all(r["conversations"][1]["content"] == "" for r in written)
-    with echo_servers(("--fault", "abort"),) as (urls, _):
+    with echo_servers(("--fault", "abort"),) as urls:
         stats = regenerate_quietly(source, tmp_path / "abort.jsonl", urls, finish_reasons=("stop", "length", "abort"))
     assert stats["records_out"] == 4 and stats["finish_reasons"] == {"abort": 4}
     with pytest.raises(ValueError, match="finish_reasons is empty"):
@@ -178,7 +174,7 @@ def test_a_garbage_usage_count_is_unknown_tokens_said_once_never_the_end_of_the_
     records = chats(60)
     source = write_jsonl(tmp_path / "in.jsonl", records)
     warnings: list[str] = []
-    with echo_servers(("--fault", "bad-usage", "--fault-every", "20"), ("--fault", "two-choices")) as (urls, _):
+    with echo_servers(("--fault", "bad-usage", "--fault-every", "20"), ("--fault", "two-choices")) as urls:
         stats = regenerate_quietly(source, tmp_path / "out.jsonl", urls, warnings)
     assert_regenerated(tmp_path / "out.jsonl", records)  # choices[0], the echo's answer, every time
     assert stats["dropped"] == {} and 0 < stats["counters"]["tokens_unknown"] <= 120 // 20
@@ -199,7 +195,7 @@ def test_stats_after_a_resume_equal_those_of_an_uninterrupted_run(tmp_path):
     records = chats(100)
     lines_in = records + [{**r, "conversations": r["conversations"][:2]} for r in records[:20]]
     source = write_jsonl(tmp_path / "in.jsonl", lines_in)
-    with echo_servers((),) as (urls, _):
+    with echo_servers((),) as urls:
         whole = regenerate_quietly(source, tmp_path / "whole.jsonl", urls)
         again = regenerate_quietly(source, tmp_path / "whole.jsonl", urls, resume=True)
         output = tmp_path / "cut.jsonl"

@@ -11,7 +11,8 @@ from fuelline.io import read_records
 from fuelline.serve.launcher import ServerGroup, read_servers_file
 
 from ..conftest import shared_file
-from ..serve.test_launcher import free_ports, launch, post_chat, stop_launcher, wait_for
+from ..serve.test_launcher import free_ports, post_chat, wait_for
+from ..serve.test_serve_command import launch, stop_launcher
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from fuelline.chat.regenerate import RegenerateConfig, regenerate
 from fuelline.serve.client import ClientConfig, Completion
 from fuelline.serve.echo import echo_answer, echo_call, echo_reasoning
 
-from .test_regenerate import FAST_CLIENT, echo_servers, run_cli
+from .test_regenerate import FAST_CLIENT, cli, echo_servers, regenerate_args
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
@@ -106,7 +106,7 @@ def tool_call(messages: list[dict]) -> dict:
 
 def test_requests_carry_tools_and_history_in_openai_form_and_auto_regenerates_only_the_last_turn(tmp_path):
     source = write(tmp_path / "in.jsonl", [AGENT, ANSWERED, PLAIN])
-    with echo_servers(("--log-requests", str(tmp_path / "log.jsonl")),) as (urls, _):
+    with echo_servers(("--log-requests", str(tmp_path / "log.jsonl")),) as urls:
         stats = regenerate([source], tmp_path / "out.jsonl", urls, RegenerateConfig("echo", client=FAST_CLIENT),
                            progress=False)
     requests, out = logged(tmp_path / "log.jsonl"), read(tmp_path / "out.jsonl")
@@ -145,7 +145,7 @@ def test_requests_carry_tools_and_history_in_openai_form_and_auto_regenerates_on
 
 def test_tool_call_answers_are_stored_with_dict_arguments(tmp_path):
     source = write(tmp_path / "in.jsonl", [CALLS, PLAIN])
-    with echo_servers(("--tools", "call", "--log-requests", str(tmp_path / "log.jsonl")),) as (urls, _):
+    with echo_servers(("--tools", "call", "--log-requests", str(tmp_path / "log.jsonl")),) as urls:
         stats = regenerate([source], tmp_path / "out.jsonl", urls, RegenerateConfig("echo", client=FAST_CLIENT),
                            progress=False)
     out, requests = read(tmp_path / "out.jsonl"), logged(tmp_path / "log.jsonl")
@@ -163,7 +163,7 @@ def test_tool_call_answers_are_stored_with_dict_arguments(tmp_path):
 
 def test_turns_all_regenerates_calls_and_their_results_answer_the_new_calls(tmp_path):
     source = write(tmp_path / "in.jsonl", [AGENT])
-    with echo_servers(("--tools", "call", "--log-requests", str(tmp_path / "log.jsonl")),) as (urls, _):
+    with echo_servers(("--tools", "call", "--log-requests", str(tmp_path / "log.jsonl")),) as urls:
         regenerate([source], tmp_path / "out.jsonl", urls, RegenerateConfig("echo", turns="all", client=FAST_CLIENT),
                    progress=False)
     turns = read(tmp_path / "out.jsonl")["agent"]["conversations"]
@@ -179,7 +179,7 @@ def test_turns_all_regenerates_calls_and_their_results_answer_the_new_calls(tmp_
 
 def test_turns_last_on_plain_conversations_keeps_earlier_answers_byte_for_byte(tmp_path):
     source = write(tmp_path / "in.jsonl", [PLAIN])
-    with echo_servers((),) as (urls, _):
+    with echo_servers((),) as urls:
         regenerate([source], tmp_path / "out.jsonl", urls, RegenerateConfig("echo", turns="last", client=FAST_CLIENT),
                    progress=False)
     record = read(tmp_path / "out.jsonl")["plain"]
@@ -190,10 +190,9 @@ def test_turns_last_on_plain_conversations_keeps_earlier_answers_byte_for_byte(t
 
 def test_reasoning_keep_stores_it_apart_and_sends_it_back_drop_leaves_it_out(tmp_path):
     source = write(tmp_path / "in.jsonl", [PLAIN])
-    with echo_servers(("--reasoning", "--log-requests", str(tmp_path / "log.jsonl")),) as (urls, _):
-        proc = run_cli(source, tmp_path / "keep.jsonl", urls, "--reasoning", "keep")
-        _, stderr = proc.communicate(timeout=120)
-        assert proc.returncode == 0, stderr
+    with echo_servers(("--reasoning", "--log-requests", str(tmp_path / "log.jsonl")),) as urls:
+        kept = cli(*regenerate_args(source, tmp_path / "keep.jsonl", urls, "--reasoning", "keep"))
+        assert kept.exit_code == 0, kept.stderr
         regenerate([source], tmp_path / "drop.jsonl", urls, RegenerateConfig("echo", client=FAST_CLIENT),
                    progress=False)
     turns = read(tmp_path / "keep.jsonl")["plain"]["conversations"]
@@ -209,7 +208,7 @@ def test_reasoning_keep_stores_it_apart_and_sends_it_back_drop_leaves_it_out(tmp
 def test_bad_tool_arguments_are_a_named_failure_retried_then_in_the_errors_file(tmp_path):
     source = write(tmp_path / "in.jsonl", [CALLS, ANSWERED])
     config = RegenerateConfig("echo", client=ClientConfig(concurrency=4, attempts=2, backoff=0.01))
-    with echo_servers(("--fault", "bad-tool-arguments"),) as (urls, _):
+    with echo_servers(("--fault", "bad-tool-arguments"),) as urls:
         stats = regenerate([source], tmp_path / "out.jsonl", urls, config, progress=False, warn=lambda m: None)
     errors = [orjson.loads(line) for line in (tmp_path / "out.jsonl.errors").read_bytes().splitlines()]
     assert sorted(e["id"] for e in errors) == ["answered", "calls"]
@@ -226,7 +225,7 @@ def test_resume_keeps_tool_calls_and_reasoning(tmp_path):
     source = write(tmp_path / "in.jsonl", records)
     config = RegenerateConfig("echo", reasoning="keep", client=ClientConfig(concurrency=1, attempts=1))
     with echo_servers(("--tools", "call", "--reasoning", "--fault", "bad-tool-arguments", "--fault-every", "3"),
-                      ("--tools", "call", "--reasoning")) as (urls, _):
+                      ("--tools", "call", "--reasoning")) as urls:
         first = regenerate([source], tmp_path / "out.jsonl", urls[:1], config, progress=False, warn=lambda m: None)
         again = regenerate([source], tmp_path / "out.jsonl", urls[1:], config, resume=True, progress=False)
     assert 0 < first["records_out"] < len(records)
@@ -263,7 +262,7 @@ def test_a_tool_call_finish_reason_is_taken_only_for_a_request_with_tools():
 def test_malformed_tool_turns_name_the_line_and_the_turn(tmp_path, turn, message):
     source = write(tmp_path / "bad.jsonl", [{"id": "a", "tools": TOOLS, "conversations": [
         {"role": "user", "content": "Time?"}, turn]}])
-    with echo_servers((),) as (urls, _):
+    with echo_servers((),) as urls:
         with pytest.raises(ValueError, match=re.escape(f"bad.jsonl:1: {message}")):
             regenerate([source], tmp_path / "out.jsonl", urls, RegenerateConfig("echo", client=FAST_CLIENT),
                        progress=False)

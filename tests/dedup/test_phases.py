@@ -75,17 +75,19 @@ def dedup(source, out, config, workers=1):
     return stats, {p.name: p.read_bytes() for p in sorted(out.glob("*.jsonl.zst"))}
 
 
-@pytest.mark.parametrize("method", ["minhash", "simhash"])
-def test_how_the_phases_are_cut_changes_nothing(corpus, tmp_path, monkeypatch, method):
+# The default cuts on `workers`, then many small tasks on one (no process starts). MinHash on two
+# workers is test_stage.py's test_same_bytes_whatever_the_number_of_workers; SimHash's is here.
+@pytest.mark.parametrize("method, workers", [("minhash", 1), ("simhash", 2)])
+def test_how_the_phases_are_cut_changes_nothing(corpus, tmp_path, monkeypatch, method, workers):
     config = DedupConfig(method=method, keep="longest")
-    stats, reference = dedup(corpus, tmp_path / "default", config, workers=2)
+    stats, reference = dedup(corpus, tmp_path / "default", config, workers=workers)
     summary = stats["dedup"]
     assert summary["exact_duplicates"] > 200 and summary["near_duplicates"] > 300 and AUDIT_FILE in reference
     monkeypatch.setattr(phases, "ROWS_PER_TASK", 300)
     monkeypatch.setattr(phases, "PAIRS_PER_TASK", 50)
     monkeypatch.setattr(phases, "SIMHASH_TASKS", 40)
     monkeypatch.setattr(phases, "AUDIT_ROWS_PER_TASK", 100)
-    stats, cut = dedup(corpus, tmp_path / "cut", config, workers=2)
+    stats, cut = dedup(corpus, tmp_path / "cut", config)
     tasks, default_tasks = stats["dedup"]["tasks"], summary["tasks"]
     assert tasks["exact"] > default_tasks["exact"] == 1
     assert tasks["candidates"] > default_tasks["candidates"] and tasks["verify"] > default_tasks["verify"]

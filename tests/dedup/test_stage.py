@@ -74,11 +74,18 @@ def tang_sample(raw_poems, tmp_path_factory):
     docs = [p for p in raw_poems if p["id"].split("/")[0] in ("quantangshi", "quantangshi_error")]
     base = tmp_path_factory.mktemp("tang")
     source = write_jsonl(base / "tang.jsonl", [{"id": d["id"], "text": d["text"]} for d in docs])
-    stats = run_stage(DedupStage(), source, base / "out", RunOptions(workers=2, shard_size=20_000, progress=False))
+    # one worker (no process starts): the number of workers is the subject of test_same_bytes_whatever_…
+    stats = run_stage(DedupStage(), source, base / "out", RunOptions(workers=1, shard_size=20_000, progress=False))
     return docs, base / "out", stats
 
 
-def test_verified_pairs_have_precision_one_and_similarities_are_exact(tang_sample):
+@pytest.fixture(scope="module")
+def tang_shingle_sets(tang_sample):
+    """The exact shingle sets of the sample's poems, in its order (built once: seconds of Python)."""
+    return shingle_sets([d["text"] for d in tang_sample[0]])
+
+
+def test_verified_pairs_have_precision_one_and_similarities_are_exact(tang_sample, tang_shingle_sets):
     docs, _, _ = tang_sample
     texts = [d["text"] for d in docs]
     normalize = Normalizer()
@@ -88,7 +95,7 @@ def test_verified_pairs_have_precision_one_and_similarities_are_exact(tang_sampl
     everyone = np.arange(len(texts))
     candidates = unique_pairs(np.concatenate([bucket_pairs(hashes[:, b], everyone) for b in range(bands)]), len(texts))
     similarity = jaccard_pairs(shingles, offsets, candidates)
-    sets = shingle_sets(texts)
+    sets = tang_shingle_sets
     for (a, b), value in zip(candidates.tolist(), similarity.tolist()):
         assert value == pytest.approx(jaccard(sets[a], sets[b]))
     verified = candidates[similarity >= THRESHOLD]
@@ -96,9 +103,9 @@ def test_verified_pairs_have_precision_one_and_similarities_are_exact(tang_sampl
     assert all(jaccard(sets[a], sets[b]) >= THRESHOLD for a, b in verified.tolist())
 
 
-def test_recall_against_brute_force_jaccard(tang_sample):
+def test_recall_against_brute_force_jaccard(tang_sample, tang_shingle_sets):
     docs, out, stats = tang_sample
-    pairs = true_pairs(shingle_sets([d["text"] for d in docs]), THRESHOLD)
+    pairs = true_pairs(tang_shingle_sets, THRESHOLD)
     assert len(pairs) > 5_000  # the sample really is full of duplicates
     rep = representatives(out)
     recalled = sum(rep(docs[a]["id"]) == rep(docs[b]["id"]) for a, b in pairs)

@@ -1,10 +1,17 @@
+"""Packing documents into the token dataset format. `packed_poems` (tests/conftest.py) is the
+reference pack of the poems; tests that damage a pack copy it."""
+
+import os
+import shutil
 import subprocess
 import sys
 
 import numpy as np
 import orjson
 import pytest
+from click.testing import CliRunner
 
+from fuelline.cli import main
 from fuelline.formats.tokens import TokenFiles, TokenFormatError, verify_token_dataset
 from fuelline.pack import packer
 from fuelline.pack.packer import PackConfig, pack
@@ -13,14 +20,22 @@ from fuelline.tokenizer.train import SPECIAL_TOKENS, train_tokenizer
 
 from ..conftest import POEMS as DOCS
 
+
 def packed(poems, tokenizer_dir, out, **options):
+    """The poems packed as `packed_poems` is, but for `options`."""
     workers = options.pop("workers", 1)
     pack(poems[0], tokenizer_dir, out, PackConfig(shard_size=1_000, **options), workers=workers, progress=False)
     return out
 
 
-def test_every_poetry_document_masks_exactly_its_metadata_prefix(poems, tokenizer_dir, tmp_path):
-    out = packed(poems, tokenizer_dir, tmp_path / "out", metadata_dropout=0.25)
+@pytest.fixture(scope="module")
+def plain_pack(poems, tokenizer_dir, tmp_path_factory):
+    """The poems packed with the plain template (read only)."""
+    return packed(poems, tokenizer_dir, tmp_path_factory.mktemp("plain") / "out", template="plain")
+
+
+def test_every_poetry_document_masks_exactly_its_metadata_prefix(packed_poems):
+    out = packed_poems  # metadata_dropout 0.25
     vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
     total = dropped = 0
     for split in ("train", "val"):
@@ -43,8 +58,8 @@ def test_every_poetry_document_masks_exactly_its_metadata_prefix(poems, tokenize
     assert abs(stats["splits"]["val"]["documents"] / DOCS - 0.05) < 0.01
 
 
-def test_same_seed_same_bytes_whatever_the_workers(poems, tokenizer_dir, tmp_path):
-    one = packed(poems, tokenizer_dir, tmp_path / "one")
+def test_same_seed_same_bytes_whatever_the_workers(packed_poems, poems, tokenizer_dir, tmp_path):
+    one = packed_poems  # one worker
     two = packed(poems, tokenizer_dir, tmp_path / "two", workers=2)
     other = packed(poems, tokenizer_dir, tmp_path / "other", seed=7)
     for split in ("train", "val"):
@@ -53,16 +68,17 @@ def test_same_seed_same_bytes_whatever_the_workers(poems, tokenizer_dir, tmp_pat
     assert (one / "val" / "tokens.bin").read_bytes() != (other / "val" / "tokens.bin").read_bytes()
 
 
-def test_plain_template_supervises_everything_without_a_mask_file(poems, tokenizer_dir, tmp_path):
-    out = packed(poems, tokenizer_dir, tmp_path / "plain", template="plain")
+def test_plain_template_supervises_everything_without_a_mask_file(plain_pack):
+    out = plain_pack
     files = TokenFiles(out / "train")
     assert files.manifest["mask"] is None and not (out / "train" / "mask.bin").exists()
     ids, mask = files.document(0)
     assert mask is None and ids[0] == 0 and ids[-1] == 1
 
 
-def test_an_interrupted_pack_resumes_without_redoing_shards(poems, tokenizer_dir, tmp_path, monkeypatch):
-    reference = packed(poems, tokenizer_dir, tmp_path / "reference")
+def test_an_interrupted_pack_resumes_without_redoing_shards(packed_poems, poems, tokenizer_dir, tmp_path,
+                                                           monkeypatch):
+    reference = packed_poems
     real_merge = packer.merge_split
 
     def killed(*args, **kwargs):
@@ -85,9 +101,9 @@ def test_an_interrupted_pack_resumes_without_redoing_shards(poems, tokenizer_dir
     assert not (tmp_path / "out" / "_work").exists()
 
 
-def test_a_pack_killed_after_its_stats_leaves_no_work_or_temp_files_once_rerun(poems, tokenizer_dir, tmp_path,
-                                                                               monkeypatch):
-    reference = packed(poems, tokenizer_dir, tmp_path / "reference")
+def test_a_pack_killed_after_its_stats_leaves_no_work_or_temp_files_once_rerun(packed_poems, poems, tokenizer_dir,
+                                                                               tmp_path, monkeypatch):
+    reference = packed_poems
     monkeypatch.setattr(packer, "_remove_leftovers", lambda output: None)  # killed right after stats.json
     out = packed(poems, tokenizer_dir, tmp_path / "out")
     monkeypatch.undo()
@@ -101,30 +117,18 @@ def test_a_pack_killed_after_its_stats_leaves_no_work_or_temp_files_once_rerun(p
         assert (out / split / "tokens.bin").read_bytes() == (reference / split / "tokens.bin").read_bytes()
 
 
-def test_shard_size_from_the_command_line_splits_small_inputs(poems, tokenizer_dir, tmp_path):
-    from click.testing import CliRunner
-
-    from fuelline.cli import main
-
-    out = tmp_path / "out"
-    result = CliRunner().invoke(main, ["pack", "-i", str(poems[0]), "--tokenizer", str(tokenizer_dir), "-o", str(out),
-                                       "--shard-size", "500", "-w", "1", "-q"])
-    assert result.exit_code == 0, result.output
-    stats = orjson.loads((out / "stats.json").read_bytes())
-    assert sum(stats["encoder"].values()) == -(-DOCS // 500)  # one encoder entry per shard
-    assert stats["identity"]["config"]["shard_size"] == 500
-
-
-def test_resuming_with_another_tokenizer_is_refused(poems, tokenizer_dir, tmp_path, monkeypatch):
+def test_resuming_with_another_tokenizer_is_refused(packed_poems, poems, tokenizer_dir, tmp_path, monkeypatch):
+    few = (tmp_path / "few.jsonl", poems[1][:1_000])  # one shard is enough to leave a pack unfinished
+    few[0].write_bytes(b"".join(orjson.dumps(doc) + b"\n" for doc in few[1]))
     monkeypatch.setattr(packer, "merge_split", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
-        packed(poems, tokenizer_dir, tmp_path / "out")
+        packed(few, tokenizer_dir, tmp_path / "out")
     monkeypatch.undo()
     other = tmp_path / "other-tokenizer"
-    train_tokenizer(poems[0], other, vocab_size=800)
+    train_tokenizer(few[0], other, vocab_size=800)
     with pytest.raises(StepOutputMismatch, match="different tokenizer_fingerprint"):
-        packed(poems, other, tmp_path / "out")
-    done = packed(poems, tokenizer_dir, tmp_path / "done")
+        packed(few, other, tmp_path / "out")
+    done = shutil.copytree(packed_poems, tmp_path / "done")
     with pytest.raises(StepOutputMismatch, match="different tokenizer_fingerprint"):
         packed(poems, other, done)
 
@@ -144,8 +148,9 @@ def test_uint16_overflow_is_an_error_before_anything_is_written(poems, tmp_path)
 
 
 @pytest.fixture
-def damaged(poems, tokenizer_dir, tmp_path):
-    return packed(poems, tokenizer_dir, tmp_path / "out") / "train"
+def damaged(packed_poems, tmp_path):
+    """A copy of the reference pack's train split, for a test to damage."""
+    return shutil.copytree(packed_poems / "train", tmp_path / "train")
 
 
 def test_verify_finds_truncation(damaged):
@@ -176,27 +181,30 @@ def test_verify_finds_ids_beyond_the_vocabulary(damaged):
         verify_token_dataset(damaged)
 
 
-def test_cli_pack_verify_and_inspect(poems, tokenizer_dir, tmp_path):
+def test_cli_pack_with_a_shard_size_then_verify_and_inspect(poems, tokenizer_dir, tmp_path):
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "fuelline.cli", *args], capture_output=True, text=True)
+        return CliRunner().invoke(main, [str(a) for a in args])
 
     out = tmp_path / "out"
-    result = run("pack", "-i", str(poems[0]), "--tokenizer", str(tokenizer_dir), "-o", str(out), "-q", "-w", "2")
-    assert result.returncode == 0, result.stderr
-    assert run("verify", str(out)).stdout.count("checksums match") == 2
-    shown = run("inspect", str(out), "--doc", "0")
+    result = run("pack", "-i", poems[0], "--tokenizer", tokenizer_dir, "-o", out, "--shard-size", "500", "-q", "-w", "2")
+    assert result.exit_code == 0, (result.stderr, result.exception)
+    stats = orjson.loads((out / "stats.json").read_bytes())
+    assert sum(stats["encoder"].values()) == -(-DOCS // 500)  # one encoder entry per shard
+    assert stats["identity"]["config"]["shard_size"] == 500
+    assert run("verify", out).stdout.count("checksums match") == 2
+    shown = run("inspect", out, "--doc", "0")
     assert "[masked ] '<s>" in shown.stdout and "[trained]" in shown.stdout
-    table = run("inspect", str(out), "--window", "0", "--seq-len", "64").stdout
+    table = run("inspect", out, "--window", "0", "--seq-len", "64").stdout
     assert "-100" in table and "predict" in table
     manifest = orjson.loads((out / "train" / "manifest.json").read_bytes())
     del manifest["tokenizer"]["fingerprint"]  # a manifest from another writer: nothing to check the tokenizer by
     (out / "train" / "manifest.json").write_bytes(orjson.dumps(manifest))
-    unchecked = run("inspect", str(out), "--doc", "0")
-    assert unchecked.returncode == 2 and "no tokenizer fingerprint" in unchecked.stderr
+    unchecked = run("inspect", out, "--doc", "0")
+    assert unchecked.exit_code == 2 and "no tokenizer fingerprint" in unchecked.stderr
     assert "Traceback" not in unchecked.stderr
     (out / "val" / "docs.idx").write_bytes(b"\0" * 8)
-    broken = run("verify", str(out))
-    assert broken.returncode == 2 and "docs.idx" in broken.stderr and "Traceback" not in broken.stderr
+    broken = run("verify", out)
+    assert broken.exit_code == 2 and "docs.idx" in broken.stderr and "Traceback" not in broken.stderr
 
 
 def _pack_files(out) -> dict[str, bytes]:
@@ -204,18 +212,22 @@ def _pack_files(out) -> dict[str, bytes]:
             if p.is_file() and p.name != "stats.json"}
 
 
-@pytest.mark.parametrize("template", ["poetry", "plain"])
-def test_tiktoken_packs_the_same_bytes_as_the_tokenizers_library(poems, tokenizer_dir, tmp_path, template):
+def test_tiktoken_packs_the_same_bytes_as_the_tokenizers_library(packed_poems, plain_pack, poems, tokenizer_dir,
+                                                                 tmp_path):
     """The fast engine is an implementation detail: the output is byte for byte the one the
-    tokenizer's own encoder gives (FUELLINE_ENCODER=tokenizers, in a fresh process)."""
-    fast, reference = tmp_path / "fast", tmp_path / "reference"
-    stats = pack(poems[0], tokenizer_dir, fast, PackConfig(template=template, shard_size=2_000), workers=2,
-                 progress=False)
-    assert set(stats["encoder"]) == {"tiktoken"}
-    code = (f"from fuelline.pack.packer import PackConfig, pack; "
-            f"print(pack({str(poems[0])!r}, {str(tokenizer_dir)!r}, {str(reference)!r}, "
-            f"PackConfig(template={template!r}, shard_size=2_000), workers=2, progress=False)['encoder'])")
-    done = subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ, "FUELLINE_ENCODER": "tokenizers"},
+    tokenizer's own encoder gives (FUELLINE_ENCODER=tokenizers, in a fresh process that packs
+    the poems with each template as `packed_poems` and `plain_pack` were)."""
+    fast = {"poetry": packed_poems, "plain": plain_pack}
+    for out in fast.values():
+        assert set(orjson.loads((out / "stats.json").read_bytes())["encoder"]) == {"tiktoken"}
+    references = {template: tmp_path / template for template in fast}
+    outputs = {template: str(out) for template, out in references.items()}
+    code = (f"from fuelline.pack.packer import PackConfig, pack\n"
+            f"for template, out in {outputs!r}.items():\n"
+            f"    print(pack({str(poems[0])!r}, {str(tokenizer_dir)!r}, out, PackConfig(template=template, "
+            f"shard_size=1_000), workers=1, progress=False)['encoder'])")
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "FUELLINE_ENCODER": "tokenizers"},
                           capture_output=True, text=True, check=True)
-    assert "FUELLINE_ENCODER=tokenizers" in done.stdout
-    assert _pack_files(fast) == _pack_files(reference)
+    assert done.stdout.count("FUELLINE_ENCODER=tokenizers") == 2, done.stdout
+    for template, out in fast.items():
+        assert _pack_files(out) == _pack_files(references[template]), template

@@ -1,14 +1,16 @@
 """SFT packing: chat records into the token dataset format, with exactly encode_chat's ids and mask."""
 
-import subprocess
-import sys
+import itertools
 
 import numpy as np
+import orjson
 import pytest
 import torch
+from click.testing import CliRunner
 
 from fuelline.chat.encode import encode_chats
 from fuelline.chat.prepare import ChatPrepareStage
+from fuelline.cli import main
 from fuelline.formats.tokens import TokenFiles, verify_token_dataset
 from fuelline.io import read_records
 from fuelline.loader.dataset import IGNORE_INDEX, TokenDataset
@@ -21,12 +23,25 @@ from ..conftest import shared_file
 
 @pytest.fixture(scope="module")
 def chats(tmp_path_factory):
-    """The ShareGPT and GSM8K files through chat-prepare (train split)."""
-    out = tmp_path_factory.mktemp("chats") / "prepared"
-    run_stage(ChatPrepareStage(), [shared_file("chat/sharegpt_zh_1K.jsonl.zst"),
-                                   shared_file("chat/gsm8k-train.jsonl.zst")], out,
-              RunOptions(workers=2, shard_size=3_000, progress=False))
+    """The ShareGPT file and GSM8K's first 2,000 questions through chat-prepare (train split): long
+    conversations of many exchanges, and short ones of one (the other 5,473 are more of the same)."""
+    base = tmp_path_factory.mktemp("chats")
+    gsm8k = base / "gsm8k.jsonl"
+    gsm8k.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in
+                               itertools.islice(read_records(shared_file("chat/gsm8k-train.jsonl.zst")), 2_000)))
+    out = base / "prepared"
+    run_stage(ChatPrepareStage(), [shared_file("chat/sharegpt_zh_1K.jsonl.zst"), gsm8k], out,
+              RunOptions(workers=1, shard_size=3_000, progress=False))
     return out
+
+
+@pytest.fixture(scope="module")
+def qwen3_pack(chats, qwen_dir, tmp_path_factory):
+    """The chats packed with the qwen3 template by two workers: (output directory, stats), read only."""
+    out = tmp_path_factory.mktemp("sft") / "out"
+    stats = pack([chats], qwen_dir, out, PackConfig(template="chat", chat_template="qwen3", shard_size=2_000),
+                 workers=2, progress=False)
+    return out, stats
 
 
 def documents(split_dir):
@@ -34,10 +49,8 @@ def documents(split_dir):
     return [files.document(k) for k in range(files.num_documents)]
 
 
-def test_packed_chats_are_encode_chat_exactly(chats, qwen_dir, tmp_path):
-    out = tmp_path / "sft"
-    stats = pack([chats], qwen_dir, out, PackConfig(template="chat", chat_template="qwen3", shard_size=2_000),
-                 workers=2, progress=False)
+def test_packed_chats_are_encode_chat_exactly(qwen3_pack, chats, qwen_dir):
+    out, stats = qwen3_pack
     for split in ("train", "val"):
         verify_token_dataset(out / split)
     records = {r["id"]: r for r in read_records(chats)}
@@ -55,9 +68,8 @@ def test_packed_chats_are_encode_chat_exactly(chats, qwen_dir, tmp_path):
         assert sum(int(m.sum()) for _, m in packed) == stats["splits"][split]["supervised_tokens"]
 
 
-def test_document_aware_batches_supervise_only_assistant_tokens(chats, qwen_dir, tmp_path):
-    out = tmp_path / "sft"
-    pack([chats], qwen_dir, out, PackConfig(template="chat"), workers=1, progress=False)
+def test_document_aware_batches_supervise_only_assistant_tokens(qwen3_pack):
+    out, _ = qwen3_pack
     dataset = TokenDataset(out / "train", seq_len=512, document_aware=True)
     batch = dataset.__getitems__(list(range(8)))
     labels, ids = batch["labels"], batch["input_ids"]
@@ -70,7 +82,10 @@ def test_document_aware_batches_supervise_only_assistant_tokens(chats, qwen_dir,
 
 
 def test_long_conversations_are_truncated_or_dropped_and_counted(chats, qwen_dir, tmp_path):
-    stats = pack([chats], qwen_dir, tmp_path / "short", PackConfig(template="chat", max_length=256),
+    # the first 300 chats, ShareGPT's (many of several exchanges): enough to cut some and drop some
+    source = tmp_path / "sharegpt.jsonl"
+    source.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in itertools.islice(read_records(chats), 300)))
+    stats = pack([source], qwen_dir, tmp_path / "short", PackConfig(template="chat", max_length=256),
                  workers=1, progress=False)
     assert stats["dropped"]["too_long"] > 0 and stats["counters"]["truncated"] > 0
     assert stats["records_in"] == stats["records_out"] + sum(stats["dropped"].values())
@@ -106,18 +121,15 @@ def test_chat_template_needs_its_end_of_turn_token(poems, tmp_path):
 
 
 def test_document_records_are_refused_by_the_chat_template_with_file_and_line(poems, qwen_dir, tmp_path):
-    result = subprocess.run([sys.executable, "-m", "fuelline.cli", "pack", "-i", str(poems[0]), "--tokenizer",
-                             str(qwen_dir), "-o", str(tmp_path / "out"), "--template", "chat", "-q", "-w", "1"],
-                            capture_output=True, text=True)
-    assert result.returncode == 2 and f"{poems[0]}:1: expected a chat record" in result.stderr
+    result = CliRunner().invoke(main, ["pack", "-i", str(poems[0]), "--tokenizer", str(qwen_dir), "-o",
+                                       str(tmp_path / "out"), "--template", "chat", "-q", "-w", "1"])
+    assert result.exit_code == 2 and f"{poems[0]}:1: expected a chat record" in result.stderr
     assert "Traceback" not in result.stderr
 
 
 def test_tool_records_pack_with_their_tools_and_the_supervision_options(qwen_dir, tmp_path):
     """Records with tools and reasoning are packed whole (their `tools` reach the template), and
     `reasoning`/`train_turns` given in a pipeline file reach the mask."""
-    import orjson
-
     from fuelline.pipeline.config import load_pipeline, run_pipeline
 
     from ..chat.tool_conversations import CONVERSATIONS, TOOLS

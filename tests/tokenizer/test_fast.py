@@ -18,6 +18,20 @@ def qwen(qwen_dir):
     return tokenizers.Tokenizer.from_file(str(qwen_dir / "tokenizer.json"))
 
 
+@pytest.fixture(scope="module")
+def qwen_encoder_once(qwen):
+    return FastEncoder(qwen)
+
+
+@pytest.fixture
+def qwen_encoder(qwen_encoder_once):
+    """The Qwen vocabulary's encoder, built once in the module (the ranks of 151k tokens take
+    seconds); a test may change its threads."""
+    threads = qwen_encoder_once.threads
+    yield qwen_encoder_once
+    qwen_encoder_once.threads = threads
+
+
 def reference(tokenizer, texts):
     return [(e.ids, [list(o) for o in e.offsets]) for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
 
@@ -29,35 +43,38 @@ def assert_same(encoder: FastEncoder, texts: list[str]) -> None:
         assert offsets.tolist() == want_offsets, text[:80]
 
 
-def test_qwen_vocabulary_runs_on_tiktoken_with_the_tokenizers_ids_and_offsets(qwen):
-    encoder = FastEncoder(qwen, threads=2)
+def test_qwen_vocabulary_runs_on_tiktoken_with_the_tokenizers_ids_and_offsets(qwen_encoder):
+    encoder = qwen_encoder
+    encoder.threads = 2
     extra = ["<|im_start|>user\n你好<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n👨‍👩‍👧 ok<|im_end|>", ""]
     assert_same(encoder, ADVERSARIAL + extra)
     assert encoder.engine == "tiktoken"
 
 
-def test_texts_that_start_with_a_special_token_are_encoded_joined_with_each_texts_own_ids(qwen):
+def test_texts_that_start_with_a_special_token_are_encoded_joined_with_each_texts_own_ids(qwen_encoder):
     """A batch whose texts each open with a special token is encoded in one call per thread; the
     ids, tokens per text and offsets must still be each text's own, whatever its previous text
     ended with (spaces, a newline run, half a word, a special token, nothing)."""
     ends = [" ", "\n\n", "  \t", "abc", "你好", "<|im_end|>", "", "'s", "123", "👨‍👩‍👧"]
     texts = [f"<|im_start|>user\n{a}{end}" for a in ADVERSARIAL[:20] for end in ends]
     texts += ["<|im_start|>", "<|im_end|><|im_start|>x", "<|im_start|>  "]
-    encoder = FastEncoder(qwen, threads=3)
+    encoder = qwen_encoder
+    encoder.threads = 3
     assert encoder._special_starts and all(t.startswith(encoder._special_starts) for t in texts)
     assert_same(encoder, texts)
     assert_same(encoder, ["plain first text ", *texts])  # only the texts after the first must open so
     assert_same(encoder, [*texts[:5], "no special token here", *texts[5:9]])  # one does not: text by text
 
 
-def test_batches_encode_in_order_whatever_the_threads_and_the_texts_lengths(qwen):
+def test_batches_encode_in_order_whatever_the_threads_and_the_texts_lengths(qwen_encoder):
     """`encode_batches` hands back each batch under its key, encoded as `encode_batch` alone would;
     the pieces each thread encodes are cut by characters, so one text far longer than the others
     (a piece of its own) or a batch of fewer texts than threads changes nothing."""
     long = "<|im_start|>user\n" + "你好，世界。 words and 123 numbers\n" * 500
     short = [f"<|im_start|>assistant\n{a}" for a in ADVERSARIAL[:30]]
     batches = [short[:3] + [long] + short[3:], [long], short[:1], [], short + [long, long]]
-    encoder = FastEncoder(qwen, threads=1)  # built once (the ranks of 151k tokens take seconds); threads varied
+    encoder = qwen_encoder
+    encoder.threads = 1
     expected = [encoder.encode_batch(texts, offsets=True) for texts in batches]
     for threads in (2, 3, 8):
         encoder.threads = threads
@@ -69,11 +86,14 @@ def test_batches_encode_in_order_whatever_the_threads_and_the_texts_lengths(qwen
     assert_same(encoder, batches[0])
 
 
-def test_real_chat_text_gives_identical_ids_and_offsets(qwen):
+@pytest.mark.parametrize("stride", [4, pytest.param(1, marks=pytest.mark.slow)], ids=["every-4th-text", "every-text"])
+def test_real_chat_text_gives_identical_ids_and_offsets(qwen, qwen_encoder, stride):
+    """ShareGPT's Chinese conversations and Alpaca's English and code (3.2 M characters in all)."""
     texts = ["\n".join(t["value"] for t in r["conversations"])
-             for r in read_records(shared_file("chat/sharegpt_zh_1K.jsonl.zst"))]
-    texts += [r["instruction"] + r["response"] for r in read_records(shared_file("chat/codegen-instruct.json.zst"))]
-    encoder = FastEncoder(qwen)
+             for r in read_records(shared_file("chat/sharegpt_zh_1K.jsonl.zst"))][::stride]
+    texts += [r["instruction"] + r["response"] for r in read_records(shared_file("chat/codegen-instruct.json.zst"))
+              ][::stride]
+    encoder = qwen_encoder
     assert_same(encoder, texts)
     assert encoder.engine == "tiktoken"
     assert [a.tolist() for a in encoder.encode(texts[:50])] == [i for i, _ in reference(qwen, texts[:50])]

@@ -192,7 +192,9 @@ async def _cut(request, raw: bytes):
     return response
 
 
-def main() -> None:
+def echo_app(argv: list[str] | None = None):
+    """The server's aiohttp app and its parsed command line (host, port): what `main` serves, and what a
+    test can serve on a thread of its own (`--port 0`) without starting a process."""
     from aiohttp import web
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -206,13 +208,24 @@ def main() -> None:
     parser.add_argument("--reasoning", action="store_true")
     parser.add_argument("--tools", choices=("ignore", "call"), default="ignore")
     parser.add_argument("--log-requests", metavar="FILE")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     log = open(args.log_requests, "ab") if args.log_requests else None
     server = EchoServer(args.model, args.fault, args.fault_every, {f for f in args.reject_fields.split(",") if f},
                         args.delay, args.reasoning, args.tools, log)
     app = web.Application()
     app.router.add_get("/v1/models", server.models)
     app.router.add_post("/v1/chat/completions", server.chat)
+    if log is not None:
+        async def close_log(app):
+            log.close()
+        app.on_cleanup.append(close_log)
+    return app, args
+
+
+def main() -> None:
+    from aiohttp import web
+
+    app, args = echo_app()
     web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
 
 
