@@ -9,6 +9,7 @@ every run shows the same funnel.
 
 from __future__ import annotations
 
+import functools
 import random
 import tempfile
 from pathlib import Path
@@ -139,13 +140,11 @@ def run_demo(directory: str | None, *, workers: int | None = None,
     print(f"corpus: {corpus}\npipeline: {pipeline_file}\nrun: {run_dir}\n")
     # The same corpus and pipeline as an earlier demo in the same place: its steps resume (a
     # finished run is found again at once); anything else is redone from the start.
-    restart = corpus_changed or pipeline_changed
+    run = functools.partial(run_pipeline, load_pipeline(pipeline_file), run_dir, input=[str(corpus)], workers=workers)
     try:
-        all_stats = run_pipeline(load_pipeline(pipeline_file), run_dir, input=[str(corpus)], workers=workers,
-                                 restart=restart)
+        all_stats = run(restart=corpus_changed or pipeline_changed)
     except StepOutputMismatch:  # an earlier demo of other options (another fuelline version): redo it
-        all_stats = run_pipeline(load_pipeline(pipeline_file), run_dir, input=[str(corpus)], workers=workers,
-                                 restart=True)
+        all_stats = run(restart=True)
     report(all_stats, run_dir)
     print("\n" + format_funnel(load_funnel(run_dir)))
     packed = next(p for p in sorted(run_dir.iterdir()) if p.name.endswith("-pack"))
