@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from fuelline.cache.export import ExportConfig, export_specforge
+from fuelline.cache.export_files import read_journal
 from fuelline.cli import main
 from fuelline.formats.target_cache import DEEPSPEC_V2, FP8, CacheFormatError
 from fuelline.pipeline.config import load_pipeline, run_pipeline
@@ -153,9 +154,10 @@ def test_an_export_killed_with_sigkill_resumes_to_the_files_of_an_uninterrupted_
         returned = process.wait()
     assert returned == -signal.SIGKILL  # killed mid-way, not finished
     assert 10 <= len(data_files(killed)) < 400 and not (killed / "stats.json").exists()
+    kept = len(read_journal(killed)[0])  # files renamed into place but not yet journaled are written again
     stats = export_specforge(cache, killed, config, workers=2, progress=False)
     assert tree(killed) == tree(tmp_path / "whole")  # the same files, byte for byte; no temp file left
-    assert len(data_files(killed)) == 400 and 0 < stats["export"]["written_files"] <= 390
+    assert len(data_files(killed)) == 400 and kept > 0 and stats["export"]["written_files"] == 400 - kept
 
 
 def test_the_command_end_to_end_and_its_one_line_errors(tmp_path):
@@ -183,6 +185,9 @@ def test_the_command_end_to_end_and_its_one_line_errors(tmp_path):
                                   str(tmp_path / "o5")])
     assert result.exit_code == 2 and "manifest.json: missing: not a target cache" in result.output
     assert "Traceback" not in result.output and not (tmp_path / "o5").exists()
+    result = runner.invoke(main, ["cache", "export", "--to", "specforge", str(tmp_path / "file"), "-o",
+                                  str(tmp_path / "o6")])
+    assert result.exit_code == 2 and f"{tmp_path / 'file'}: a file, not a cache directory" in result.output
 
 
 def test_the_command_and_a_pipeline_step_take_the_same_options(tmp_path):
@@ -190,7 +195,7 @@ def test_the_command_and_a_pipeline_step_take_the_same_options(tmp_path):
 
     assert export.METHODS == specforge.METHODS  # the CLI's list, spelled out to keep torch off `fuelline --help`
     command = main.commands["cache"].commands["export"]
-    runs = {"to", "cache_dir", "output", "workers", "restart", "progress"}
+    runs = {"to", "cache_dir", "output", "workers", "restart", "verify", "progress"}
     assert {p.name for p in command.params} - runs == {f.name for f, _ in option_fields(ExportConfig)}
     write_cache(tmp_path / "cache", num_samples=4)
     pipeline = tmp_path / "p.toml"
@@ -199,3 +204,63 @@ def test_the_command_and_a_pipeline_step_take_the_same_options(tmp_path):
     (stats,) = run_pipeline(load_pipeline(pipeline), tmp_path / "run", progress=False)
     assert stats["stage"] == "specforge-export" and stats["records_out"] == 4
     assert len(specforge_reader.find_files(tmp_path / "run" / "01-specforge-export")) == 4
+
+
+def test_a_rerun_checks_every_file_and_repairs_what_is_missing_short_changed_or_stray(tmp_path):
+    """Issue 36 class 5: each kind of damage to a finished export, then the same command: it says what
+    it repaired and ends with the files of an undamaged export; a stray data_500.ckpt is removed."""
+    write_cache(tmp_path / "cache", num_samples=7)
+    out, rows = tmp_path / "out", tmp_path / "out" / "rows_0-2000"
+    export_specforge(tmp_path / "cache", out, ExportConfig(), workers=1, progress=False)
+    whole = tree(out)
+    (rows / "data_1.ckpt").unlink()
+    (rows / "data_2.ckpt").write_bytes((rows / "data_2.ckpt").read_bytes()[:-5])
+    changed = bytearray((rows / "data_3.ckpt").read_bytes())
+    changed[200] ^= 1
+    (rows / "data_3.ckpt").write_bytes(bytes(changed))  # same size: only its checksum tells
+    (rows / "data_4.ckpt").write_bytes((rows / "data_4.ckpt").read_bytes() + b"x")
+    (rows / "data_500.ckpt").write_bytes(b"not ours")
+    (rows / "data_5.ckpt.gz").write_bytes(b"not ours either")
+    (out / "record_ids.txt").unlink()
+    (out / "fuelline_export.json").write_bytes((out / "fuelline_export.json").read_bytes()[:40])
+    args = ["cache", "export", "--to", "specforge", str(tmp_path / "cache"), "-o", str(out), "--no-progress",
+            "--workers", "1"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert ("repaired: rewrote missing data_1; rewrote short data_2; rewrote longer data_4; rewrote changed data_3; "
+            "removed strays rows_0-2000/data_5.ckpt.gz, rows_0-2000/data_500.ckpt; rewrote fuelline_export.json, "
+            "record_ids.txt (missing)") in result.output
+    assert tree(out) == whole and len(specforge_reader.find_files(out)) == 7
+    stats = orjson.loads((out / "stats.json").read_bytes())
+    assert stats["export"]["written_files"] == 4 and stats["export"]["repaired"]["missing"] == [1]
+    again = CliRunner().invoke(main, args)
+    assert again.exit_code == 0 and "already exported" in again.output and "repaired" not in again.output
+
+
+def test_a_damaged_journal_is_repaired_and_a_partial_export_with_a_torn_line_resumes(tmp_path):
+    write_cache(tmp_path / "cache", num_samples=6)
+    out = tmp_path / "out"
+    export_specforge(tmp_path / "cache", out, ExportConfig(method="dflash"), workers=1, progress=False)
+    whole, journal = tree(out), out / "fuelline_export_files.jsonl"
+    lines = journal.read_bytes().splitlines(keepends=True)
+    journal.write_bytes(b"".join(lines[:2]) + lines[2].replace(b'"bytes":', b'"bytes":1') + lines[3][:-9])
+    stats = export_specforge(tmp_path / "cache", out, ExportConfig(method="dflash"), workers=1, progress=False)
+    assert stats["export"]["repaired"] == {"unjournaled": [2, 3, 4, 5], "rewritten": ["fuelline_export_files.jsonl"]}
+    assert tree(out) == whole
+    (out / "stats.json").unlink()  # unfinished: a kill while the journal was being appended to
+    journal.write_bytes(journal.read_bytes()[:-20])
+    (out / "fuelline_export.json").unlink()
+    stats = export_specforge(tmp_path / "cache", out, ExportConfig(method="dflash"), workers=1, progress=False)
+    assert tree(out) == whole and stats["export"]["written_files"] == 1 and stats["export"]["repaired"] == {}
+
+
+def test_an_export_of_no_file_is_refused_with_the_reason(tmp_path):
+    """Issue 36 class 10: every sample skipped is an exit 2 naming why, with no finished output."""
+    write_cache(tmp_path / "cache", num_samples=2, num_shards=1)
+    for sample in (0, 1):
+        poke(tmp_path / "cache", sample, "target_hidden_states", 0, nan_bytes("bfloat16"), reseal=True)
+    result = CliRunner().invoke(main, ["cache", "export", "--to", "specforge", str(tmp_path / "cache"), "-o",
+                                       str(tmp_path / "out"), "--nonfinite", "skip", "--no-progress"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "no file exported: all 2 samples were skipped (the first, sample 0: aux_hidden_state holds" in result.output
+    assert not (tmp_path / "out" / "stats.json").exists() and not specforge_reader.find_files(tmp_path / "out")

@@ -196,3 +196,16 @@ def test_validate_for_draft_compares_layers_hidden_size_and_target_model(tmp_pat
     broken.write_text("hidden_size = ")
     assert len(validate_for_draft(cache, broken)) == 1 and "cannot read the draft config" in \
         validate_for_draft(cache, broken)[0]
+
+
+def test_verify_and_info_refuse_a_directory_that_is_no_cache_alike(tmp_path):
+    """Issue 36, first contact: `cache verify` exited 1 (a problem of a cache) where `cache info` exits 2."""
+    from click.testing import CliRunner
+
+    from fuelline.cli import main
+
+    (tmp_path / "notes").mkdir()
+    for command in ("verify", "info"):
+        result = CliRunner().invoke(main, ["cache", command, str(tmp_path / "notes")])
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        assert f"{tmp_path / 'notes' / MANIFEST}: missing: not a target cache" in result.output

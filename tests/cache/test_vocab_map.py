@@ -2,6 +2,7 @@
 mapping against SpecForge's rule written out here with a Counter filled sample by sample, the
 file against a direct torch.save, on caches of both formats and on token datasets."""
 
+import shutil
 from collections import Counter
 
 import numpy as np
@@ -314,3 +315,52 @@ def test_the_command_writes_specforges_mapping_and_says_its_coverage(tmp_path):
     assert torch.equal(saved["d2t"], d2t) and torch.equal(saved["t2d"], t2d)
     stats = orjson.loads(companion_paths(out)["stats"].read_bytes())
     assert f"coverage {stats['coverage']:.2%} of supervised tokens" in result.output
+
+
+def test_a_damaged_record_is_refused_and_no_verify_counts_only_what_opening_checks(cache, tmp_path):
+    """Issue 36 class 4: the ids of one sample overwritten, or a mask byte flipped, with the index left
+    as it was: `cache verify` names the checksum, and so does vocab-map, never a mapping from the damage."""
+    from .test_specforge import poke
+
+    before = count_supervised(cache)
+    length = int(CacheDataset(cache).lengths[3])
+    for field, data, changed in (
+            ("input_ids", np.full(length, 7, "<i4").tobytes(), lambda c: c.counts[7] > before.counts[7:8].sum()),
+            ("loss_mask", b"\x01", lambda c: c.supervised == before.supervised + 1)):  # position 0: a prompt token
+        damaged = tmp_path / field
+        shutil.copytree(cache, damaged)
+        poke(damaged, 3, field, 0, data, reseal=False)
+        assert changed(count_supervised(damaged, verify=False))  # what vocab-map counted before issue 36
+        if cache.name.startswith(DEEPSPEC_V2):  # no checksums in this format: only its structure is checked
+            continue
+        with pytest.raises(FormatError, match=r"shard-\d+\.bin: sample 3: checksum mismatch"):
+            build_vocab_mapping(damaged, tmp_path / "m.pt", draft_vocab_size=8, target_vocab_size=TARGET)
+        assert not (tmp_path / "m.pt").exists()
+
+
+def test_a_flipped_mask_bit_in_a_token_dataset_or_a_pack_output_is_refused(tmp_path):
+    for directory, damaged in ((tmp_path / "tokens", tmp_path / "tokens"),
+                               (tmp_path / "packed", tmp_path / "packed" / "train")):
+        write_tokens(damaged, skewed_docs(), 64)
+        flipped = bytearray((damaged / "mask.bin").read_bytes())
+        flipped[3] ^= 0x10
+        (damaged / "mask.bin").write_bytes(bytes(flipped))
+        with pytest.raises(FormatError, match=r"mask\.bin: checksum mismatch"):
+            build_vocab_mapping(directory, tmp_path / "m.pt", draft_vocab_size=8)
+        assert count_supervised(directory, verify=False).supervised  # counted from the damage, when asked to
+    assert not (tmp_path / "m.pt").exists()
+
+
+def test_no_supervised_token_exits_2_with_the_reason_and_writes_nothing(tmp_path):
+    """Issue 36 class 10."""
+    from click.testing import CliRunner
+
+    from fuelline.cli import main
+
+    docs = [(np.array([3, 4, 5]), np.zeros(3, bool)), (np.array([6]), np.zeros(1, bool))]
+    write_tokens(tmp_path / "t", docs, 16)
+    result = CliRunner().invoke(main, ["cache", "vocab-map", str(tmp_path / "t"), "--draft-vocab", "4", "-o",
+                                       str(tmp_path / "m.pt"), "--no-progress"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "no supervised token in its 2 samples (4 tokens, every loss mask 0)" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t"]

@@ -155,14 +155,19 @@ def compare(first, second):
     *config_params(ExportConfig),
     click.Option(["--workers"], type=int, help="files written at once (threads)  [default: every core]"),
     click.Option(["--restart"], is_flag=True, help="delete what the output directory holds and export again"),
+    click.Option(["--verify/--no-verify"], default=True, show_default=True,
+                 help="on a rerun, check every file's checksum against the export's journal (--no-verify: sizes "
+                      "only) and rewrite what is missing, short or changed"),
     click.Option(["--progress/--no-progress"], default=True, show_default=True, help="progress bar")])
-def export(to, cache_dir, output, workers, restart, progress, **values):
-    """Write a cache as a trainer's offline data: SpecForge's rows_*/data_*.ckpt files (resumable)."""
+def export(to, cache_dir, output, workers, restart, verify, progress, **values):
+    """Write a cache as a trainer's offline data: SpecForge's rows_*/data_*.ckpt files (resumable; a rerun
+    checks every file and repairs what it finds)."""
     from fuelline.cache.export import export_specforge
     from fuelline.pipeline.config import build_dataclass
 
     config = build_dataclass(ExportConfig, given(values), "fuelline cache export")
-    stats = export_specforge(cache_dir, output, config, workers=workers, progress=progress, restart=restart)
+    stats = export_specforge(cache_dir, output, config, workers=workers, progress=progress, restart=restart,
+                             verify=verify)
     click.echo(export_summary(stats, output))
 
 
@@ -177,11 +182,23 @@ def export_summary(stats: dict, output) -> str:
            f"wrote {e['written_files']:,} files in {e['seconds']:.1f}s: {e['files_per_second']:,.1f} files/s, "
            f"{e['gb_per_second']:.3f} GB/s, {e['workers']} worker(s)")
     ids = f"line i + 1 of {e['record_ids']} is its record id" if e["record_ids"] else "the cache stores no record ids"
+    repaired = [f"{_REPAIRS.get(kind, kind)} {_listed(items)}" for kind, items in (e.get("repaired") or {}).items()]
+    if repaired and not stats.get("resumed"):  # found again, the stats are of the run that repaired
+        run += "\n           repaired: " + "; ".join(repaired)
     return "\n".join([
         f"specforge  {e['files']:,} of {stats['records_in']:,} samples exported for {e['method']} ({skipped})",
         f"           {human_bytes(e['bytes'])}{' gzipped' if e['compressed'] else ''}, "
         f"{'fp8 hidden states widened to bf16' if e['widened_from_fp8'] else 'bf16 hidden states'}; {run}",
         f"           data_i is sample i of the cache ({ids}); {output}/fuelline_export.json says which cache"])
+
+
+_REPAIRS = {"missing": "rewrote missing", "short": "rewrote short", "size": "rewrote longer", "changed": "rewrote changed",
+            "unjournaled": "rewrote unjournaled", "strays_removed": "removed strays", "rewritten": "rewrote"}
+
+
+def _listed(items: list) -> str:
+    """Samples as data_i, file names as they are."""
+    return ", ".join(f"data_{i}" if isinstance(i, int) else str(i) for i in items)
 
 
 @cache.command("vocab-map")
@@ -194,8 +211,11 @@ def export_summary(stats: dict, output) -> str:
               help="the target model's config vocab_size  [default: the cache's model config.json; a token "
                    "dataset's tokenizer size]")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="passes counted at once  [default: every core]")
+@click.option("--verify/--no-verify", default=True, show_default=True,
+              help="check every record's checksum (a token dataset: every file's sha256) before trusting it; "
+                   "--no-verify reads only the ids and masks, checking what opening checks")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="progress bar")
-def vocab_map(source, draft_vocab, output, target_vocab, workers, progress):
+def vocab_map(source, draft_vocab, output, target_vocab, workers, verify, progress):
     """SpecForge's draft vocabulary (vocab_mapping.pt: d2t, t2d) from the supervised tokens of a cache or a
     `pack --template chat` token dataset, with the share of supervised tokens it covers."""
     import os
@@ -203,5 +223,5 @@ def vocab_map(source, draft_vocab, output, target_vocab, workers, progress):
     from fuelline.cache.vocab_map import build_vocab_mapping, format_summary
 
     stats = build_vocab_mapping(source, output, draft_vocab_size=draft_vocab, target_vocab_size=target_vocab,
-                                workers=workers or len(os.sched_getaffinity(0)), progress=progress)
+                                workers=workers or len(os.sched_getaffinity(0)), progress=progress, verify=verify)
     click.echo(format_summary(stats))

@@ -37,9 +37,8 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from fuelline.cache.fp8 import dequantize
-from fuelline.formats.target_cache import (FUELLINE, SCALES, CacheFormatError, checksum, layout_of, read_index,
-                                           read_manifest)
-from fuelline.formats.target_cache_checks import opened
+from fuelline.formats.target_cache import FUELLINE, SCALES, CacheFormatError, layout_of, read_index, read_manifest
+from fuelline.formats.target_cache_checks import opened, verify_record_checksum
 
 HIDDEN = ("target_hidden_states", "target_last_hidden_states")
 RETURNED = ("input_ids", "loss_mask") + HIDDEN + SCALES  # attention_mask is all ones: never returned
@@ -195,10 +194,7 @@ class CacheDataset(Dataset):
     @staticmethod
     def _verify(data, start: int, end: int, expected: int, path: Path, sample: int) -> None:
         with memoryview(data) as view, view[start:end] as block:
-            actual = checksum(block)
-        if actual != expected:
-            raise CacheFormatError(path, f"sample {sample}: checksum mismatch ({actual:016x}, the index says "
-                                         f"{expected:016x}): the record is damaged")
+            verify_record_checksum(block, expected, path, sample)
 
     def _tensor(self, data, offset: int, name: str, seq_len: int) -> torch.Tensor:
         """One field as a tensor viewing `data` where its offset is aligned to the dtype, else copied."""

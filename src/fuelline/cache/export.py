@@ -17,15 +17,22 @@ reads the cache in place instead.
   (page faults in torch's copies), widening, zlib and the writes release the GIL. On 2 cores
   (200 samples of 1 to 512 tokens, hidden 1024, 3 layers), 1 → 2 threads: gzip 6.2 → 12.4
   files/s (zlib is the whole cost), plain bf16 61 → 80 files/s (fsync-bound), plain fp8 48 → 52.
-- **Resume.** A sample whose file exists is done. Killed at any moment (SIGKILL included), the
-  same command writes the missing files and ends with exactly the files of an uninterrupted
+- **Resume and recheck.** Each file's size and xxh3 go into a journal as it is renamed into
+  place (`export_files`). Every run, finished or not, checks every file against it (checksums;
+  sizes only with `verify=False`), writes again what is missing, short, changed or not
+  journaled, removes strays (a `data_500.ckpt` SpecForge's walker would read), rewrites
+  `record_ids.txt` and `fuelline_export.json` where they differ from what the cache and the
+  options make them, and lists what it repaired in the stats and the summary. Killed at any
+  moment (SIGKILL included), the same command ends with exactly the files of an uninterrupted
   export (tested). The identity (`WorkDir`) is the cache's (its manifest and index digests, and
   its build's identity where stats.json has one) and the options; other options on the same
   OUT are refused naming them, `--restart` deletes OUT first.
-- **Last.** `record_ids.txt` (line i + 1: the record id of sample i, so of data_i; the
+- **Last.** The journal sorted (`fuelline_export_files.jsonl`: the list of files, sizes and
+  checksums), `record_ids.txt` (line i + 1: the record id of sample i, so of data_i; the
   deepspec-v2 format stores no ids), `fuelline_export.json` (what was exported from which
   cache, and the samples skipped with their reasons) and stats.json (files, bytes, seconds,
-  files/s, GB/s), written last: an OUT with a stats.json is finished.
+  files/s, GB/s, repairs), written last: an OUT with a stats.json is finished. An export that
+  would hold no file (an empty cache, every sample skipped) is an error instead.
 
 A NaN or Inf in a state stops the export naming the sample (`--nonfinite error`), or leaves its
 file out and lists it (`skip`); SpecForge's preparation leaves such a sample out with a printed
@@ -35,6 +42,7 @@ warning. A damaged sample always stops it, naming the sample.
 from __future__ import annotations
 
 import gzip
+import io
 import mmap
 import os
 import pickle
@@ -46,6 +54,7 @@ from pathlib import Path
 
 import orjson
 
+from fuelline.cache.export_files import JOURNAL, Journal, check_files, digest, journal_bytes, read_journal, strays
 from fuelline.formats.target_cache import BF16, INDEX, STATS, CacheFormatError, checksum, manifest_digest
 from fuelline.io.atomic import atomic_write, remove_temp_files, write_bytes_atomic
 from fuelline.pipeline.options import identity_defaults, identity_values, option
@@ -107,8 +116,10 @@ def cache_identity(cache) -> dict:
 
 
 def export_specforge(cache: str | os.PathLike, output: str | os.PathLike, config: ExportConfig, *,
-                     workers: int | None = None, progress: bool = True, restart: bool = False) -> dict:
-    """Export `cache` into `output` (see the module docstring); return the stats written."""
+                     workers: int | None = None, progress: bool = True, restart: bool = False,
+                     verify: bool = True) -> dict:
+    """Export `cache` into `output` (see the module docstring); return the stats written. A rerun
+    checks every file (`verify`: their checksums too, else their sizes) and repairs what it finds."""
     from fuelline.cache.dataset import CacheDataset
 
     output = Path(output)
@@ -122,39 +133,65 @@ def export_specforge(cache: str | os.PathLike, output: str | os.PathLike, config
     with step_dir.lock():
         if restart:
             step_dir.discard()
-        if (done := step_dir.finished()) is not None:
-            return done
-        started = read_stats(output / STARTED_FILE)
-        if started is None and not step_dir.is_empty():
-            raise not_a_step_output(output)
-        if started is not None and not step_dir.resumes(started, anything_finished=any(output.glob("rows_*/data_*"))):
-            step_dir.discard()
-        output.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomic(output / STARTED_FILE, orjson.dumps(identity, option=orjson.OPT_SORT_KEYS))
+        done = step_dir.finished()
+        if done is None:
+            started = read_stats(output / STARTED_FILE)
+            if started is None and not step_dir.is_empty():
+                raise not_a_step_output(output)
+            if started is not None and not step_dir.resumes(started, anything_finished=any(output.glob("rows_*/data_*"))):
+                step_dir.discard()
+            output.mkdir(parents=True, exist_ok=True)
+            write_bytes_atomic(output / STARTED_FILE, orjson.dumps(identity, option=orjson.OPT_SORT_KEYS))
         remove_temp_files(output)  # of files a killed export left half written (we hold the lock)
-        return _export(dataset, step_dir, config, workers or len(os.sched_getaffinity(0)), progress)
+        return _export(dataset, step_dir, config, workers or len(os.sched_getaffinity(0)), progress, verify, done)
 
 
-def _export(dataset, step_dir: WorkDir, config: ExportConfig, workers: int, progress: bool) -> dict:
+def _export(dataset, step_dir: WorkDir, config: ExportConfig, workers: int, progress: bool, verify: bool,
+            done: dict | None) -> dict:
+    """Check what OUT holds against the journal (`export_files`), write what is missing or wrong, remove
+    strays; `done`: the stats of the finished export found here, returned as they are when nothing
+    needed repair."""
     output = step_dir.path
     count = min(len(dataset), config.limit or len(dataset))
-    ids = _record_ids(dataset, count)
-    if ids is not None:
-        write_bytes_atomic(output / RECORD_IDS_FILE, "".join(f"{i}\n" for i in ids).encode("utf-8"))
-    pending = [i for i in range(count) if not file_path(output, i, config.extension).exists()]
+    if count == 0:
+        raise ValueError(f"{dataset.path}: the cache holds no samples: nothing to export")
+    paths = {i: file_path(output, i, config.extension) for i in range(count)}
+    entries, intact = read_journal(output)
+    found = check_files(paths, entries, verify=verify, workers=workers)
+    pending = sorted(sample for samples in found.values() for sample in samples)
     began = time.perf_counter()
-    writer = _Writer(dataset, output, config)
-    skipped = {}
-    with progress_bar(disable=not progress, total=count, initial=count - len(pending), unit="file",
-                      desc="export: specforge") as bar:
-        for sample, reason in _run(writer, pending, workers, bar):
-            skipped[sample] = reason
+    journal = Journal(output)
+    try:
+        writer = _Writer(dataset, output, config)
+        with progress_bar(disable=not progress, total=count, initial=count - len(pending), unit="file",
+                          desc="export: specforge") as bar:
+            for sample, entry in _run(writer, pending, workers, bar):
+                entries[sample] = entry
+                journal.add(entry)
+    finally:
+        journal.close()
     seconds = time.perf_counter() - began
-    sizes = {i: file_path(output, i, config.extension).stat().st_size for i in range(count) if i not in skipped}
-    written = [i for i in pending if i not in skipped]
-    written_bytes = sum(sizes[i] for i in written)
-    write_bytes_atomic(output / MANIFEST_FILE, orjson.dumps(
-        _manifest(dataset, config, count, len(sizes), skipped, ids), option=orjson.OPT_INDENT_2) + b"\n")
+    skipped = {i: entries[i]["skipped"] for i in range(count) if "skipped" in entries[i]}
+    if len(skipped) == count:
+        first = min(skipped)
+        raise ValueError(f"{dataset.path}: no file exported: all {count:,} samples were skipped (the first, "
+                         f"sample {first}: {skipped[first]})")
+    removed = _remove_strays(output, {paths[i] for i in range(count) if i not in skipped})
+    ids = _record_ids(dataset, count)
+    small = {JOURNAL: journal_bytes(entries, count),
+             MANIFEST_FILE: orjson.dumps(_manifest(dataset, config, count, count - len(skipped), skipped, ids),
+                                         option=orjson.OPT_INDENT_2) + b"\n"}
+    if ids is not None:
+        small[RECORD_IDS_FILE] = "".join(f"{i}\n" for i in ids).encode("utf-8")
+    rewritten = _rewrite_changed(output, small)
+    if done is not None and not intact:
+        rewritten.insert(0, JOURNAL)  # damaged or edited after the export finished (a rerun appends to it)
+    repairs = _repairs(found, removed, rewritten, finished=done is not None)
+    if done is not None and not repairs:
+        return done
+    sizes = {i: entries[i]["bytes"] for i in range(count) if i not in skipped}
+    written_bytes = sum(sizes[i] for i in pending if i in sizes)
+    written = [i for i in pending if i in sizes]
     first = min(skipped, default=None)
     return StepStats(
         ExportStep.name, count, len(sizes), {"nonfinite": len(skipped)} if skipped else {},
@@ -162,12 +199,58 @@ def _export(dataset, step_dir: WorkDir, config: ExportConfig, workers: int, prog
         wall_seconds=time.perf_counter() - step_dir.started, details={"export": {
             "method": config.method, "compressed": config.compress, "files": len(sizes),
             "bytes": sum(sizes.values()), "workers": workers, "widened_from_fp8": dataset.manifest["hidden_dtype"] != BF16,
-            "record_ids": RECORD_IDS_FILE if ids is not None else None,
+            "record_ids": RECORD_IDS_FILE if ids is not None else None, "journal": JOURNAL,
             # this run's writing (a resumed export wrote only the missing files)
             "written_files": len(written), "written_bytes": written_bytes, "seconds": round(seconds, 3),
             "files_per_second": round(len(written) / seconds, 2) if seconds else 0.0,
-            "gb_per_second": round(written_bytes / seconds / 1e9, 4) if seconds else 0.0}},
+            "gb_per_second": round(written_bytes / seconds / 1e9, 4) if seconds else 0.0,
+            "repaired": repairs, "checked": "checksums" if verify else "sizes"}},
     ).write(output)
+
+
+def _remove_strays(output: Path, expected: set[Path]) -> list[str]:
+    """Remove the strays of `export_files.strays` (and rows_* folders they leave empty); their names."""
+    found = strays(output, expected)
+    for path in found:
+        path.unlink()
+        if path.parent != output and not any(path.parent.iterdir()):
+            path.parent.rmdir()
+    return [path.relative_to(output).as_posix() for path in found]
+
+
+def _rewrite_changed(output: Path, files: dict[str, bytes]) -> list[str]:
+    """Write each of `files` whose bytes on disk differ (missing, short, edited); the names of those
+    that existed and were wrong. A record_ids.txt the cache cannot have (deepspec-v2) is a stray."""
+    rewritten = []
+    for name, data in files.items():
+        path = output / name
+        try:
+            same = path.read_bytes() == data
+            existed = True
+        except FileNotFoundError:
+            same, existed = False, False
+        if not same:
+            write_bytes_atomic(path, data)
+            if name != JOURNAL:  # appended to by this run: said only when it was damaged (the caller)
+                rewritten.append(name if existed else f"{name} (missing)")
+    if RECORD_IDS_FILE not in files and (output / RECORD_IDS_FILE).exists():
+        (output / RECORD_IDS_FILE).unlink()
+        rewritten.append(f"{RECORD_IDS_FILE} (removed: the cache stores no record ids)")
+    return rewritten
+
+
+def _repairs(found: dict[str, list[int]], removed: list[str], rewritten: list[str], *, finished: bool) -> dict:
+    """What this run found wrong and put right. An unfinished export's missing or unjournaled
+    files, and its small files not yet written, are the work left, not damage."""
+    ordinary = () if finished else ("missing", "unjournaled")
+    repairs = {kind: samples[:20] + ([f"… {len(samples) - 20:,} more"] if len(samples) > 20 else [])
+               for kind, samples in found.items() if kind not in ordinary}
+    if removed:
+        repairs["strays_removed"] = removed[:20] + ([f"… {len(removed) - 20:,} more"] if len(removed) > 20 else [])
+    files = [name for name in rewritten if finished or not name.endswith("(missing)")]
+    if files:
+        repairs["rewritten"] = files
+    return repairs
 
 
 def _record_ids(dataset, count: int) -> list[str] | None:
@@ -208,8 +291,8 @@ class _Writer:
         self.local = threading.local()
         self.copy = pickle.dumps(dataset)
 
-    def __call__(self, sample: int) -> str | None:
-        """Write sample's file; the reason it was skipped, or None."""
+    def __call__(self, sample: int) -> dict:
+        """Write sample's file; its journal entry (`export_files`): its size and xxh3, or why it was skipped."""
         import torch
 
         from fuelline.cache.specforge import NonFiniteState, specforge_record
@@ -220,22 +303,25 @@ class _Writer:
             record = specforge_record(self.local.dataset[sample], self.config.method, where=(self.dataset.path, sample))
         except NonFiniteState as e:
             if self.config.nonfinite == "skip":
-                return f"{e.key} holds {e.count:,} NaN or Inf value(s)"
+                return {"sample": sample, "skipped": f"{e.key} holds {e.count:,} NaN or Inf value(s)"}
             e.add_note("pass --nonfinite skip to leave such samples out (they are listed in the export's manifest)")
             raise
+        buffer = io.BytesIO()  # one file's bytes, checksummed for the journal before they are written
+        if self.config.compress:  # mtime 0 and no file name: the same bytes on every run
+            with gzip.GzipFile(filename="", mode="wb", fileobj=buffer, compresslevel=self.config.compression_level,
+                               mtime=0) as stream:
+                torch.save(record, stream)
+        else:
+            torch.save(record, buffer)
+        data = buffer.getbuffer()
         with atomic_write(file_path(self.output, sample, self.config.extension)) as f:
-            if self.config.compress:  # mtime 0 and no file name: the same bytes on every run
-                with gzip.GzipFile(filename="", mode="wb", fileobj=f, compresslevel=self.config.compression_level,
-                                   mtime=0) as stream:
-                    torch.save(record, stream)
-            else:
-                torch.save(record, f)
-        return None
+            f.write(data)
+        return {"sample": sample, "bytes": len(data), "xxh3": digest(data)}
 
 
 def _run(write: _Writer, samples: list[int], workers: int, bar):
-    """(sample, reason) of each skipped sample, writing `samples` on `workers` threads with a few
-    tasks queued per thread. The first error stops the export; the files written stay."""
+    """(sample, journal entry) of each of `samples` as its file is written, on `workers` threads with
+    a few tasks queued per thread. The first error stops the export; the files written stay."""
     todo, running = iter(samples), set()
     with ThreadPoolExecutor(workers, thread_name_prefix="export") as pool:
         try:
@@ -248,8 +334,7 @@ def _run(write: _Writer, samples: list[int], workers: int, bar):
                     return
                 finished, running = wait(running, return_when=FIRST_COMPLETED)
                 for future in finished:
-                    if (reason := future.result()) is not None:
-                        yield future.sample, reason
+                    yield future.sample, future.result()
                     bar.update()
         except BaseException as e:
             for future in running:

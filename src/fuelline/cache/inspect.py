@@ -25,10 +25,13 @@ from fuelline.formats.target_cache_checks import Problems, check_records, check_
 
 def verify_cache(path: str | os.PathLike) -> list[str]:
     """Every problem found in the cache at `path` (empty: the cache is whole). Raises only when
-    `path` is not a directory; any damage inside it is a problem in the list."""
+    `path` is no cache (not a directory, no manifest.json), as every reader does; any damage
+    inside a cache is a problem in the list."""
     directory = Path(path)
     if not directory.is_dir():
         raise CacheFormatError(directory, "not a directory")
+    if not (directory / MANIFEST).exists():
+        read_manifest(directory)  # raises the readers' error: not a target cache, or a build not finished
     try:
         manifest = read_manifest(directory)
     except CacheFormatError as e:

@@ -27,6 +27,14 @@ counts its shuffled dataset, so on equal counts its order, not ours, decides.
 the counts beside it (`<stem>.counts.npy`, int64, one per target id) and `<stem>.stats.json`
 (what was counted, the sizes, and the coverage: the share of supervised tokens the draft
 vocabulary holds).
+
+What is counted is checked as its readers check it (`verify`, on by default): every record of a
+fuelline cache against its index checksum as it is read (`verify_record_checksum`, CacheDataset's
+check), a token dataset by `verify_token_dataset` (every sha256, the ids, the mask's count)
+before it is counted. A damaged sample is an error naming it, never a mapping built from the
+damage. The check reads every record, hidden states included (a cache's bulk, where the
+counting reads only ids and masks); `verify=False` (`--no-verify`) leaves only the checks of
+opening. A deepspec-v2 cache has no checksums: only its structure is checked.
 """
 
 from __future__ import annotations
@@ -43,11 +51,11 @@ from typing import Callable
 import numpy as np
 import orjson
 
-from fuelline.formats.target_cache import (MANIFEST, CacheFormatError, cache_format, layout_of,
+from fuelline.formats.target_cache import (FUELLINE, MANIFEST, CacheFormatError, cache_format, layout_of,
                                            read_manifest)
-from fuelline.formats.target_cache_checks import opened
+from fuelline.formats.target_cache_checks import opened, verify_record_checksum
 from fuelline.formats.tokens import FORMAT as TOKENS_FORMAT
-from fuelline.formats.tokens import TokenFiles, TokenFormatError
+from fuelline.formats.tokens import TokenFiles, TokenFormatError, verify_token_dataset
 from fuelline.io.atomic import TEMP_MARK, atomic_write, fsync_dir, naming_disk_full, write_bytes_atomic
 from fuelline.progress import progress_bar
 
@@ -77,21 +85,24 @@ class TokenCounts:
         return int(self.counts.sum())
 
 
-def count_supervised(source: str | os.PathLike, *, workers: int = 1, progress: bool = False) -> TokenCounts:
+def count_supervised(source: str | os.PathLike, *, workers: int = 1, progress: bool = False,
+                     verify: bool = True) -> TokenCounts:
     """The supervised-token counts of a target cache (either format), a token dataset with a loss
     mask, or a pack output (its train/ split only: SpecForge's mapping is of the training data);
-    `progress`: a bar of the tokens counted."""
+    `progress`: a bar of the tokens counted. `verify`: check what is counted as its readers do
+    (module docstring); without it, only what opening a cache or a token dataset checks."""
     path = Path(source)
     if workers < 1:
         raise ValueError(f"workers must be at least 1, not {workers}")
     started = time.perf_counter()
     kind = _kind(path)
     if kind == "pack output":
-        counted = _count_tokens(path / "train", workers, {"path": str(path), "kind": kind, "split": "train"}, progress)
+        counted = _count_tokens(path / "train", workers, {"path": str(path), "kind": kind, "split": "train"}, progress,
+                                verify)
     elif kind == "token dataset":
-        counted = _count_tokens(path, workers, {"path": str(path), "kind": kind}, progress)
+        counted = _count_tokens(path, workers, {"path": str(path), "kind": kind}, progress, verify)
     else:
-        counted = _count_cache(path, workers, progress)
+        counted = _count_cache(path, workers, progress, verify)
     counted.seconds = time.perf_counter() - started
     return counted
 
@@ -140,7 +151,9 @@ def _tally(ids: np.ndarray, samples: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return counts, first
 
 
-def _count_tokens(directory: Path, workers: int, source: dict, progress: bool) -> TokenCounts:
+def _count_tokens(directory: Path, workers: int, source: dict, progress: bool, verify: bool) -> TokenCounts:
+    if verify:
+        verify_token_dataset(directory)  # `fuelline verify`'s check: every sha256, the ids, the mask's count
     files = TokenFiles(directory)
     if files.mask_bits is None:
         raise TokenFormatError(directory, "no loss mask (mask.bin): the draft vocabulary is counted over supervised "
@@ -163,7 +176,7 @@ def _count_tokens(directory: Path, workers: int, source: dict, progress: bool) -
                        f"{directory / MANIFEST} (vocab_size: the tokenizer's; the target model's may be larger)", 0.0)
 
 
-def _count_cache(directory: Path, workers: int, progress: bool) -> TokenCounts:
+def _count_cache(directory: Path, workers: int, progress: bool, verify: bool) -> TokenCounts:
     manifest = read_manifest(directory)
     layout = layout_of(manifest)
     index, sizes = opened(directory, manifest, layout)  # the checks CacheDataset makes when it opens
@@ -171,6 +184,7 @@ def _count_cache(directory: Path, workers: int, progress: bool) -> TokenCounts:
     offsets = layout.field_offsets(index)
     ids_at, mask_at = offsets["input_ids"], offsets["loss_mask"]
     lengths = index["seq_len"].astype(np.int64)
+    records = _records(index) if verify and layout.format == FUELLINE else None
     passes = []
     for k, entry in enumerate(manifest["shards"]):
         samples = np.flatnonzero(index["shard_id"] == k)
@@ -179,20 +193,30 @@ def _count_cache(directory: Path, workers: int, progress: bool) -> TokenCounts:
             cuts = np.flatnonzero(np.diff(ends // CHUNK_TOKENS)) + 1
             for chunk in np.split(samples, cuts):
                 passes.append((int(lengths[chunk].sum()), lambda c=chunk, p=directory / entry["file_name"], s=sizes[k]:
-                               _cache_chunk(p, s, c, ids_at[c], mask_at[c], lengths[c])))
+                               _cache_chunk(p, s, c, ids_at[c], mask_at[c], lengths[c],
+                                            None if records is None else records[c])))
     counts, first = _merge(passes, workers, progress)
     return TokenCounts(counts, first, len(index), int(lengths.sum()),
                        {"path": str(directory), "kind": "target cache", "format": cache_format(manifest)},
                        *_model_vocab_size(manifest), 0.0)
 
 
+def _records(index: np.ndarray) -> np.ndarray:
+    """(offset, nbytes, checksum) of every fuelline record, as uint64 rows."""
+    return np.stack([index[name].astype(np.uint64) for name in ("offset", "nbytes", "checksum")], axis=1)
+
+
 def _cache_chunk(path: Path, size: int, samples: np.ndarray, ids_at: np.ndarray, mask_at: np.ndarray,
-                 lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One pass over consecutive samples of one shard: their masks, then the ids where it is 1."""
+                 lengths: np.ndarray, records: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """One pass over consecutive samples of one shard: each record's checksum (`records`, as
+    CacheDataset checks it on every read), their masks, then the ids where it is 1."""
     if path.stat().st_size != size:
         raise CacheFormatError(path, f"{path.stat().st_size:,} bytes, {size:,} when the cache was opened: "
                                      "truncated or replaced shard")
     shard = np.memmap(path, dtype=np.uint8, mode="r")
+    if records is not None:
+        for sample, (offset, nbytes, expected) in zip(samples.tolist(), records.tolist()):
+            verify_record_checksum(shard[offset: offset + nbytes], expected, path, sample)
     row = np.repeat(np.arange(len(samples)), lengths)  # each token's sample, within the chunk
     within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     supervised = np.flatnonzero(shard[mask_at[row] + within] == 1)
@@ -284,16 +308,22 @@ def companion_paths(output: str | os.PathLike) -> dict[str, Path]:
 
 
 def build_vocab_mapping(source: str | os.PathLike, output: str | os.PathLike, *, draft_vocab_size: int,
-                        target_vocab_size: int | None = None, workers: int = 1, progress: bool = False) -> dict:
+                        target_vocab_size: int | None = None, workers: int = 1, progress: bool = False,
+                        verify: bool = True) -> dict:
     """Count `source` (`count_supervised`), map (`vocab_mapping`) and write the mapping, the counts
     and the stats (`companion_paths`); returns the stats. The target vocabulary size: the one
     given, else the source's (a token dataset's manifest; a cache's target model config.json,
     when the cache names a local directory). `seconds` in the stats: the counting, opening
-    included; `tokens_per_second`: all tokens of the counted samples, supervised or not, over it."""
+    included; `tokens_per_second`: all tokens of the counted samples, supervised or not, over it.
+    A source with no supervised token is refused: it has no draft vocabulary."""
     paths = companion_paths(output)
     if paths["mapping"].is_dir():
         raise IsADirectoryError(f"{output}: a directory; -o names the mapping file to write (e.g. vocab_mapping.pt)")
-    counted = count_supervised(source, workers=workers, progress=progress)
+    counted = count_supervised(source, workers=workers, progress=progress, verify=verify)
+    if not counted.supervised:
+        raise ValueError(f"{source}: no supervised token in its {counted.samples:,} samples ({counted.tokens:,} "
+                         "tokens, every loss mask 0): there is nothing to choose a draft vocabulary from; nothing "
+                         "was written")
     if target_vocab_size is None:
         if counted.vocab_size is None:
             raise ValueError(f"{source}: the target vocabulary size is not known from the {counted.source['kind']} "

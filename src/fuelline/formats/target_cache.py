@@ -305,7 +305,9 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
     directory = Path(directory)
     path = directory / MANIFEST
     if not directory.is_dir():
-        raise CacheFormatError(directory, "no such cache directory")
+        raise CacheFormatError(directory, "a file, not a cache directory (a target cache is a directory holding "
+                                          f"{MANIFEST}, {INDEX} and its shards)" if directory.exists()
+                               else "no such cache directory")
     if not path.exists():
         building = (directory / ".build").exists()
         raise CacheFormatError(path, "missing: the cache build has not finished (run the same build again to "

@@ -287,6 +287,15 @@ def check_records(directory: Path, manifest: dict, layout: Layout, index: np.nda
             problems.add("unreadable shards", f"{name}: cannot be read ({e.strerror or e})")
 
 
+def verify_record_checksum(data, expected: int, path: Path, sample: int) -> None:
+    """The one check of a fuelline record's bytes as a reader meets them: its xxh3 against the
+    index's, or a CacheFormatError naming the shard and the sample (`CacheDataset`, vocab-map)."""
+    actual = checksum(data)
+    if actual != expected:
+        raise CacheFormatError(path, f"sample {sample}: checksum mismatch ({actual:016x}, the index says "
+                                     f"{expected:016x}): the record is damaged")
+
+
 def check_record(shard: str, i: int, record, data: bytes, layout: Layout, problems: Problems) -> None:
     if checksum(data) != int(record["checksum"]):
         problems.add("checksums", f"{shard}: sample {i}: checksum mismatch (the record is damaged)")

@@ -1,0 +1,144 @@
+"""What every file of a SpecForge export must hold, and the check a rerun makes against it.
+
+The journal `fuelline_export_files.jsonl` has a line per sample, appended as each file is
+renamed into place (so a line never names a file that is not whole):
+`{"sample": 7, "bytes": 1234, "xxh3": "…", "check": "…"}`, or `{"sample": 7, "skipped":
+REASON, "check": "…"}` for a sample left out (`--nonfinite skip`). `check` is the xxh3 of the
+line without it: a torn last line (a kill while appending) or a damaged one is dropped, and the
+file it named is written again (the bytes of a file depend only on the cache and the options, so
+rewriting one changes nothing). A later line for a sample replaces an earlier one. When the
+export finishes the journal is rewritten sorted by sample, atomically, and is then the export's
+list of files.
+
+Every run of an export, finished or not, checks every file of `range(samples)` against it
+(`check_files`): missing, short or longer, changed (its xxh3; `verify=False` checks sizes only)
+or not journaled, and lists the rest of OUT's data files as strays (`strays`: a `data_500.ckpt`
+left by someone else, a `.ckpt` beside the `.ckpt.gz`, a file of a skipped sample) for removal,
+since SpecForge's walker reads every `.ckpt` and `.ckpt.gz` under OUT.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import orjson
+
+from fuelline.formats.target_cache import checksum, checksum_of
+from fuelline.io.atomic import write_bytes_atomic
+
+JOURNAL = "fuelline_export_files.jsonl"
+SPECFORGE_SUFFIXES = (".ckpt", ".ckpt.gz")  # what SpecForge's offline walker takes from a directory tree
+READ_BLOCK = 16 << 20
+PROBLEMS = ("missing", "short", "size", "changed", "unjournaled")  # what `check_files` finds, in the order said
+
+
+def digest(data) -> str:
+    return f"{checksum(data):016x}"
+
+
+def line(entry: dict) -> bytes:
+    """One journal line: `entry` (sample first) and its check."""
+    body = orjson.dumps(entry)
+    return orjson.dumps({**entry, "check": digest(body)}) + b"\n"
+
+
+def read_journal(output: Path) -> tuple[dict[int, dict], bool]:
+    """(the last whole line of each sample, without its check, torn or damaged lines left out;
+    whether the journal is exactly those lines in sample order, as a finished export leaves it).
+    No journal: nothing recorded (an export made before there was one, or a new one)."""
+    try:
+        data = (output / JOURNAL).read_bytes()
+    except FileNotFoundError:
+        return {}, False
+    entries = {}
+    for raw in data.split(b"\n"):  # a torn last line has no newline: it is the last piece, and unparsable
+        if (entry := _parsed(raw)) is not None:
+            entries[entry["sample"]] = entry
+    return entries, data == b"".join(line(entries[i]) for i in sorted(entries))
+
+
+def _parsed(raw: bytes) -> dict | None:
+    try:
+        entry = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(entry, dict) or not isinstance(entry.get("check"), str):
+        return None
+    check = entry.pop("check")
+    if check != digest(orjson.dumps(entry)) or type(entry.get("sample")) is not int:
+        return None
+    return entry
+
+
+def journal_bytes(entries: dict[int, dict], count: int) -> bytes:
+    """The finished journal: a line for each of samples 0 … count - 1, in order."""
+    return b"".join(line(entries[i]) for i in range(count))
+
+
+class Journal:
+    """Lines appended to the journal, flushed one by one (fsynced when the export rewrites it at the end)."""
+
+    def __init__(self, output: Path):
+        self.file = open(output / JOURNAL, "ab")  # noqa: SIM115 - closed by close()
+
+    def add(self, entry: dict) -> None:
+        self.file.write(line(entry))
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def finish_journal(output: Path, entries: dict[int, dict], count: int) -> None:
+    write_bytes_atomic(output / JOURNAL, journal_bytes(entries, count))
+
+
+def check_files(paths: dict[int, Path], entries: dict[int, dict], *, verify: bool,
+                workers: int) -> dict[str, list[int]]:
+    """The samples whose file must be written, by why: `missing`, `short` (fewer bytes than
+    journaled), `size` (more), `changed` (other bytes), `unjournaled` (a file the journal does
+    not name, or no line at all). `paths`: where each sample's file is; skipped samples
+    (journaled as such) are not checked here, their file is a stray."""
+    found: dict[str, list[int]] = defaultdict(list)
+    to_hash = []
+    for sample, path in paths.items():
+        entry = entries.get(sample)
+        if entry is not None and "skipped" in entry:
+            continue
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            found["unjournaled" if entry is None else "missing"].append(sample)
+            continue
+        if entry is None or type(entry.get("bytes")) is not int:
+            found["unjournaled"].append(sample)
+        elif size != entry["bytes"]:
+            found["short" if size < entry["bytes"] else "size"].append(sample)
+        elif verify:
+            to_hash.append(sample)
+    with ThreadPoolExecutor(max(workers, 1), thread_name_prefix="export-check") as pool:
+        for sample, actual in zip(to_hash, pool.map(lambda s: file_digest(paths[s]), to_hash)):
+            if actual != entries[sample]["xxh3"]:
+                found["changed"].append(sample)
+    return {kind: sorted(found[kind]) for kind in PROBLEMS if kind in found}
+
+
+def file_digest(path: Path) -> str:
+    with open(path, "rb") as f:
+        return f"{checksum_of(iter(lambda: f.read(READ_BLOCK), b'')):016x}"
+
+
+def strays(output: Path, expected: set[Path]) -> list[Path]:
+    """Every file SpecForge's walker would take from `output` (a name ending in .ckpt or .ckpt.gz,
+    at any depth), and every file in a rows_* folder, that is not in `expected`."""
+    found = []
+    for folder, _, names in os.walk(output):
+        in_rows = Path(folder).name.startswith("rows_") and Path(folder).parent == output
+        for name in names:
+            path = Path(folder) / name
+            if (in_rows or name.endswith(SPECFORGE_SUFFIXES)) and path not in expected:
+                found.append(path)
+    return sorted(found)
