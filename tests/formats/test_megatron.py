@@ -95,6 +95,19 @@ def test_refusals_name_the_problem(tmp_path, monkeypatch):
         export_megatron(tmp_path / "empty", tmp_path / "out")
 
 
+def test_a_damaged_token_dataset_is_refused_not_copied(tmp_path):
+    """Issue 36 class 4: every reader of a token dataset checks it (a changed id below vocab_size passes
+    the opening checks)."""
+    write_dataset(tmp_path / "tokens", "uint16")
+    tokens = bytearray((tmp_path / "tokens" / "tokens.bin").read_bytes())
+    tokens[100] ^= 1
+    (tmp_path / "tokens" / "tokens.bin").write_bytes(bytes(tokens))
+    with pytest.raises(TokenFormatError, match=r"tokens\.bin: checksum mismatch"):
+        export_megatron(tmp_path / "tokens", tmp_path / "out")
+    assert not list(tmp_path.glob("out*"))
+    export_megatron(tmp_path / "tokens", tmp_path / "out", verify=False)  # when the caller has checked it
+
+
 def fuelline(*args):
     return subprocess.run([sys.executable, "-m", "fuelline.cli", *args], capture_output=True, text=True)
 

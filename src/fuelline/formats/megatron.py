@@ -48,7 +48,7 @@ from typing import IO, Iterator
 
 import numpy as np
 
-from fuelline.formats.tokens import OFFSETS, TOKENS, TokenFiles, TokenFormatError
+from fuelline.formats.tokens import OFFSETS, TOKENS, TokenFiles, TokenFormatError, verify_token_dataset
 from fuelline.io.atomic import atomic_write
 
 MAGIC, VERSION = b"MMIDIDX\x00\x00", 1
@@ -68,8 +68,13 @@ def megatron_paths(output_prefix: str | os.PathLike) -> tuple[Path, Path]:
     return Path(prefix + ".bin"), Path(prefix + ".idx")
 
 
-def export_megatron(token_dir: str | os.PathLike, output_prefix: str | os.PathLike) -> tuple[Path, Path]:
-    """Write the token dataset at `token_dir` as `output_prefix`.bin and .idx; return both paths."""
+def export_megatron(token_dir: str | os.PathLike, output_prefix: str | os.PathLike, *,
+                    verify: bool = True) -> tuple[Path, Path]:
+    """Write the token dataset at `token_dir` as `output_prefix`.bin and .idx; return both paths.
+    `verify`: check it whole first (`verify_token_dataset`: every sha256, the ids), so damaged
+    tokens are refused rather than copied into a file Megatron trusts; one more read of tokens.bin."""
+    if verify:
+        verify_token_dataset(token_dir)
     files = TokenFiles(token_dir)
     bin_path, idx_path = megatron_paths(output_prefix)
     _check_exportable(files, bin_path, idx_path)
