@@ -23,7 +23,8 @@ Issue 25 adds the distillation half's families, one module each: (b) also edits 
 target cache's manifest and index records, for both formats and every reader mode
 (reliability_cache.py); (e) chat template spans fuzzed against transformers' assistant masks
 (reliability_templates.py); (f) servers that answer wrongly or die under `chat regenerate`
-(reliability_servers.py).
+(reliability_servers.py). Issue 36 adds (g): exports rerun after each kind of damage and vocab-map
+on damaged caches and pack outputs (reliability_exports.py).
 
 Outcomes of a trial are those of benchmarks/trials.py (ok, clear_error, silent_wrong, crash, hang,
 leftover).
@@ -56,6 +57,7 @@ import zstandard
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHARED_DATA, write_result  # noqa: E402
 import reliability_cache  # noqa: E402
+import reliability_exports  # noqa: E402
 import reliability_servers  # noqa: E402
 import reliability_templates  # noqa: E402
 from trials import OUTCOMES, Tally, cli, damage_file, failure_outcome, free_port, isolated, judged, run, table  # noqa: E402
@@ -509,6 +511,8 @@ def main() -> None:
         tallies += shown(reliability_templates.scenarios(work, full=full, seed=args.seed))
         print("(f) chat regenerate against servers that answer wrongly or die", flush=True)
         tallies += shown(reliability_servers.scenarios(work, full=full, seed=args.seed))
+        print("(g) cache exports rerun after damage, vocab-map on damaged caches and pack outputs", flush=True)
+        tallies += shown(reliability_exports.scenarios(work, full=full, seed=args.seed))
     finally:
         for server in SERVERS:
             server.kill()

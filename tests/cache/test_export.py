@@ -235,6 +235,11 @@ def test_a_rerun_checks_every_file_and_repairs_what_is_missing_short_changed_or_
     assert stats["export"]["written_files"] == 4 and stats["export"]["repaired"]["missing"] == [1]
     again = CliRunner().invoke(main, args)
     assert again.exit_code == 0 and "already exported" in again.output and "repaired" not in again.output
+    (rows / "data_0.ckpt").unlink()
+    (rows / "data_0.ckpt").mkdir()  # not the export's to delete
+    refused = CliRunner().invoke(main, args)
+    assert refused.exit_code == 2 and f"{rows / 'data_0.ckpt'}: not a regular file where the export's file of " \
+        "sample 0 goes" in refused.output and (rows / "data_0.ckpt").is_dir()
 
 
 def test_a_damaged_journal_is_repaired_and_a_partial_export_with_a_torn_line_resumes(tmp_path):

@@ -160,16 +160,7 @@ def _export(dataset, step_dir: WorkDir, config: ExportConfig, workers: int, prog
     found = check_files(paths, entries, verify=verify, workers=workers)
     pending = sorted(sample for samples in found.values() for sample in samples)
     began = time.perf_counter()
-    journal = Journal(output)
-    try:
-        writer = _Writer(dataset, output, config)
-        with progress_bar(disable=not progress, total=count, initial=count - len(pending), unit="file",
-                          desc="export: specforge") as bar:
-            for sample, entry in _run(writer, pending, workers, bar):
-                entries[sample] = entry
-                journal.add(entry)
-    finally:
-        journal.close()
+    _write(_Writer(dataset, output, config), pending, entries, count, workers, progress)
     seconds = time.perf_counter() - began
     skipped = {i: entries[i]["skipped"] for i in range(count) if "skipped" in entries[i]}
     if len(skipped) == count:
@@ -178,12 +169,7 @@ def _export(dataset, step_dir: WorkDir, config: ExportConfig, workers: int, prog
                          f"sample {first}: {skipped[first]})")
     removed = _remove_strays(output, {paths[i] for i in range(count) if i not in skipped})
     ids = _record_ids(dataset, count)
-    small = {JOURNAL: journal_bytes(entries, count),
-             MANIFEST_FILE: orjson.dumps(_manifest(dataset, config, count, count - len(skipped), skipped, ids),
-                                         option=orjson.OPT_INDENT_2) + b"\n"}
-    if ids is not None:
-        small[RECORD_IDS_FILE] = "".join(f"{i}\n" for i in ids).encode("utf-8")
-    rewritten = _rewrite_changed(output, small)
+    rewritten = _rewrite_changed(output, _small_files(dataset, config, entries, count, skipped, ids))
     if done is not None and not intact:
         rewritten.insert(0, JOURNAL)  # damaged or edited after the export finished (a rerun appends to it)
     repairs = _repairs(found, removed, rewritten, finished=done is not None)
@@ -206,6 +192,31 @@ def _export(dataset, step_dir: WorkDir, config: ExportConfig, workers: int, prog
             "gb_per_second": round(written_bytes / seconds / 1e9, 4) if seconds else 0.0,
             "repaired": repairs, "checked": "checksums" if verify else "sizes"}},
     ).write(output)
+
+
+def _write(writer: _Writer, pending: list[int], entries: dict[int, dict], count: int, workers: int,
+           progress: bool) -> None:
+    """Write the files of `pending`, each journaled (and put in `entries`) as it is renamed into place."""
+    journal = Journal(writer.output)
+    try:
+        with progress_bar(disable=not progress, total=count, initial=count - len(pending), unit="file",
+                          desc="export: specforge") as bar:
+            for sample, entry in _run(writer, pending, workers, bar):
+                entries[sample] = entry
+                journal.add(entry)
+    finally:
+        journal.close()
+
+
+def _small_files(dataset, config: ExportConfig, entries: dict[int, dict], count: int, skipped: dict[int, str],
+                 ids: list[str] | None) -> dict[str, bytes]:
+    """What the journal, the manifest and record_ids.txt of a finished export hold, from the cache and the options."""
+    small = {JOURNAL: journal_bytes(entries, count),
+             MANIFEST_FILE: orjson.dumps(_manifest(dataset, config, count, count - len(skipped), skipped, ids),
+                                         option=orjson.OPT_INDENT_2) + b"\n"}
+    if ids is not None:
+        small[RECORD_IDS_FILE] = "".join(f"{i}\n" for i in ids).encode("utf-8")
+    return small
 
 
 def _remove_strays(output: Path, expected: set[Path]) -> list[str]:

@@ -20,6 +20,7 @@ since SpecForge's walker reads every `.ckpt` and `.ckpt.gz` under OUT.
 from __future__ import annotations
 
 import os
+import stat
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -101,7 +102,8 @@ def check_files(paths: dict[int, Path], entries: dict[int, dict], *, verify: boo
     """The samples whose file must be written, by why: `missing`, `short` (fewer bytes than
     journaled), `size` (more), `changed` (other bytes), `unjournaled` (a file the journal does
     not name, or no line at all). `paths`: where each sample's file is; skipped samples
-    (journaled as such) are not checked here, their file is a stray."""
+    (journaled as such) are not checked here, their file is a stray. Something else than a
+    regular file in a file's place is refused: it is not the export's to delete."""
     found: dict[str, list[int]] = defaultdict(list)
     to_hash = []
     for sample, path in paths.items():
@@ -109,10 +111,14 @@ def check_files(paths: dict[int, Path], entries: dict[int, dict], *, verify: boo
         if entry is not None and "skipped" in entry:
             continue
         try:
-            size = path.stat().st_size
+            info = path.lstat()
         except FileNotFoundError:
             found["unjournaled" if entry is None else "missing"].append(sample)
             continue
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{path}: not a regular file where the export's file of sample {sample} goes (a "
+                             "directory or a link?); move it away and run the same command again")
+        size = info.st_size
         if entry is None or type(entry.get("bytes")) is not int:
             found["unjournaled"].append(sample)
         elif size != entry["bytes"]:
