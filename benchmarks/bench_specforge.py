@@ -16,7 +16,7 @@ cores), written as a fuelline cache by the format module's own pieces.
    tests/cache/specforge_reader.py).
 3. Counting the supervised tokens of every conversation (13,006 samples), the work of
    `fuelline cache vocab-map`: `count_supervised` on the cache (1 and 2 threads, read from the
-   shards) against SpecForge's loop (per sample: the supervised ids, `torch.unique(...,
+   shards; every record's checksum checked, the default, and without, `--no-verify`) against SpecForge's loop (per sample: the supervised ids, `torch.unique(...,
    return_counts=True)`, `Counter.update`) over the same ids and masks already in memory as
    tensors, its best case. tokens/s counts every token of the counted samples.
 
@@ -176,12 +176,14 @@ def bench_counting(cache: Path, chats, repeats: int) -> dict:
             "specforge_counter_loop": {"seconds": round(peer_seconds, 3), "tokens_per_second": round(tokens / peer_seconds)}}
     print(f"count SpecForge's Counter loop (in memory)  {tokens / peer_seconds / 1e6:6.2f} M tokens/s")
     for workers in (1, 2):
-        seconds, counted = best_of(lambda: count_supervised(cache, workers=workers), repeats)
-        assert {int(t): int(c) for t, c in enumerate(counted.counts) if c} == dict(peer), "counts differ"
-        rows[f"fuelline, {workers} thread(s)"] = {"seconds": round(seconds, 3), "tokens_per_second": round(tokens / seconds),
-                                                  "speedup": round(peer_seconds / seconds, 1)}
-        print(f"count fuelline, {workers} thread(s) (from the shards)  {tokens / seconds / 1e6:6.2f} M tokens/s  "
-              f"{peer_seconds / seconds:5.1f}x")
+        for verify in (True, False):
+            seconds, counted = best_of(lambda: count_supervised(cache, workers=workers, verify=verify), repeats)
+            assert {int(t): int(c) for t, c in enumerate(counted.counts) if c} == dict(peer), "counts differ"
+            name = f"fuelline, {workers} thread(s){'' if verify else ', --no-verify'}"
+            rows[name] = {"seconds": round(seconds, 3), "tokens_per_second": round(tokens / seconds),
+                          "speedup": round(peer_seconds / seconds, 1)}
+            print(f"count {name} (from the shards)  {tokens / seconds / 1e6:6.2f} M tokens/s  "
+                  f"{peer_seconds / seconds:5.1f}x")
     return rows
 
 

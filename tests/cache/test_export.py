@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from fuelline.cache.export import ExportConfig, export_specforge
 from fuelline.cache.export_files import read_journal
 from fuelline.cli import main
-from fuelline.formats.target_cache import DEEPSPEC_V2, FP8, CacheFormatError
+from fuelline.formats.target_cache import DEEPSPEC_V2, FP8, CacheFormatError, read_index, read_manifest, shard_name
 from fuelline.pipeline.config import load_pipeline, run_pipeline
 from fuelline.pipeline.options import option_fields
 from fuelline.pipeline.workdir import StepOutputMismatch
@@ -223,6 +223,10 @@ def test_a_rerun_checks_every_file_and_repairs_what_is_missing_short_changed_or_
     (rows / "data_5.ckpt.gz").write_bytes(b"not ours either")
     (out / "record_ids.txt").unlink()
     (out / "fuelline_export.json").write_bytes((out / "fuelline_export.json").read_bytes()[:40])
+    record = read_index(tmp_path / "cache", read_manifest(tmp_path / "cache"))[6]  # its record opens with its id
+    with open(tmp_path / "cache" / shard_name(int(record["shard_id"])), "r+b") as f:
+        f.seek(int(record["offset"]))  # the cache damaged since: sample 6's id, its file not to be rewritten
+        f.write(b"#")
     args = ["cache", "export", "--to", "specforge", str(tmp_path / "cache"), "-o", str(out), "--no-progress",
             "--workers", "1"]
     result = CliRunner().invoke(main, args)

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import gzip
 import io
-import mmap
 import os
 import pickle
 import threading
@@ -55,7 +54,7 @@ from pathlib import Path
 import orjson
 
 from fuelline.cache.export_files import JOURNAL, Journal, check_files, digest, journal_bytes, read_journal, strays
-from fuelline.formats.target_cache import BF16, INDEX, STATS, CacheFormatError, checksum, manifest_digest
+from fuelline.formats.target_cache import BF16, INDEX, STATS, checksum, manifest_digest
 from fuelline.io.atomic import atomic_write, remove_temp_files, write_bytes_atomic
 from fuelline.pipeline.options import identity_defaults, identity_values, option
 from fuelline.pipeline.stats import StepStats, read_stats
@@ -157,6 +156,8 @@ def _export(dataset, step_dir: WorkDir, config: ExportConfig, workers: int, prog
         raise ValueError(f"{dataset.path}: the cache holds no samples: nothing to export")
     paths = {i: file_path(output, i, config.extension) for i in range(count)}
     entries, intact = read_journal(output)
+    if dataset.fuelline:  # a line without the record id its sample has names no file of this export
+        entries = {i: e for i, e in entries.items() if isinstance(e.get("record_id"), str)}
     found = check_files(paths, entries, verify=verify, workers=workers)
     pending = sorted(sample for samples in found.values() for sample in samples)
     began = time.perf_counter()
@@ -168,7 +169,7 @@ def _export(dataset, step_dir: WorkDir, config: ExportConfig, workers: int, prog
         raise ValueError(f"{dataset.path}: no file exported: all {count:,} samples were skipped (the first, "
                          f"sample {first}: {skipped[first]})")
     removed = _remove_strays(output, {paths[i] for i in range(count) if i not in skipped})
-    ids = _record_ids(dataset, count)
+    ids = _record_ids(dataset, entries, count)
     rewritten = _rewrite_changed(output, _small_files(dataset, config, entries, count, skipped, ids))
     if done is not None and not intact:
         rewritten.insert(0, JOURNAL)  # damaged or edited after the export finished (a rerun appends to it)
@@ -264,33 +265,10 @@ def _repairs(found: dict[str, list[int]], removed: list[str], rewritten: list[st
     return repairs
 
 
-def _record_ids(dataset, count: int) -> list[str] | None:
-    """The record ids of the first `count` samples (None for a format without ids), read from the
-    shards' bytes at the index's offsets: the id opens each fuelline record. ~9 µs a sample, where
-    reading samples (CacheDataset) to take their ids costs ~170 µs; every exported record's checksum
-    is checked when the record is read."""
-    if not dataset.fuelline:
-        return None
-    index = dataset.index[:count]
-    ids, shards = [], {}
-    try:
-        for i, (shard, offset, length) in enumerate(zip(index["shard_id"].tolist(), index["offset"].tolist(),
-                                                        index["id_len"].tolist())):
-            if shard not in shards:
-                with open(dataset.path / dataset.manifest["shards"][shard]["file_name"], "rb") as f:
-                    shards[shard] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            try:
-                record_id = shards[shard][offset: offset + length].decode("utf-8")
-            except UnicodeDecodeError:
-                raise CacheFormatError(dataset.path, f"sample {i}: its record id is not UTF-8") from None
-            if "\n" in record_id or "\r" in record_id:
-                raise ValueError(f"{dataset.path}: sample {i}: its record id {record_id!r} holds a line break, "
-                                 f"which {RECORD_IDS_FILE} (one id per line) cannot hold")
-            ids.append(record_id)
-    finally:
-        for data in shards.values():
-            data.close()
-    return ids
+def _record_ids(dataset, entries: dict[int, dict], count: int) -> list[str] | None:
+    """The record ids of the first `count` samples (None for a format without ids), as the journal
+    has them: each taken from its sample as it was read for its file (its record checksummed)."""
+    return [entries[i]["record_id"] for i in range(count)] if dataset.fuelline else None
 
 
 class _Writer:
@@ -303,18 +281,24 @@ class _Writer:
         self.copy = pickle.dumps(dataset)
 
     def __call__(self, sample: int) -> dict:
-        """Write sample's file; its journal entry (`export_files`): its size and xxh3, or why it was skipped."""
+        """Write sample's file; its journal entry (`export_files`): its record id, its size and xxh3, or
+        why it was skipped."""
         import torch
 
         from fuelline.cache.specforge import NonFiniteState, specforge_record
 
         if not hasattr(self.local, "dataset"):
             self.local.dataset = pickle.loads(self.copy)
+        item = self.local.dataset[sample]
+        ids = {"record_id": item["record_id"]} if "record_id" in item else {}  # for record_ids.txt and the manifest
+        if "\n" in ids.get("record_id", "") or "\r" in ids.get("record_id", ""):
+            raise ValueError(f"{self.dataset.path}: sample {sample}: its record id {ids['record_id']!r} holds a line "
+                             f"break, which {RECORD_IDS_FILE} (one id per line) cannot hold")
         try:
-            record = specforge_record(self.local.dataset[sample], self.config.method, where=(self.dataset.path, sample))
+            record = specforge_record(item, self.config.method, where=(self.dataset.path, sample))
         except NonFiniteState as e:
             if self.config.nonfinite == "skip":
-                return {"sample": sample, "skipped": f"{e.key} holds {e.count:,} NaN or Inf value(s)"}
+                return {"sample": sample, **ids, "skipped": f"{e.key} holds {e.count:,} NaN or Inf value(s)"}
             e.add_note("pass --nonfinite skip to leave such samples out (they are listed in the export's manifest)")
             raise
         buffer = io.BytesIO()  # one file's bytes, checksummed for the journal before they are written
@@ -327,7 +311,7 @@ class _Writer:
         data = buffer.getbuffer()
         with atomic_write(file_path(self.output, sample, self.config.extension)) as f:
             f.write(data)
-        return {"sample": sample, "bytes": len(data), "xxh3": digest(data)}
+        return {"sample": sample, **ids, "bytes": len(data), "xxh3": digest(data)}
 
 
 def _run(write: _Writer, samples: list[int], workers: int, bar):

@@ -2,8 +2,10 @@
 
 The journal `fuelline_export_files.jsonl` has a line per sample, appended as each file is
 renamed into place (so a line never names a file that is not whole):
-`{"sample": 7, "bytes": 1234, "xxh3": "…", "check": "…"}`, or `{"sample": 7, "skipped":
-REASON, "check": "…"}` for a sample left out (`--nonfinite skip`). `check` is the xxh3 of the
+`{"sample": 7, "record_id": "…", "bytes": 1234, "xxh3": "…", "check": "…"}`, or `{"sample": 7,
+"record_id": "…", "skipped": REASON, "check": "…"}` for a sample left out (`--nonfinite skip`);
+the record id (fuelline caches) is the one read with the sample, its record checksummed, and
+`record_ids.txt` is made from these lines, never from shard bytes read unchecked. `check` is the xxh3 of the
 line without it: a torn last line (a kill while appending) or a damaged one is dropped, and the
 file it named is written again (the bytes of a file depend only on the cache and the options, so
 rewriting one changes nothing). A later line for a sample replaces an earlier one. When the
