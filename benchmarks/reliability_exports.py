@@ -6,10 +6,11 @@
   data file drawn from, `record_ids.txt`, `fuelline_export.json`, the journal, stats.json,
   `_started.json`), a data file replaced by another's or by a directory, and strays
   (`data_500.ckpt`, a `.ckpt.gz` beside a `.ckpt`, a file in a `rows_*` folder of no sample, a
-  `.ckpt` at the top). The same command again: ok when it ends with exactly the undamaged
-  export's files (stats.json aside) and says so; a clear error when it refuses in one line
-  naming the output (exit 2, no traceback); silent_wrong when it exits 0 leaving other files
-  (the files SpecForge's walker would read included).
+  `.ckpt` at the top); and a record of the cache changed after the export (its id, its
+  states) with the export's file of it deleted. The same command again: ok when it ends with
+  exactly the undamaged export's files (stats.json aside) and says so; a clear error when it
+  refuses in one line naming the output or the cache (exit 2, no traceback); silent_wrong when
+  it exits 0 leaving other files (the files SpecForge's walker would read included).
 - **vocab-map on damage.** `build_vocab_mapping` over a copy of the fuelline cache and of a
   pack output (a synthetic chat token dataset in `train/`) with one file truncated or one byte
   flipped (hypothesis): ok when the mapping and counts equal the undamaged source's, a clear
@@ -37,9 +38,7 @@ def scenarios(work: Path, *, full: bool, seed: int) -> list[Tally]:
     from reliability_cache import build_target_cache
 
     cache = build_target_cache(work)
-    tallies = [export_reruns(work, cache, [], full, seed)]
-    if full:
-        tallies.append(export_reruns(work, cache, ["--compress", "--method", "dspark"], full, seed))
+    tallies = [export_reruns(work, cache, options, full, seed) for options in ([], ["--compress", "--method", "dspark"])]
     tallies.append(vocab_map_on_damage(work, cache, "fuelline cache", 200 if full else 40, seed))
     tallies.append(vocab_map_on_damage(work, chat_tokens(work / "vm-pack"), "pack output", 200 if full else 40, seed))
     return tallies
@@ -70,7 +69,7 @@ def export_reruns(work: Path, cache: Path, options: list[str], full: bool, seed:
         raise SystemExit(f"setup failed: {done.output[-2000:]}")
     expected = files(reference)
     chosen = damages(reference, random.Random(seed), full)
-    tally = Tally(f"export reruns: {' '.join(options) or 'eagle3'} export damaged, then rerun ({len(chosen)} damages)")
+    tally = Tally(f"export reruns: {' '.join(options) or 'eagle3'} export (or its cache) damaged, then rerun")
     directory = work / "export-damaged"
     for label, apply in chosen:
         shutil.rmtree(directory, ignore_errors=True)
@@ -79,8 +78,48 @@ def export_reruns(work: Path, cache: Path, options: list[str], full: bool, seed:
         result, detail = isolated(lambda: rerun_outcome(cache, directory, options, expected))
         outcome, note = result if isinstance(result, tuple) else (result, detail)  # a crash or hang of the child
         tally.add(outcome, f"{label}: {note}")
-    shutil.rmtree(directory, ignore_errors=True)
+    damaged_cache = work / "export-cache-damaged" / cache.name  # the manifest names the cache by its folder
+    for label, apply in cache_damages(cache):  # the cache changed since the export, its index as it was
+        for path in (directory, damaged_cache):
+            shutil.rmtree(path, ignore_errors=True)
+        shutil.copytree(reference, directory)
+        shutil.copytree(cache, damaged_cache)
+        apply(damaged_cache, directory)
+        result, detail = isolated(lambda: rerun_outcome(damaged_cache, directory, options, expected))
+        outcome, note = result if isinstance(result, tuple) else (result, detail)
+        tally.add(outcome, f"{label}: {note}")
+    for path in (directory, damaged_cache.parent):
+        shutil.rmtree(path, ignore_errors=True)
     return tally
+
+
+def cache_damages(cache: Path) -> list[tuple[str, object]]:
+    """(label, apply(cache copy, export copy)): a record of the cache changed after the export, with a
+    file of the export to write again: the rerun must not copy the damage into the export."""
+    import numpy as np
+
+    from fuelline.formats.target_cache import read_index, read_manifest
+
+    index = np.asarray(read_index(cache, read_manifest(cache)))
+    shard = read_manifest(cache)["shards"][int(index["shard_id"][3])]["file_name"]
+    start, end = int(index["offset"][3]), int(index["offset"][3] + index["nbytes"][3])
+
+    def poke(at: int, rewrite: bool):
+        def apply(copy: Path, export: Path) -> None:
+            with open(copy / shard, "r+b") as f:
+                f.seek(at)
+                byte = f.read(1)
+                f.seek(at)
+                f.write(bytes([byte[0] ^ 0x20]))
+            for name in ("record_ids.txt", "fuelline_export.json"):
+                (export / name).unlink()
+            for data in export.glob("rows_*/data_3.*") if rewrite else ():
+                data.unlink()
+        return apply
+
+    return [("cache: sample 3's record id changed since, record_ids.txt deleted", poke(start, False)),
+            ("cache: sample 3's record id changed since, its file deleted", poke(start, True)),
+            ("cache: sample 3's states changed since, its file deleted", poke((start + end) // 2, True))]
 
 
 def rerun_outcome(cache: Path, directory: Path, options: list[str], expected: dict[str, bytes]) -> tuple[str, str]:
@@ -98,7 +137,7 @@ def rerun_outcome(cache: Path, directory: Path, options: list[str], expected: di
             return "silent_wrong", f"exit 0, files differ: {', '.join(differ[:5])}"
         return "ok", ""
     said = result.output
-    if result.exit_code == 2 and "Traceback" not in said and str(directory) in said:
+    if result.exit_code == 2 and "Traceback" not in said and (str(directory) in said or str(cache) in said):
         return "clear_error", ""
     return "crash", f"exit {result.exit_code}: {said[-400:]} {result.exception!r}"
 
