@@ -105,7 +105,8 @@ def _report(problems: list[str], ok: str) -> None:
 @cache.command()
 @click.argument("path", type=click.Path(exists=True, file_okay=False))
 def verify(path):
-    """Check manifest, index, bounds and every record's checksum; exit 1 when anything is wrong."""
+    """Check manifest, index, bounds and every record's checksum; exit 1 when anything is wrong, 2 when
+    PATH is no cache."""
     from fuelline.cache.inspect import verify_cache
 
     _report(verify_cache(path), f"ok: {path}")
