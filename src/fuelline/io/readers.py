@@ -5,7 +5,8 @@ incrementally by ijson's C backend) or one Parquet row group, whatever the file 
 
 JSONL is read in 256 KiB blocks split on b"\\n" and parsed with orjson straight from bytes; this
 avoids the per-line text decoding of a TextIOWrapper and is where the reader's speed comes from
-(see benchmarks/bench_read.py).
+(see benchmarks/bench_read.py). Integers beyond 64 bits, which orjson rounds to floats, are kept
+exact (`fuelline.io.json_exact`).
 
 Bad corpora stay bounded too: a record nested deeper than MAX_NESTING_DEPTH levels, or a line
 longer than `max_record_bytes`, is refused (or counted, with on_error="skip") without being built
@@ -26,6 +27,7 @@ from typing import IO, Any, Iterable, Iterator, Literal, Protocol
 import orjson
 import zstandard
 
+from fuelline.io import json_exact
 from fuelline.io.json_escapes import SurrogateGuard
 from fuelline.io.paths import LINE_FORMATS, expand_inputs, split_suffixes
 from fuelline.io.remote import is_url, local_copy
@@ -308,7 +310,7 @@ def _invalid_line(line: bytes, error: orjson.JSONDecodeError) -> tuple[str, str]
 def _jsonl_records(stream: IO[bytes], head: bytes, start: int, stop: int | None, report: _Reporter,
                    max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[tuple[int, dict]]:
     """(1-based line number, record) for physical lines start..stop-1 (0-based) of a JSONL stream."""
-    loads, JSONDecodeError = orjson.loads, orjson.JSONDecodeError
+    loads, JSONDecodeError = json_exact.loads, orjson.JSONDecodeError  # integers beyond 64 bits kept exact
     # A record deeper than the limit has more opening brackets than that, and twice as many bytes.
     deep_line_bytes = 2 * MAX_NESTING_DEPTH
     for first, lines in _line_blocks(stream, head, start, max_record_bytes):

@@ -14,9 +14,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-import orjson
 import zstandard
 
+from fuelline.io import json_exact
 from fuelline.io.atomic import AtomicFile, atomic_write, naming_disk_full, reraise_naming
 
 ZSTD_LEVEL = 3
@@ -69,7 +69,7 @@ class JsonlZstWriter(RecordWriter):
         self._stream = zstandard.ZstdCompressor(level=level).stream_writer(self._target.file, closefd=False)
 
     def write(self, record: dict[str, Any]) -> None:
-        line = orjson.dumps(record) + b"\n"  # a record orjson cannot write raises here, before any byte is written
+        line = json_exact.dumps(record) + b"\n"  # a record orjson cannot write raises here, before any byte is written
         try:
             self._stream.write(line)
         except OSError as e:
@@ -125,6 +125,6 @@ def write_jsonl_file(sources, path: str | os.PathLike) -> int:
     count = 0
     with atomic_write(path) as f:
         for record in read_records(sources):
-            f.write(orjson.dumps(record) + b"\n")
+            f.write(json_exact.dumps(record) + b"\n")
             count += 1
     return count
