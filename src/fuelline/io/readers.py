@@ -310,7 +310,7 @@ def _invalid_line(line: bytes, error: orjson.JSONDecodeError) -> tuple[str, str]
 def _jsonl_records(stream: IO[bytes], head: bytes, start: int, stop: int | None, report: _Reporter,
                    max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[tuple[int, dict]]:
     """(1-based line number, record) for physical lines start..stop-1 (0-based) of a JSONL stream."""
-    loads, JSONDecodeError = json_exact.loads, orjson.JSONDecodeError  # integers beyond 64 bits kept exact
+    loads, JSONDecodeError = orjson.loads, orjson.JSONDecodeError
     # A record deeper than the limit has more opening brackets than that, and twice as many bytes.
     deep_line_bytes = 2 * MAX_NESTING_DEPTH
     for first, lines in _line_blocks(stream, head, start, max_record_bytes):
@@ -322,12 +322,13 @@ def _jsonl_records(stream: IO[bytes], head: bytes, start: int, stop: int | None,
                        lines.head)
             continue
         lineno = first - 1
+        exact = json_exact.may_round(b"\n".join(lines))  # integers beyond 64 bits are read exactly
         for line in lines:
             lineno += 1
             if stop is not None and lineno > stop:
                 return
             try:
-                record = loads(line)
+                record = json_exact.loads(line) if exact else loads(line)
             except JSONDecodeError as e:
                 if line.strip():
                     report.bad(lineno, *_invalid_line(line, e), line)
