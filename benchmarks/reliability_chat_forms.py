@@ -82,6 +82,9 @@ def cases(full: bool) -> list[Case]:
         for text in STRINGS_KEPT:
             arguments = place.format(text)
             found.append(_arguments_case(f"argument {text} (string)", json.dumps(arguments), arguments))
+    for literal in (*INTEGERS[:4], *FLOATS_KEPT[:2], *FLOATS_REFUSED[:3], *STRINGS_REFUSED[:2], *STRINGS_KEPT):
+        found += [_text_call_case(form, literal, literal not in FLOATS_REFUSED + STRINGS_REFUSED)
+                  for form in ("hermes", "function_call")]
     found += [_reasoning_case(*case) for case in REASONING_CASES]
     found += [Case(name, json.dumps(record), expected) for name, record, expected in FIELD_CASES]
     return found
@@ -98,6 +101,21 @@ def _arguments_case(name: str, arguments_text: str, expected_json: str | None) -
         expected = [{"role": "user", "content": "count"}, {"role": "assistant", "content": "", "tool_calls": [call]},
                     {"role": "tool", "content": "ok", "tool_call_id": "c1"}, {"role": "assistant", "content": "Done."}]
     return Case(name, line, expected)
+
+
+def _text_call_case(form: str, literal: str, kept: bool) -> Case:
+    """A whole call written as JSON text: a Hermes <tool_call> block, or a ShareGPT function_call value."""
+    call_text = '{"name": "count", "arguments": {"n": ' + literal + '}}'
+    if form == "hermes":
+        record = {"messages": [{"role": "user", "content": "count"},
+                               {"role": "assistant", "content": f"<tool_call>{call_text}</tool_call>"}]}
+    else:
+        record = {"conversations": [{"from": "human", "value": "count"}, {"from": "function_call", "value": call_text}]}
+    expected = None
+    if kept:
+        call = {"type": "function", "function": {"name": "count", "arguments": {"n": json.loads(literal)}}}
+        expected = [{"role": "user", "content": "count"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    return Case(f"argument {literal[:24]} ({form})", json.dumps(record), expected)
 
 
 # (content, reasoning field or None, expected (content, reasoning) or None when refused)

@@ -40,8 +40,13 @@ def test_big_integers_in_tool_arguments_reach_the_rendered_text_exactly(tmp_path
     records = [{"id": f"{form}-{n}", **calling(arguments)}
                for n in (BIG, NEGATIVE)
                for form, arguments in (("string", json.dumps({"n": n})), ("object", {"n": n}))]
+    text_call = json.dumps({"name": "count", "arguments": {"n": BIG}})  # a whole call as JSON text
+    records += [{"id": f"hermes-{BIG}", "messages": [{"role": "user", "content": "count"}, {
+                     "role": "assistant", "content": f"<tool_call>{text_call}</tool_call>"}]},
+                {"id": f"function_call-{BIG}", "conversations": [{"from": "human", "value": "count"},
+                                                                  {"from": "function_call", "value": text_call}]}]
     stats = prepare([write_exact(tmp_path / "in.jsonl", records)], tmp_path / "out", test_size=0.0)
-    assert stats["outputs"]["train"] == 4 and not stats["dropped"]
+    assert stats["outputs"]["train"] == 6 and not stats["dropped"]
     for record in read_records(tmp_path / "out"):
         n = BIG if record["id"].endswith(str(BIG)) else NEGATIVE
         arguments = record["conversations"][1]["tool_calls"][0]["function"]["arguments"]
@@ -52,10 +57,14 @@ def test_big_integers_in_tool_arguments_reach_the_rendered_text_exactly(tmp_path
 
 
 DROPPED = [
-    (calling('{"s": "\\ud800"}'), "lone_surrogate", "arguments hold the lone surrogate U+D800"),
+    (calling('{"s": "\\ud800"}'), "lone_surrogate", "arguments: the lone surrogate U+D800"),
     (calling('{"x": 1.00000000000000000001}'), "unrepresentable_number", "the number 1.00000000000000000001"),
     (calling('{"x": 1e400}'), "unrepresentable_number", "the number 1e400"),
-    (calling('{"x": NaN}'), "bad_tool_arguments", "arguments hold NaN"),
+    (calling('{"x": NaN}'), "bad_tool_arguments", "arguments: NaN is not JSON"),
+    (answered('<tool_call>{"name": "f", "arguments": {"s": "\\udc00"}}</tool_call>'), "lone_surrogate",
+     "<tool_call> 1: the lone surrogate U+DC00"),
+    (answered('<tool_call>{"name": "f", "arguments": {"x": 0.10000000000000001}}</tool_call>'),
+     "unrepresentable_number", "the number 0.10000000000000001"),
     (answered("Answer first. <think>hidden</think> then more."), "think_tag_in_content", "after the start"),
     (answered("<think>a</think>b<think>c</think>d"), "several_think_blocks", "2 <think> and 2 </think>"),
     (answered("<think>so the answer is"), "unclosed_think", "opens <think> without closing it"),
@@ -97,6 +106,8 @@ def test_reasoning_forms_weights_and_content_free_calls_are_kept(tmp_path):
                                        {"role": "user", "content": "q2"},
                                        {"role": "assistant", "content": "b", "weight": 1}]},
         {"id": "no-content", **calling({"n": 1}, content_key=False)},
+        {"id": "tag-in-arguments", **answered('<think>r</think><tool_call>{"name": "f", "arguments": '
+                                              '{"s": "<think>x</think>"}}</tool_call>')},
     ]
     stats = prepare([write_exact(tmp_path / "in.jsonl", records)], tmp_path / "out", test_size=0.0)
     assert not stats["dropped"]
@@ -105,6 +116,8 @@ def test_reasoning_forms_weights_and_content_free_calls_are_kept(tmp_path):
     assert got["twice"][1] == {"role": "assistant", "content": "a", "reasoning_content": "r"}
     assert [t.get("weight") for t in got["weights"]] == [None, 0, None, 1]
     assert got["no-content"][1]["content"] == "" and got["no-content"][1]["tool_calls"]
+    assert got["tag-in-arguments"][1]["reasoning_content"] == "r"
+    assert got["tag-in-arguments"][1]["tool_calls"][0]["function"]["arguments"] == {"s": "<think>x</think>"}
     for conversation in got.values():
         assert not any("think>" in t["content"] for t in conversation)
         render(conversation, "qwen3")  # the weight key is part of the record contract: templates take it

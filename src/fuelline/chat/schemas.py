@@ -52,8 +52,9 @@ import orjson
 
 from fuelline.chat.reasoning import REASONS as REASONING_REASONS
 from fuelline.chat.reasoning import ReasoningError, split_reasoning
+from fuelline.io import json_exact
 from fuelline.io.tool_arguments import REASONS as ARGUMENTS_REASONS
-from fuelline.io.tool_arguments import ArgumentsError, parse_arguments
+from fuelline.io.tool_arguments import ArgumentsError, parse_arguments, parse_json
 from fuelline.records import Drop
 
 SCHEMAS = ("sharegpt", "openai", "alpaca", "qa")
@@ -130,10 +131,19 @@ def _require(obj: dict, key: str, where: str) -> Any:
 
 def _json(text: str, where: str, reason: str) -> Any:
     try:
-        return orjson.loads(text)
+        return json_exact.loads(text)
     except orjson.JSONDecodeError:
         short = text if len(text) <= 80 else text[:77] + "..."
         raise Invalid(reason, f"{where} is not JSON: {short!r}") from None
+
+
+def _call_json(text: str, where: str) -> Any:
+    """A call written as JSON text (a function_call value, a <tool_call> block): its arguments are
+    text a model wrote, read under `fuelline.io.tool_arguments`' rules."""
+    try:
+        return parse_json(text, where, not_json="bad_tool_call")
+    except ArgumentsError as e:
+        raise Invalid(e.reason, e.detail) from None
 
 
 def _turn_list(record: dict, key: str) -> list:
@@ -188,7 +198,7 @@ def _call(call: Any, where: str) -> dict[str, Any]:
 
 def _function_calls(value: Any, where: str) -> list[dict[str, Any]]:
     """A ShareGPT `function_call` value: the JSON of one call or of a list of them."""
-    parsed = _json(_text(value, where), where, "bad_tool_call")
+    parsed = _call_json(_text(value, where), where)
     if not isinstance(parsed, list):
         return [_call(parsed, where)]
     if not parsed:
@@ -327,7 +337,7 @@ def _hermes_calls(content: str, where: str) -> tuple[str, list[dict[str, Any]]]:
     calls = []
     for k, block in enumerate(TOOL_CALL.findall(content), start=1):
         at = f"{where} <tool_call> {k}"
-        calls.append(_call(_json(block.strip(), at, "bad_tool_call"), at))
+        calls.append(_call(_call_json(block.strip(), at), at))
     left = TOOL_CALL.sub("", content)
     if "<tool_call>" in left:
         raise Invalid("bad_tool_call", f"{where} has a <tool_call> without </tool_call>")
@@ -348,20 +358,21 @@ def _read_tags(turns: list[dict[str, Any]], forms: set[str]) -> list[dict[str, A
     for i, turn in enumerate(turns):
         where = f"turn {i} ({turn['role']})"
         if turn["role"] == "assistant":
-            try:
-                content, reasoning = split_reasoning(turn["content"], turn.get("reasoning_content"), where)
-            except ReasoningError as e:
-                raise Invalid(e.reason, e.detail) from None
-            if content != turn["content"]:
-                forms.add("think_tags")
-            if reasoning is not None:
-                turn["reasoning_content"] = reasoning
-            content, calls = _hermes_calls(content, where)
+            # calls first: their JSON may hold any text, a think tag too
+            left, calls = _hermes_calls(turn["content"], where)
             if calls:
                 forms.add("hermes_tags")
                 if "tool_calls" in turn:
                     raise Invalid("bad_tool_call", f"{where} has both tool_calls and <tool_call> blocks")
                 turn["tool_calls"] = calls
+            try:
+                content, reasoning = split_reasoning(left, turn.get("reasoning_content"), where)
+            except ReasoningError as e:
+                raise Invalid(e.reason, e.detail) from None
+            if content != left:
+                forms.add("think_tags")
+            if reasoning is not None:
+                turn["reasoning_content"] = reasoning
             turn["content"] = content
         elif turn["role"] in ("user", "tool") and turn["content"].lstrip().startswith("<tool_response>"):
             forms.add("hermes_tags")

@@ -39,11 +39,11 @@ class ArgumentsError(ValueError):
 
 def parse_arguments(value: Any, where: str) -> dict[str, Any]:
     """The arguments (a JSON string or an object) as a checked dict; `ArgumentsError` otherwise."""
-    parsed = _parse_text(value, where) if isinstance(value, str) else value
+    subject = f"{where}: arguments"
+    parsed = parse_json(value, subject) if isinstance(value, str) else value
     if not isinstance(parsed, dict):
-        raise ArgumentsError("bad_tool_arguments", f"{where}: arguments are {type(parsed).__name__}, "
-                                                   "expected a JSON object")
-    _check(parsed, where)
+        raise ArgumentsError("bad_tool_arguments", f"{subject} are {type(parsed).__name__}, expected a JSON object")
+    _check(parsed, subject)
     return parsed
 
 
@@ -52,7 +52,10 @@ def to_json(arguments: dict[str, Any]) -> str:
     return json.dumps(arguments, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
-def _parse_text(text: str, where: str) -> Any:
+def parse_json(text: str, subject: str, not_json: str = "bad_tool_arguments") -> Any:
+    """The JSON value of a text a model wrote (a call's arguments, or a whole call as ShareGPT's
+    function_call and Hermes' <tool_call> write it), under the rules above; `subject` names it in
+    errors, and text that is not JSON is refused under `not_json`."""
     def number(kind):
         def parse(literal: str):
             try:
@@ -62,50 +65,50 @@ def _parse_text(text: str, where: str) -> Any:
             if value is None or (kind is float and (not math.isfinite(value)
                                                    or Decimal(literal) != Decimal(repr(value)))):
                 shown = literal if len(literal) <= 40 else literal[:37] + "..."
-                raise ArgumentsError("unrepresentable_number", f"{where}: arguments hold the number {shown}, "
-                                     "which would not be rendered as written")
+                raise ArgumentsError("unrepresentable_number", f"{subject}: the number {shown} would not be "
+                                                               "rendered as written")
             return value
         return parse
 
     def constant(name: str):
-        raise ArgumentsError("bad_tool_arguments", f"{where}: arguments hold {name}, which is not JSON")
+        raise ArgumentsError(not_json, f"{subject}: {name} is not JSON")
 
     try:
-        return json.loads(text, parse_int=number(int), parse_float=number(float), parse_constant=constant)
+        value = json.loads(text, parse_int=number(int), parse_float=number(float), parse_constant=constant)
     except json.JSONDecodeError as e:
         short = text if len(text) <= 80 else text[:77] + "..."
-        raise ArgumentsError("bad_tool_arguments", f"{where}: arguments is not JSON: {short!r} ({e.msg})") from None
+        raise ArgumentsError(not_json, f"{subject} is not JSON: {short!r} ({e.msg})") from None
     except RecursionError:
-        raise ArgumentsError("bad_tool_arguments", f"{where}: arguments are nested too deep") from None
+        raise ArgumentsError(not_json, f"{subject} is nested too deep") from None
+    _check(value, subject)
+    return value
 
 
-def _check(value: Any, where: str) -> None:
+def _check(value: Any, subject: str) -> None:
     """Refuse a lone surrogate in any string or key, a non-finite float, or a value JSON cannot hold."""
     stack = [value]
     while stack:
         item = stack.pop()
         if isinstance(item, str):
-            _no_lone_surrogate(item, where)
+            _no_lone_surrogate(item, subject)
         elif isinstance(item, dict):
             for key, inner in item.items():
                 if not isinstance(key, str):
-                    raise ArgumentsError("bad_tool_arguments", f"{where}: arguments have the key {key!r}, "
-                                                               "not a string")
-                _no_lone_surrogate(key, where)
+                    raise ArgumentsError("bad_tool_arguments", f"{subject}: the key {key!r} is not a string")
+                _no_lone_surrogate(key, subject)
                 stack.append(inner)
         elif isinstance(item, list):
             stack.extend(item)
         elif isinstance(item, float) and not math.isfinite(item):
-            raise ArgumentsError("unrepresentable_number", f"{where}: arguments hold {item}, which is not JSON")
+            raise ArgumentsError("unrepresentable_number", f"{subject}: {item} is not JSON")
         elif item is not None and not isinstance(item, (int, float)):
-            raise ArgumentsError("bad_tool_arguments", f"{where}: arguments hold a {type(item).__name__}, "
-                                                       "which is not JSON")
+            raise ArgumentsError("bad_tool_arguments", f"{subject}: a {type(item).__name__} is not JSON")
 
 
-def _no_lone_surrogate(text: str, where: str) -> None:
+def _no_lone_surrogate(text: str, subject: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ArgumentsError("lone_surrogate", f"{where}: arguments hold the lone surrogate "
-                             f"U+{ord(text[e.start]):04X} (half of a UTF-16 pair: no character) in "
+        raise ArgumentsError("lone_surrogate", f"{subject}: the lone surrogate U+{ord(text[e.start]):04X} (half of a "
+                             f"UTF-16 pair: no character) in "
                              f"{text[:60].encode('utf-8', 'backslashreplace').decode()!r}") from None
