@@ -98,7 +98,11 @@ class ParquetWriter(RecordWriter):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        table = pa.Table.from_pylist(self._records)
+        try:
+            table = pa.Table.from_pylist(self._records)
+        except OverflowError:  # Parquet's integers are 64 bits; JSONL keeps any (fuelline.io.json_exact)
+            raise ValueError(f"{self.path}: a record holds an integer beyond 64 bits, which Parquet cannot store; "
+                             "write --format jsonl.zst, which keeps it exactly") from None
         pq.write_table(table, self._target.file, row_group_size=self._row_group_size, compression="zstd")
         self._records = []
 
