@@ -26,6 +26,12 @@ target cache's manifest and index records, for both formats and every reader mod
 (reliability_servers.py). Issue 36 adds (g): exports rerun after each kind of damage and vocab-map
 on damaged caches and pack outputs (reliability_exports.py).
 
+It adds (h) tool-call arguments and reasoning in every form (integers beyond 64 bits, floats
+a rendering would change, lone surrogates, each `<think>` form, fields on the wrong role, OpenAI
+weights) through `chat prepare`, and through `chat regenerate` against echo servers answering in
+them: no rounded number or think tag may reach the rendered text, no field vanish unsaid
+(reliability_chat_forms.py).
+
 Outcomes of a trial are those of benchmarks/trials.py (ok, clear_error, silent_wrong, crash, hang,
 leftover).
 
@@ -57,6 +63,7 @@ import zstandard
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHARED_DATA, write_result  # noqa: E402
 import reliability_cache  # noqa: E402
+import reliability_chat_forms  # noqa: E402
 import reliability_exports  # noqa: E402
 import reliability_servers  # noqa: E402
 import reliability_templates  # noqa: E402
@@ -513,6 +520,8 @@ def main() -> None:
         tallies += shown(reliability_servers.scenarios(work, full=full, seed=args.seed))
         print("(g) cache exports rerun after damage, vocab-map on damaged caches and pack outputs", flush=True)
         tallies += shown(reliability_exports.scenarios(work, full=full, seed=args.seed))
+        print("(h) tool arguments and reasoning in every form, through chat prepare and chat regenerate", flush=True)
+        tallies += shown(reliability_chat_forms.scenarios(work, full=full, seed=args.seed))
     finally:
         for server in SERVERS:
             server.kill()

@@ -48,6 +48,8 @@ def chat(id: str, conversations: list[dict[str, Any]], meta: dict[str, Any] | No
       "function", "function": {"name": str, "arguments": {…}}}]` (arguments an object, never a
       JSON string; the content may then be "");
     - on a tool turn (a tool result in `content`), `"tool_call_id": str` and `"name": str`.
+    - on an assistant turn, `"weight": 0 | 1` (OpenAI fine-tuning's: 0 means context, not trained on).
+    Arguments' integers may exceed 64 bits: `fuelline.io.json_exact` reads and writes them exactly.
     `tools` are the function schemas the conversation may call, OpenAI style: `{"type":
     "function", "function": {"name", "description"?, "parameters"?}}`. Supervised in training:
     assistant contents, tool-call text and end-of-turn tokens, reasoning only when kept; never

@@ -262,7 +262,7 @@ BROKEN = [
     (_messages({"role": "assistant", "content": "a", "reasoning_content": "r", "thinking": "t"}),
      "conflicting_reasoning", "messages[1] has both 'reasoning_content' and 'thinking'"),
     (_messages({"role": "assistant", "content": "<think>t</think>a", "reasoning_content": "r"}),
-     "conflicting_reasoning", "turn 1 (assistant) has both a <think> block and a reasoning field"),
+     "conflicting_reasoning", "turn 1 (assistant) has a reasoning field and an inline <think> block with different"),
     (_messages({"role": "assistant", "content": "<think>only thoughts</think>"}), "empty_content",
      "turn 1 (assistant) has empty content"),
     (_messages(_calls(_fn()), {"role": "tool", "content": " "}, FINAL), "empty_content", "turn 2 (tool) has empty content"),

@@ -14,9 +14,13 @@ the text that came with it. A regenerated call cannot be given the old tool resu
 decides which turns are regenerated: `all`, `last` (only the final assistant turn, on the data's
 own history; tool results after it answered the replaced calls and are left out), or `auto` (the
 default): `last` for a conversation with tool results, `all` otherwise. A record regenerated
-`last` says so in `meta.regenerated`. Reasoning a server returns apart never enters the content;
-`reasoning = keep` stores it as the turn's `reasoning_content` (and sends it back with the
-history, as chat templates read it).
+`last` says so in `meta.regenerated`. Reasoning never enters the content: a server's reasoning
+returned apart, or written inline (`<think>…</think>` first, or DeepSeek-R1's `…</think>`), is
+read as chat prepare reads a turn (`fuelline.chat.reasoning`; a tag anywhere else makes the
+answer a failure under that module's reason); `reasoning = keep` stores it as the turn's
+`reasoning_content` (and sends it back with the history, as chat templates read it). A
+replaced turn's `weight` stays on its answer. Tool-call arguments are read and written by
+`fuelline.io.tool_arguments`, so their integers stay exact.
 
 Output, one line per input id, ever: the input record with its assistant turns replaced and
 `meta.regenerated` = {model, sampling, finish_reasons, left_out} (left_out: sampling fields a
@@ -55,10 +59,14 @@ from typing import Any, Iterator
 
 import orjson
 
+from fuelline.chat.reasoning import ReasoningError, split_reasoning
+from fuelline.io import json_exact
 from fuelline.io.atomic import write_bytes_atomic
 from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import expand_inputs
 from fuelline.io.readers import RecordError, count_units, iter_file_records
+from fuelline.io.tool_arguments import ArgumentsError, parse_arguments
+from fuelline.io.tool_arguments import to_json as arguments_json
 from fuelline.pipeline.options import option
 from fuelline.pipeline.stats import StepStats, write_stats
 from fuelline.pipeline.workdir import WorkDir
@@ -126,7 +134,11 @@ class RegenerateConfig:
         `tools`: the request carried tools, so a tool call's finish reason is taken too."""
         calls = "".join(f" calling {c['function']['name']}" for c in answer.tool_calls)
         said = f"{answer.server} answered {answer.content[:100]!r}{calls} with finish reason {answer.finish_reason!r}"
-        if not self.keep_empty_answers and not answer.content.strip() and not answer.tool_calls:
+        try:
+            content, _ = answer_reasoning(answer)
+        except ReasoningError as e:
+            return e.reason, f"{said}: {e.detail}"
+        if not self.keep_empty_answers and not content.strip() and not answer.tool_calls:
             return "empty_answer", said
         taken = [*self.finish_reasons, *([TOOL_FINISH_REASON] if tools else [])]
         if answer.finish_reason not in taken:
@@ -151,6 +163,12 @@ class RegenerateConfig:
         if self.disable_thinking:
             values["chat_template_kwargs"] = {"enable_thinking": False}
         return values
+
+
+def answer_reasoning(answer: Completion) -> tuple[str, str | None]:
+    """(content, reasoning) of an answer: a reasoning the server returned apart, or one inline
+    in its content (`fuelline.chat.reasoning`); `ReasoningError` for a tag elsewhere."""
+    return split_reasoning(answer.content, answer.reasoning_content, f"the answer of {answer.server}")
 
 
 @dataclass(frozen=True)
@@ -230,7 +248,7 @@ class _Appender:
         self._synced = time.monotonic()
 
     def write(self, record: dict) -> None:
-        self.file.write(orjson.dumps(record) + b"\n")
+        self.file.write(json_exact.dumps(record) + b"\n")
         self.file.flush()
         self.count += 1
         if time.monotonic() - self._synced > FSYNC_EVERY_S:
@@ -279,6 +297,10 @@ def _check_tool_calls(calls, where: str, source: Path, line: int) -> None:
             raise RecordError(source, line, f"{where} tool call {k} ({function['name']}): arguments is a "
                                             f"{type(function.get('arguments')).__name__}, expected a JSON object "
                                             "(a dict; the JSON string form is the API's, not the record's)")
+        try:
+            parse_arguments(function["arguments"], f"{where} tool call {k} ({function['name']})")
+        except ArgumentsError as e:
+            raise RecordError(source, line, f"{e.detail} ({e.reason})") from None
 
 
 def openai_messages(turns: list[dict]) -> list[dict]:
@@ -295,7 +317,7 @@ def openai_messages(turns: list[dict]) -> list[dict]:
             calls, answered = [(c.get("id") or f"call_{i}_{k}", c["function"]["name"]) for k, c in enumerate(made)], 0
             if made:
                 message["tool_calls"] = [{"id": call_id, "type": "function", "function": {
-                    "name": name, "arguments": orjson.dumps(c["function"]["arguments"]).decode()}}
+                    "name": name, "arguments": arguments_json(c["function"]["arguments"])}}
                     for (call_id, name), c in zip(calls, made)]
             if "reasoning_content" in turn:  # under the field's older name and vLLM's newer one
                 message["reasoning_content"] = message["reasoning"] = turn["reasoning_content"]
@@ -433,7 +455,7 @@ class Regenerator:
                                                      self.sampling, check=check, tools=tools)
             self.run_counts.requests += 1
             self.run_counts.tokens += answer.completion_tokens or 0
-            turns[i] = self._answer_turn(answer)
+            turns[i] = self._answer_turn(answer, turns[i])
             finish.append(answer.finish_reason)
             servers.add(answer.server)
         if "length" in finish:
@@ -455,12 +477,17 @@ class Regenerator:
             **({"left_out": left_out} if left_out else {}), **last}}
         return {**record, "conversations": turns, "meta": meta}
 
-    def _answer_turn(self, answer: Completion) -> dict:
-        turn = {"role": "assistant", "content": answer.content}
+    def _answer_turn(self, answer: Completion, replaced: dict) -> dict:
+        """The answer as an assistant turn, its inline reasoning read as chat prepare reads it;
+        the author's `weight` of the turn it replaces is kept."""
+        content, reasoning = answer_reasoning(answer)  # checked by answer_problem
+        turn = {"role": "assistant", "content": content}
         if answer.tool_calls:
             turn["tool_calls"] = answer.tool_calls
-        if self.config.reasoning == "keep" and answer.reasoning_content:
-            turn["reasoning_content"] = answer.reasoning_content
+        if self.config.reasoning == "keep" and reasoning:
+            turn["reasoning_content"] = reasoning
+        if "weight" in replaced:
+            turn["weight"] = replaced["weight"]
         return turn
 
     def _stats(self, pool: ServerPool, earlier: Earlier) -> StepStats:

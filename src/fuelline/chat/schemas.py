@@ -12,7 +12,9 @@ Tool use and reasoning come in several forms (`FORMS`, counted per record), all 
 same structured fields, so no tag is left in a content:
 
 - `openai_tool_calls`: an assistant turn's `tool_calls` (`{"id"?, "type": "function", "function":
-  {"name", "arguments"}}`, arguments a JSON string or an object), `tool` turns with
+  {"name", "arguments"}}`, arguments a JSON string or an object, read by
+  `fuelline.io.tool_arguments`: integers exact, numbers a rendering would change and lone
+  surrogates refused; `content` may be null or left out), `tool` turns with
   `tool_call_id` and `name`; a record-level `tools` (a list of function schemas, or its JSON);
 - `sharegpt_function_call` (LLaMA-Factory, glaive): a `function_call` turn whose value is the JSON
   of `{"name", "arguments"}` or of a list of them, `observation` turns for the results, `tools` a
@@ -20,8 +22,14 @@ same structured fields, so no tag is left in a content:
 - `hermes_tags`: `<tool_call>{json}</tool_call>` blocks in an assistant content (the text left,
   stripped, stays the content), and a user or tool turn that starts with `<tool_response>`, which
   becomes one tool turn per block;
-- `reasoning_content` or `thinking` on an assistant turn, or a leading `<think>…</think>` in its
-  content (taken out, with the whitespace around it): the turn's `reasoning_content`.
+- `reasoning_content` or `thinking` on an assistant turn, or a leading `<think>…</think>` or
+  DeepSeek-R1's `…</think>` in its content (`fuelline.chat.reasoning`, which refuses a tag
+  anywhere else): the turn's `reasoning_content`.
+
+OpenAI fine-tuning's per-message `weight` (0 or 1) stays on its assistant turn: 0 means the
+turn is context, not trained on. A field that belongs to another role (`ROLE_FIELDS`: tool
+calls, reasoning or a weight on a user, system or tool turn, a `tool_call_id` off a tool turn)
+drops the record as `misplaced_field`, since removing it would change the data unsaid.
 
 Normalizing only maps shapes and roles; `validate` then applies the rules the reference
 distillation pipeline applies, each failure under its own drop reason (`DROP_REASONS`): an
@@ -42,6 +50,11 @@ from typing import Any
 
 import orjson
 
+from fuelline.chat.reasoning import REASONS as REASONING_REASONS
+from fuelline.chat.reasoning import ReasoningError, split_reasoning
+from fuelline.io import json_exact
+from fuelline.io.tool_arguments import REASONS as ARGUMENTS_REASONS
+from fuelline.io.tool_arguments import ArgumentsError, parse_arguments, parse_json
 from fuelline.records import Drop
 
 SCHEMAS = ("sharegpt", "openai", "alpaca", "qa")
@@ -57,15 +70,18 @@ ROLES = {
 QA_KEYS = (("question", "answer"), ("query", "response"), ("prompt", "completion"))
 FORMS = ("openai_tool_calls", "sharegpt_function_call", "hermes_tags", "reasoning_content", "thinking", "think_tags")
 REASONING_KEYS = ("reasoning_content", "thinking")
-TURN_KEYS = ("role", "content", "reasoning_content", "tool_calls", "tool_call_id", "name")
+TURN_KEYS = ("role", "content", "reasoning_content", "tool_calls", "tool_call_id", "name", "weight")
+# Fields that belong to one role: on another role's turn they are refused, never silently removed.
+ROLE_FIELDS = {"tool_calls": "assistant", "reasoning_content": "assistant", "thinking": "assistant",
+               "weight": "assistant", "tool_call_id": "tool"}
+WEIGHTS = (0, 1)  # OpenAI fine-tuning's per-message weight: 0 leaves an assistant turn out of training
 DROP_REASONS = ("unknown_schema", "missing_key", "wrong_type", "unknown_role", "empty_content",
-                "first_turn_not_user", "roles_not_alternating", "no_complete_exchange",
-                "bad_tools", "bad_tool_call", "tool_call_without_name", "bad_tool_arguments", "bad_tool_response",
-                "orphan_tool_result", "too_many_tool_results", "unknown_tool_call_id", "missing_tool_result",
-                "unclosed_think", "conflicting_reasoning")
+                "first_turn_not_user", "roles_not_alternating", "no_complete_exchange", "misplaced_field",
+                "bad_weight", "bad_tools", "bad_tool_call", "tool_call_without_name", *ARGUMENTS_REASONS,
+                "bad_tool_response", "orphan_tool_result", "too_many_tool_results", "unknown_tool_call_id",
+                "missing_tool_result", *REASONING_REASONS)
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 TOOL_RESPONSE = re.compile(r"<tool_response>(.*?)</tool_response>", re.S)
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 class Invalid(Exception):
@@ -115,10 +131,19 @@ def _require(obj: dict, key: str, where: str) -> Any:
 
 def _json(text: str, where: str, reason: str) -> Any:
     try:
-        return orjson.loads(text)
+        return json_exact.loads(text)
     except orjson.JSONDecodeError:
         short = text if len(text) <= 80 else text[:77] + "..."
         raise Invalid(reason, f"{where} is not JSON: {short!r}") from None
+
+
+def _call_json(text: str, where: str) -> Any:
+    """A call written as JSON text (a function_call value, a <tool_call> block): its arguments are
+    text a model wrote, read under `fuelline.io.tool_arguments`' rules."""
+    try:
+        return parse_json(text, where, not_json="bad_tool_call")
+    except ArgumentsError as e:
+        raise Invalid(e.reason, e.detail) from None
 
 
 def _turn_list(record: dict, key: str) -> list:
@@ -161,12 +186,10 @@ def _call(call: Any, where: str) -> dict[str, Any]:
     name = function.get("name")
     if not isinstance(name, str) or not name.strip():
         raise Invalid("tool_call_without_name", f"{where} has no function name")
-    arguments = function.get("arguments", {})
-    if isinstance(arguments, str):
-        arguments = _json(arguments, f"{where} ({name}): arguments", "bad_tool_arguments")
-    if not isinstance(arguments, dict):
-        raise Invalid("bad_tool_arguments",
-                      f"{where} ({name}): arguments are {type(arguments).__name__}, expected a JSON object")
+    try:
+        arguments = parse_arguments(function.get("arguments", {}), f"{where} ({name})")
+    except ArgumentsError as e:
+        raise Invalid(e.reason, e.detail) from None
     read: dict[str, Any] = {"type": "function", "function": {"name": name, "arguments": arguments}}
     if call.get("id") not in (None, ""):
         read = {"id": _text(call["id"], f"{where}.id"), **read}
@@ -175,7 +198,7 @@ def _call(call: Any, where: str) -> dict[str, Any]:
 
 def _function_calls(value: Any, where: str) -> list[dict[str, Any]]:
     """A ShareGPT `function_call` value: the JSON of one call or of a list of them."""
-    parsed = _json(_text(value, where), where, "bad_tool_call")
+    parsed = _call_json(_text(value, where), where)
     if not isinstance(parsed, list):
         return [_call(parsed, where)]
     if not parsed:
@@ -215,7 +238,17 @@ def _tools(record: dict) -> list[dict[str, Any]] | None:
 
 
 def _structured(obj: dict, turn: dict[str, Any], where: str, forms: set[str]) -> None:
-    """Add a turn object's own reasoning, tool calls, `tool_call_id` and `name` to `turn`."""
+    """Add a turn object's own reasoning, tool calls, weight, `tool_call_id` and `name` to `turn`;
+    a field of another role's (ROLE_FIELDS) is refused, unless empty."""
+    for key, owner in ROLE_FIELDS.items():
+        if obj.get(key) not in (None, "", []) and turn["role"] != owner:
+            raise Invalid("misplaced_field", f"{where} is a {turn['role']} turn with {key!r}, which belongs on "
+                                             f"{'an' if owner == 'assistant' else 'a'} {owner} turn")
+    if "weight" in obj and turn["role"] == "assistant":
+        weight = obj["weight"]
+        if type(weight) is not int or weight not in WEIGHTS:
+            raise Invalid("bad_weight", f"{where}.weight is {weight!r}; OpenAI's weight is 0 (not trained on) or 1")
+        turn["weight"] = weight
     if turn["role"] == "assistant":
         for key in REASONING_KEYS:
             if obj.get(key) not in (None, ""):
@@ -246,7 +279,10 @@ def _turns(record: dict, list_key: str, role_key: str, content_key: str, forms: 
         if not isinstance(obj, dict):
             raise Invalid("wrong_type", f"{where} is {type(obj).__name__}, expected an object")
         role = _role(_require(obj, role_key, where), f"{where}.{role_key}")
-        value = _require(obj, content_key, where)
+        if role == "assistant" and content_key not in obj and obj.get("tool_calls"):
+            value = None  # OpenAI's message that only calls tools may leave content out
+        else:
+            value = _require(obj, content_key, where)
         if role == FUNCTION_CALL:
             turn = {"role": "assistant", "content": "",
                     "tool_calls": _function_calls(value, f"{where}.{content_key}")}
@@ -294,17 +330,6 @@ def _qa(record: dict, forms: set[str]) -> list[dict[str, Any]]:
 NORMALIZERS = {"sharegpt": _sharegpt, "openai": _openai, "alpaca": _alpaca, "qa": _qa}
 
 
-def _think(content: str, where: str) -> tuple[str, str | None]:
-    """(answer, reasoning) of a content that opens with `<think>…</think>`; (content, None) otherwise."""
-    head = content.lstrip()
-    if not head.startswith(THINK_OPEN):
-        return content, None
-    end = head.find(THINK_CLOSE)
-    if end < 0:
-        raise Invalid("unclosed_think", f"{where} opens {THINK_OPEN} without closing it")
-    return head[end + len(THINK_CLOSE):].lstrip(), head[len(THINK_OPEN):end].strip()
-
-
 def _hermes_calls(content: str, where: str) -> tuple[str, list[dict[str, Any]]]:
     """(the text left, stripped; the calls) of a content with `<tool_call>` blocks."""
     if "<tool_call>" not in content:
@@ -312,7 +337,7 @@ def _hermes_calls(content: str, where: str) -> tuple[str, list[dict[str, Any]]]:
     calls = []
     for k, block in enumerate(TOOL_CALL.findall(content), start=1):
         at = f"{where} <tool_call> {k}"
-        calls.append(_call(_json(block.strip(), at, "bad_tool_call"), at))
+        calls.append(_call(_call_json(block.strip(), at), at))
     left = TOOL_CALL.sub("", content)
     if "<tool_call>" in left:
         raise Invalid("bad_tool_call", f"{where} has a <tool_call> without </tool_call>")
@@ -333,20 +358,21 @@ def _read_tags(turns: list[dict[str, Any]], forms: set[str]) -> list[dict[str, A
     for i, turn in enumerate(turns):
         where = f"turn {i} ({turn['role']})"
         if turn["role"] == "assistant":
-            content, reasoning = _think(turn["content"], where)
-            if reasoning is not None:
-                forms.add("think_tags")
-                if reasoning and "reasoning_content" in turn:
-                    raise Invalid("conflicting_reasoning",
-                                  f"{where} has both a {THINK_OPEN} block and a reasoning field")
-                if reasoning:
-                    turn["reasoning_content"] = reasoning
-            content, calls = _hermes_calls(content, where)
+            # calls first: their JSON may hold any text, a think tag too
+            left, calls = _hermes_calls(turn["content"], where)
             if calls:
                 forms.add("hermes_tags")
                 if "tool_calls" in turn:
                     raise Invalid("bad_tool_call", f"{where} has both tool_calls and <tool_call> blocks")
                 turn["tool_calls"] = calls
+            try:
+                content, reasoning = split_reasoning(left, turn.get("reasoning_content"), where)
+            except ReasoningError as e:
+                raise Invalid(e.reason, e.detail) from None
+            if content != left:
+                forms.add("think_tags")
+            if reasoning is not None:
+                turn["reasoning_content"] = reasoning
             turn["content"] = content
         elif turn["role"] in ("user", "tool") and turn["content"].lstrip().startswith("<tool_response>"):
             forms.add("hermes_tags")

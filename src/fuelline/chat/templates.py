@@ -84,6 +84,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any, Callable, Mapping
 
+from fuelline.io.tool_arguments import ArgumentsError, parse_arguments
 from fuelline.pipeline.options import option
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -94,7 +95,8 @@ TOOL_SYNTAXES = ("", "qwen")
 LOSS_MASKS = ("overlap", "deepspec")
 # The turn fields of the chat record contract besides role and content, and the role each belongs to
 # ("name" is also a participant's name on other turns in OpenAI's format, so it is only checked on tool turns).
-TURN_FIELDS = {"tool_calls": "assistant", "reasoning_content": "assistant", "tool_call_id": "tool"}
+TURN_FIELDS = {"tool_calls": "assistant", "reasoning_content": "assistant", "tool_call_id": "tool",
+               "weight": "assistant"}
 # Tried, after the tokenizer's eos token, as the end-of-turn token of a Jinja template.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<turn|>", "<end_of_turn>", "<|end|>")
 # Unicode noncharacters, reserved for a program's internal use: the marks of generation blocks,
@@ -303,6 +305,8 @@ def _check_turn_fields(i: int, turn: dict) -> None:
     for key in ("reasoning_content", "tool_call_id", "name"):
         if key in turn and (role == "tool" or key == "reasoning_content") and not isinstance(turn[key], str):
             raise ValueError(f"turn {i}: {key} must be a string, found {type(turn[key]).__name__}")
+    if "weight" in turn and (type(turn["weight"]) is not int or turn["weight"] not in (0, 1)):
+        raise ValueError(f"turn {i}: weight must be 0 (not trained on) or 1, found {turn['weight']!r}")
     calls = turn.get("tool_calls")
     if calls is None:
         return
@@ -324,6 +328,10 @@ def _check_turn_fields(i: int, turn: dict) -> None:
             hint = " (a JSON-encoded string: decode it to an object first)" if isinstance(arguments, str) else ""
             raise ValueError(f"{where}.function.arguments must be a JSON object (a dict), found "
                              f"{type(arguments).__name__}{hint}")
+        try:
+            parse_arguments(arguments, f"{where}.function")
+        except ArgumentsError as e:
+            raise ValueError(e.detail) from None
 
 
 def _a(role: str) -> str:

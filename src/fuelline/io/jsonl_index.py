@@ -33,6 +33,7 @@ import numpy as np
 import orjson
 import xxhash
 
+from fuelline.io import json_exact
 from fuelline.io.atomic import AtomicFile
 from fuelline.io.paths import split_suffixes
 from fuelline.io.remote import cache_root
@@ -240,7 +241,7 @@ class JsonlIndex:
     def __getitem__(self, k: int) -> dict:
         data = self.raw(k)
         try:
-            return orjson.loads(data)
+            return json_exact.loads(data)
         except orjson.JSONDecodeError as e:
             i, start, _ = self._locate(k)
             if (changed := self._changed(i, self._fd(i))) is not None:

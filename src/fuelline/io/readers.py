@@ -5,7 +5,8 @@ incrementally by ijson's C backend) or one Parquet row group, whatever the file 
 
 JSONL is read in 256 KiB blocks split on b"\\n" and parsed with orjson straight from bytes; this
 avoids the per-line text decoding of a TextIOWrapper and is where the reader's speed comes from
-(see benchmarks/bench_read.py).
+(see benchmarks/bench_read.py). Integers beyond 64 bits, which orjson rounds to floats, are kept
+exact (`fuelline.io.json_exact`).
 
 Bad corpora stay bounded too: a record nested deeper than MAX_NESTING_DEPTH levels, or a line
 longer than `max_record_bytes`, is refused (or counted, with on_error="skip") without being built
@@ -26,6 +27,7 @@ from typing import IO, Any, Iterable, Iterator, Literal, Protocol
 import orjson
 import zstandard
 
+from fuelline.io import json_exact
 from fuelline.io.json_escapes import SurrogateGuard
 from fuelline.io.paths import LINE_FORMATS, expand_inputs, split_suffixes
 from fuelline.io.remote import is_url, local_copy
@@ -320,12 +322,13 @@ def _jsonl_records(stream: IO[bytes], head: bytes, start: int, stop: int | None,
                        lines.head)
             continue
         lineno = first - 1
+        exact = json_exact.may_round(b"\n".join(lines))  # integers beyond 64 bits are read exactly
         for line in lines:
             lineno += 1
             if stop is not None and lineno > stop:
                 return
             try:
-                record = loads(line)
+                record = json_exact.loads(line) if exact else loads(line)
             except JSONDecodeError as e:
                 if line.strip():
                     report.bad(lineno, *_invalid_line(line, e), line)

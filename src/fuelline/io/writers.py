@@ -14,9 +14,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-import orjson
 import zstandard
 
+from fuelline.io import json_exact
 from fuelline.io.atomic import AtomicFile, atomic_write, naming_disk_full, reraise_naming
 
 ZSTD_LEVEL = 3
@@ -69,7 +69,7 @@ class JsonlZstWriter(RecordWriter):
         self._stream = zstandard.ZstdCompressor(level=level).stream_writer(self._target.file, closefd=False)
 
     def write(self, record: dict[str, Any]) -> None:
-        line = orjson.dumps(record) + b"\n"  # a record orjson cannot write raises here, before any byte is written
+        line = json_exact.dumps(record) + b"\n"  # a record orjson cannot write raises here, before any byte is written
         try:
             self._stream.write(line)
         except OSError as e:
@@ -98,7 +98,11 @@ class ParquetWriter(RecordWriter):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        table = pa.Table.from_pylist(self._records)
+        try:
+            table = pa.Table.from_pylist(self._records)
+        except OverflowError:  # Parquet's integers are 64 bits; JSONL keeps any (fuelline.io.json_exact)
+            raise ValueError(f"{self.path}: a record holds an integer beyond 64 bits, which Parquet cannot store; "
+                             "write --format jsonl.zst, which keeps it exactly") from None
         pq.write_table(table, self._target.file, row_group_size=self._row_group_size, compression="zstd")
         self._records = []
 
@@ -125,6 +129,6 @@ def write_jsonl_file(sources, path: str | os.PathLike) -> int:
     count = 0
     with atomic_write(path) as f:
         for record in read_records(sources):
-            f.write(orjson.dumps(record) + b"\n")
+            f.write(json_exact.dumps(record) + b"\n")
             count += 1
     return count

@@ -15,8 +15,9 @@ summary), and the request is sent again at once.
 
 An answer is its content (null counts as "" when the answer is tool calls), its tool calls in
 the chat record's form (`{"type": "function", "function": {"name", "arguments": dict}}`: the
-arguments, a JSON string on the wire, parsed; one that is not a JSON object fails the request as
-`bad_tool_arguments`, retried like any failure), and the reasoning a reasoning parser returns
+arguments, a JSON string on the wire, parsed by `fuelline.io.tool_arguments`, integers exact;
+ones it refuses fail the request under its reason (`bad_tool_arguments`, `unrepresentable_number`,
+`lone_surrogate`), retried like any failure), and the reasoning a reasoning parser returns
 apart (`reasoning_content`, or `reasoning` as vLLM names it since late 2025), never mixed into the
 content. A request may carry `tools`: they are sent as they are, never left out like a refused
 sampling field, since an answer made without them would be another answer.
@@ -33,6 +34,8 @@ from typing import Any
 
 import orjson
 
+from fuelline.io import json_exact
+from fuelline.io.tool_arguments import ArgumentsError, parse_arguments
 from fuelline.pipeline.options import option
 
 RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
@@ -131,7 +134,7 @@ class ServerPool:
 
         self._change = asyncio.get_running_loop().create_future()
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-        self._session = aiohttp.ClientSession(connector=connector, json_serialize=lambda o: orjson.dumps(o).decode())
+        self._session = aiohttp.ClientSession(connector=connector, json_serialize=lambda o: json_exact.dumps(o).decode())
         return self
 
     async def __aexit__(self, *exc):
@@ -259,7 +262,7 @@ class ServerPool:
         request; a server's bookkeeping never does: a `usage` without a token count counts as unknown,
         and extra choices are ignored, each said once."""
         try:
-            answer = orjson.loads(raw)
+            answer = json_exact.loads(raw)  # arguments sent as an object keep their integers
             choices = answer["choices"]
             choice = choices[0]
             message = choice["message"]
@@ -344,16 +347,10 @@ def _tool_calls(calls: Any, url: str) -> list[dict]:
         name = function.get("name") if isinstance(function, dict) else None
         if not isinstance(name, str) or not name:
             raise _Retryable("bad_answer", f"{url} answered tool call {k} without a function name: {str(call)[:200]}")
-        arguments = function.get("arguments")
-        if isinstance(arguments, str):  # the wire form; a few servers send the object itself
-            try:
-                arguments = orjson.loads(arguments)
-            except orjson.JSONDecodeError as e:
-                raise _Retryable("bad_tool_arguments", f"{url} answered tool call {k} ({name}) with arguments that "
-                                                       f"are not JSON ({e}): {function['arguments'][:200]!r}") from None
-        if not isinstance(arguments, dict):
-            raise _Retryable("bad_tool_arguments", f"{url} answered tool call {k} ({name}) with arguments that are "
-                                                   f"not a JSON object: {str(function.get('arguments'))[:200]!r}")
+        try:  # the wire form is a JSON string; a few servers send the object itself
+            arguments = parse_arguments(function.get("arguments"), f"{url} answered tool call {k} ({name})")
+        except ArgumentsError as e:
+            raise _Retryable(e.reason, e.detail) from None
         parsed.append({"type": "function", "function": {"name": name, "arguments": arguments}})
     return parsed
 

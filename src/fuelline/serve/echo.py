@@ -22,7 +22,8 @@ make it fail on purpose, and a benchmark can find the client's ceiling without a
 - `--fault` applies to every `--fault-every`-th chat request (1: all of them): `http500` answers
   500, `drop` closes the connection without an answer, `stall` never answers, `cut` closes it
   in the middle of the body; the others answer 200 with a body that is wrong in one way
-  (`ANSWER_FAULTS`), as servers in the wild do.
+  (`ANSWER_FAULTS`), as servers in the wild do, or written in a form a client must read right
+  (`think-*`: reasoning inline in the content; `big-integer-arguments`: integers beyond 64 bits).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ import hashlib
 import orjson
 
 ANSWER_WORDS = 8
+INLINE_REASONING = "thought written inline"
+BIG_ARGUMENTS = '{"n": 123456789012345678901234567890, "m": -9223372036854775809}'
 
 
 def _set(path: str, value):
@@ -69,6 +72,20 @@ def _bad_tool_arguments(answer: dict) -> None:
     answer["choices"][0]["finish_reason"] = "tool_calls"
 
 
+def _inline_think(content: str):
+    """A form that writes the answer's reasoning into its content, `content` naming where the answer goes."""
+    def form(answer: dict) -> None:
+        message = answer["choices"][0]["message"]
+        message["content"] = content.format(answer=message["content"], reasoning=INLINE_REASONING)
+    return form
+
+
+def _big_integer_arguments(answer: dict) -> None:
+    answer["choices"][0]["message"] = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call-big", "type": "function", "function": {"name": "lookup", "arguments": BIG_ARGUMENTS}}]}
+    answer["choices"][0]["finish_reason"] = "tool_calls"
+
+
 def _wrong_types(answer: dict) -> None:
     answer["choices"][0]["message"]["content"] = 42
     answer["choices"][0]["finish_reason"] = 1
@@ -86,6 +103,13 @@ ANSWER_FAULTS = {
     "reasoning-only": _reasoning_only,
     "bad-tool-arguments": _bad_tool_arguments,  # a tool call whose arguments string is cut JSON
     "wrong-types": _wrong_types,
+    # Answers a server without a reasoning parser gives: the reasoning inline, in each form
+    "think-first": _inline_think("<think>{reasoning}</think>\n\n{answer}"),
+    "think-r1": _inline_think("{reasoning}</think>\n\n{answer}"),  # DeepSeek-R1: the tag opened in the prompt
+    "think-in-middle": _inline_think("{answer} <think>{reasoning}</think> then more."),
+    "think-twice": _inline_think("<think>a</think>{answer}<think>{reasoning}</think>d"),
+    "think-unclosed": _inline_think("<think>{reasoning} {answer}"),
+    "big-integer-arguments": _big_integer_arguments,  # integers beyond 64 bits, which orjson rounds
     "html": b"<html><body><h1>502 Bad Gateway</h1></body></html>",
     "error-object": b'{"error": {"message": "model overloaded", "type": "server_error", "code": 503}}',
     "truncated-json": None,  # the answer's bytes cut in half
