@@ -542,7 +542,7 @@ class Regenerator:
             identity=self.identity, wall_seconds=time.perf_counter() - c.started, details={
                 "failures": dict(sorted(c.failures.items())), "finish_reasons": dict(sorted(finish_reasons.items())),
                 "truncated_answers_kept": earlier.truncated_kept + c.truncated_kept,
-                "servers": {s.url: {**s.counts, "rests": s.rests, "left_out": sorted(s.left_out)}
+                "servers": {s.url: {**s.counts, "rests": s.rests, "left_out": sorted(s.left_out), "streamed": s.streams}
                             for s in pool.servers},
                 "model": self.config.model, "sampling": self.sampling,
                 "answers_taken": {"finish_reasons": list(self.config.finish_reasons),
