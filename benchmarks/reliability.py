@@ -25,6 +25,9 @@ target cache's manifest and index records, for both formats and every reader mod
 (reliability_templates.py); (f) servers that answer wrongly or die under `chat regenerate`
 (reliability_servers.py).
 
+Issue 36 adds (g) servers that stall, are slow or do not stream, and prompt records, under
+`chat regenerate`, each trial bounded in time so that a hang is one (reliability_stalls.py).
+
 Outcomes of a trial are those of benchmarks/trials.py (ok, clear_error, silent_wrong, crash, hang,
 leftover).
 
@@ -57,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHARED_DATA, write_result  # noqa: E402
 import reliability_cache  # noqa: E402
 import reliability_servers  # noqa: E402
+import reliability_stalls  # noqa: E402
 import reliability_templates  # noqa: E402
 from trials import OUTCOMES, Tally, cli, damage_file, failure_outcome, free_port, isolated, judged, run, table  # noqa: E402
 
@@ -509,6 +513,8 @@ def main() -> None:
         tallies += shown(reliability_templates.scenarios(work, full=full, seed=args.seed))
         print("(f) chat regenerate against servers that answer wrongly or die", flush=True)
         tallies += shown(reliability_servers.scenarios(work, full=full, seed=args.seed))
+        print("(g) chat regenerate against stalled, slow and non-streaming servers, and on prompts", flush=True)
+        tallies += shown(reliability_stalls.scenarios(work, full=full, seed=args.seed))
     finally:
         for server in SERVERS:
             server.kill()
