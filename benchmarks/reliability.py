@@ -32,6 +32,9 @@ weights) through `chat prepare`, and through `chat regenerate` against echo serv
 them: no rounded number or think tag may reach the rendered text, no field vanish unsaid
 (reliability_chat_forms.py).
 
+Issue 36 adds (g) servers that stall, are slow or do not stream, and prompt records, under
+`chat regenerate`, each trial bounded in time so that a hang is one (reliability_stalls.py).
+
 Outcomes of a trial are those of benchmarks/trials.py (ok, clear_error, silent_wrong, crash, hang,
 leftover).
 
@@ -66,6 +69,7 @@ import reliability_cache  # noqa: E402
 import reliability_chat_forms  # noqa: E402
 import reliability_exports  # noqa: E402
 import reliability_servers  # noqa: E402
+import reliability_stalls  # noqa: E402
 import reliability_templates  # noqa: E402
 from trials import OUTCOMES, Tally, cli, damage_file, failure_outcome, free_port, isolated, judged, run, table  # noqa: E402
 
@@ -522,6 +526,8 @@ def main() -> None:
         tallies += shown(reliability_exports.scenarios(work, full=full, seed=args.seed))
         print("(h) tool arguments and reasoning in every form, through chat prepare and chat regenerate", flush=True)
         tallies += shown(reliability_chat_forms.scenarios(work, full=full, seed=args.seed))
+        print("(i) chat regenerate against stalled, slow and non-streaming servers, and on prompts", flush=True)
+        tallies += shown(reliability_stalls.scenarios(work, full=full, seed=args.seed))
     finally:
         for server in SERVERS:
             server.kill()

@@ -36,7 +36,7 @@ ANSWER_FAULTS = ("empty", "whitespace", "abort", "bad-usage", "two-choices", "no
                  "reasoning-only", "wrong-types", "html", "error-object", "truncated-json")
 CONNECTION_FAULTS = ("http500", "drop", "cut", "stall")
 TRIAL_LIMIT_S = 90  # a healthy trial takes a few seconds; past this it is a hang
-CLIENT = ("--concurrency", "4", "--request-timeout", "3", "--attempts", "5", "-q")
+CLIENT = ("--concurrency", "4", "--request-timeout", "3", "--stall-timeout", "3", "--attempts", "5", "-q")
 
 
 def scenarios(work: Path, *, full: bool, seed: int) -> list[Tally]:

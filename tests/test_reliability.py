@@ -1,6 +1,7 @@
 """The reliability harness's reduced run (benchmarks/reliability.py --reduced): kills, fuzzed
-readers, bad corpora, a full disk, chat template spans and wrongly answering servers end in the
-right data or a clear error, never in wrong data, a crash, a hang or files left behind."""
+readers, bad corpora, a full disk, chat template spans, wrongly answering, stalled and
+non-streaming servers and prompt records end in the right data or a clear error, never in wrong
+data, a crash, a hang or files left behind."""
 
 import subprocess
 import sys
@@ -27,6 +28,6 @@ def test_the_reduced_harness_finds_no_silent_wrong_result_no_crash_and_no_leftov
     assert not bad, orjson.dumps(bad, option=orjson.OPT_INDENT_2).decode()
     scenarios = {row["scenario"].split(":")[0] for row in result["scenarios"]}
     assert {"kill -9 and resume", "fuzz", "bad corpus", "templates", "servers", "export reruns", "vocab-map",
-            "chat forms"} <= scenarios
+            "chat forms", "stalls", "prompts"} <= scenarios
     fuzzed = sum(row["trials"] for row in result["scenarios"] if row["scenario"].startswith("fuzz"))
     assert fuzzed >= 100 and result["totals"]["clear_error"] > 0  # the damage was real, and was caught

@@ -375,6 +375,7 @@ def regenerate_command(inputs, output, resume, quiet, **values):
         left_out = f", left out {', '.join(numbers['left_out'])}" if numbers["left_out"] else ""
         click.echo(f"  {url}: {numbers['requests']:,} requests, {numbers['failed']:,} failed, "
                    f"{numbers['tokens']:,} tokens{left_out}")
+    _require_kept(stats)
 
 
 chat.add_command(_stage_command("chat-from-poetry", "from-poetry"))

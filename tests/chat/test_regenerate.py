@@ -313,12 +313,12 @@ def test_a_server_that_comes_back_is_used_again(conversations, tmp_path):
 @pytest.mark.parametrize("fault", [("--fault", "http500"), ("--fault", "drop"), ("--fault", "stall", "--fault-every", "7")])
 def test_a_faulty_server_beside_a_good_one_loses_nothing(conversations, tmp_path, fault):
     path, records = conversations
-    # The timeout is what finds a stalled answer: 2 s, each stall holding a request that long, and
+    # The stall timeout is what finds a stalled answer: 2 s, each stall holding a request that long, and
     # an answer of the good server slowed past it by a loaded machine is only retried (8 attempts).
     # Otherwise it is generous: a timeout of the good server would be no fault of its own.
-    timeout = 2.0 if "stall" in fault else 60.0
-    config = RegenerateConfig("echo", client=ClientConfig(concurrency=8, request_timeout=timeout, attempts=8,
-                                                          backoff=0.05, probe_interval=0.2))
+    stall = 2.0 if "stall" in fault else 60.0
+    config = RegenerateConfig("echo", client=ClientConfig(concurrency=8, request_timeout=60.0, stall_timeout=stall,
+                                                          attempts=8, backoff=0.05, probe_interval=0.2))
     with echo_servers((), fault) as urls:
         stats = regenerate([path], tmp_path / "out.jsonl", urls, config, progress=False, warn=lambda m: None)
     assert_regenerated(tmp_path / "out.jsonl", records)

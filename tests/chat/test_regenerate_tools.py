@@ -139,7 +139,9 @@ def test_requests_carry_tools_and_history_in_openai_form_and_auto_regenerates_on
     assert turns == [PLAIN["conversations"][0], {"role": "assistant", "content": echo_answer(turns[:1])},
                      PLAIN["conversations"][2], {"role": "assistant", "content": echo_answer(turns[:3])}]
     assert set(plain) == {"id", "conversations", "meta"}
-    assert set(plain["meta"]["regenerated"]) == {"model", "sampling", "finish_reasons"}
+    assert set(plain["meta"]["regenerated"]) == {"model", "options", "sampling", "turns", "turn_indexes",
+                                                 "finish_reasons"}
+    assert (plain["meta"]["regenerated"]["turns"], plain["meta"]["regenerated"]["turn_indexes"]) == ("all", [1, 3])
     assert stats["counters"]["last_turn_only"] == 2 and stats["counters"]["requests"] == 4
 
 
@@ -161,20 +163,29 @@ def test_tool_call_answers_are_stored_with_dict_arguments(tmp_path):
     assert stats["finish_reasons"] == {"stop": 2, "tool_calls": 2}
 
 
-def test_turns_all_regenerates_calls_and_their_results_answer_the_new_calls(tmp_path):
-    source = write(tmp_path / "in.jsonl", [AGENT])
+def test_turns_all_refuses_conversations_with_tool_results_and_meta_records_every_option(tmp_path):
+    """Issue 36 class 3: `--turns all` regenerated AGENT's tool calls and kept the old results as their
+    answers, and meta said neither `turns` nor `--reasoning keep`."""
+    source = write(tmp_path / "in.jsonl", [AGENT, CALLS])
     with echo_servers(("--tools", "call", "--log-requests", str(tmp_path / "log.jsonl")),) as urls:
-        regenerate([source], tmp_path / "out.jsonl", urls, RegenerateConfig("echo", turns="all", client=FAST_CLIENT),
-                   progress=False)
-    turns = read(tmp_path / "out.jsonl")["agent"]["conversations"]
-    assert len(turns) == len(AGENT["conversations"])  # every tool result kept
-    assert [i for i, t in enumerate(turns) if t != AGENT["conversations"][i]] == [2, 5, 7]  # every answer
-    assert all(turns[i] == tool_call(turns[:i]) for i in (2, 5, 7))
-    assert "turns" not in read(tmp_path / "out.jsonl")["agent"]["meta"]["regenerated"]
-    second = logged(tmp_path / "log.jsonl")["Weather and time in Paris?"][1]["messages"]
-    # the old result "abc" answers the regenerated call (one call now: call_2_0); the second result answers none
-    assert second[2]["tool_calls"][0]["id"] == "call_2_0" and second[3]["tool_call_id"] == "call_2_0"
-    assert "tool_call_id" not in second[4]
+        result = cli(*regenerate_args(source, tmp_path / "out.jsonl", urls, "--turns", "all", "--reasoning", "keep",
+                                      "--preset", "qwen3", "--top-k", "5"))
+    assert result.exit_code == 0, result.stderr
+    assert "dropped: tool_results_under_turns_all 1" in result.stdout
+    out = read(tmp_path / "out.jsonl")
+    assert set(out) == {"calls"}  # tools but no tool results: every turn regenerated
+    assert "Weather and time in Paris?" not in logged(tmp_path / "log.jsonl")  # no request for the refused one
+    [error] = map(orjson.loads, (tmp_path / "out.jsonl.errors").read_bytes().splitlines())
+    assert error["id"] == "agent" and error["reason"] == "tool_results_under_turns_all" and "--turns last" in error["detail"]
+    regenerated = out["calls"]["meta"]["regenerated"]
+    assert (regenerated["turns"], regenerated["turn_indexes"]) == ("all", [1, 3])
+    assert regenerated["options"] == {
+        "preset": "qwen3", "temperature": None, "top_p": None, "top_k": 5, "min_p": None, "max_tokens": 4096,
+        "disable_thinking": False, "drop_truncated": False, "keep_empty_answers": False,
+        "finish_reasons": ["stop", "length"], "turns": "all", "reasoning": "keep"}
+    assert regenerated["sampling"] == {"temperature": 0.7, "top_p": 0.8, "top_k": 5, "min_p": 0.0, "max_tokens": 4096}
+    stats = orjson.loads((tmp_path / "out.stats.json").read_bytes())
+    assert stats["dropped"] == {"tool_results_under_turns_all": 1} and stats["records_in"] == 2
 
 
 def test_turns_last_on_plain_conversations_keeps_earlier_answers_byte_for_byte(tmp_path):

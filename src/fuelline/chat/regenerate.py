@@ -5,6 +5,12 @@ assistant turn is replaced, in order, by the target's answer to the conversation
 the earlier assistant turns are already the regenerated ones; system, user and tool turns are
 kept. Requests go to any number of OpenAI-compatible servers (`fuelline.serve.client`).
 
+Prompts. A conversation that ends with a user turn gets the answer to it, appended; an eval record
+of `chat prepare` (`{"id", "turns": [user contents]}`) becomes the chat record of its user turns,
+each answered in order on the answers before it (as DeepSpec regenerates its prompts). A record
+with nothing to answer (no assistant turn, no user turn at its end) is never written: it goes to
+the errors file as `nothing_to_regenerate`, a final decision like `truncated`.
+
 Tools. A record's `tools` go with each of its requests, and its turns as OpenAI messages: a tool
 call's arguments as a JSON string, each call an id (its own, else `call_{turn}_{k}`), each tool
 result the id of the call it answers (its own when it names a call of the assistant turn before
@@ -13,7 +19,9 @@ answer that is a tool call is stored as the turn's `tool_calls`, arguments a dic
 the text that came with it. A regenerated call cannot be given the old tool result, so `turns`
 decides which turns are regenerated: `all`, `last` (only the final assistant turn, on the data's
 own history; tool results after it answered the replaced calls and are left out), or `auto` (the
-default): `last` for a conversation with tool results, `all` otherwise. A record regenerated
+default): `last` for a conversation with tool results, `all` otherwise. `all` on a conversation
+with tool results would give a regenerated call the old call's result, so such a record is
+dropped as `tool_results_under_turns_all` (final, in the errors file). A record regenerated
 `last` says so in `meta.regenerated`. Reasoning never enters the content: a server's reasoning
 returned apart, or written inline (`<think>…</think>` first, or DeepSeek-R1's `…</think>`), is
 read as chat prepare reads a turn (`fuelline.chat.reasoning`; a tag anywhere else makes the
@@ -23,8 +31,11 @@ replaced turn's `weight` stays on its answer. Tool-call arguments are read and w
 `fuelline.io.tool_arguments`, so their integers stay exact.
 
 Output, one line per input id, ever: the input record with its assistant turns replaced and
-`meta.regenerated` = {model, sampling, finish_reasons, left_out} (left_out: sampling fields a
-server refused; with `turns` last also turns, turn_indexes and tool_results_left_out). Lines are
+`meta.regenerated` = {model, options (every option that decides the answers, as given: preset,
+sampling values, max_tokens, disable_thinking, turns, reasoning, drop_truncated, finish_reasons,
+keep_empty_answers), sampling (the fields sent), turns ("all" or "last", as applied),
+turn_indexes, finish_reasons, answers_added (prompts: answers the data lacked), left_out
+(sampling fields a server refused), tool_results_left_out}. Lines are
 appended whole, in the order answers arrive, and flushed; the file is fsynced every second and
 at the end. `resume` reads the ids already written (a torn last line, from a kill mid-write, is
 cut off first) and skips exactly those, so nothing is done twice or missed whatever order results
@@ -53,7 +64,7 @@ import functools
 import os
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -67,9 +78,10 @@ from fuelline.io.paths import expand_inputs
 from fuelline.io.readers import RecordError, count_units, iter_file_records
 from fuelline.io.tool_arguments import ArgumentsError, parse_arguments
 from fuelline.io.tool_arguments import to_json as arguments_json
-from fuelline.pipeline.options import option
+from fuelline.pipeline.options import identity_values, option
 from fuelline.pipeline.stats import StepStats, write_stats
 from fuelline.pipeline.workdir import WorkDir
+from fuelline.records import Drop
 from fuelline.serve.client import ClientConfig, Completion, NoServerError, RequestFailed, ServerPool
 
 # Recommended sampling of each target family in non-thinking mode (temperature, top_p, top_k, min_p).
@@ -79,7 +91,8 @@ PRESETS: dict[str, dict[str, float]] = {
     "none": {},
 }
 RECORDS_FILE, STATS_FILE = "regenerated.jsonl", "stats.json"
-FINAL_REASONS = {"truncated"}  # decisions a resumed run keeps; other errors are retried
+NOTHING, STALE_TOOL_RESULTS = "nothing_to_regenerate", "tool_results_under_turns_all"  # records never sent
+FINAL_REASONS = {"truncated", NOTHING, STALE_TOOL_RESULTS}  # decisions a resumed run keeps; others are retried
 TAKEN_FINISH_REASONS = ("stop", "length")
 TOOL_FINISH_REASON = "tool_calls"  # taken as well for a record with tools
 TURNS = ("auto", "all", "last")
@@ -145,13 +158,25 @@ class RegenerateConfig:
             return f"finish_{answer.finish_reason}", f"{said}, not {' or '.join(taken)}"
         return None
 
-    def turns_to_regenerate(self, turns: list[dict]) -> tuple[str, list[int]]:
-        """("all" or "last", the indexes of the assistant turns regenerated)."""
-        mode = self.turns
-        if mode == "auto":
-            mode = "last" if any(t["role"] == "tool" for t in turns) else "all"
+    def plan(self, record: dict) -> Plan | Drop:
+        """What `record` asks of the servers (see the module doc), or why it asks nothing it can be given."""
+        if "conversations" not in record:  # an eval record: every user turn answered, in order
+            turns = [t for content in record["turns"] for t in ({"role": "user", "content": content}, MISSING)]
+            mode, added = "all", len(record["turns"])
+        else:
+            turns, added = list(record["conversations"]), 0
+            tool_results = any(t["role"] == "tool" for t in turns)
+            mode = ("last" if tool_results else "all") if self.turns == "auto" else self.turns
+            if mode == "all" and tool_results:
+                return Drop(STALE_TOOL_RESULTS, "the conversation has tool results: --turns all would regenerate the "
+                                                "calls they answer and keep the old results; use --turns last or auto")
+            if turns and turns[-1]["role"] == "user":
+                turns, added = [*turns, MISSING], 1
         assistant = [i for i, t in enumerate(turns) if t["role"] == "assistant"]
-        return mode, assistant if mode == "all" else assistant[-1:]
+        if not assistant:
+            roles = ", ".join(t["role"] for t in turns) or "no turn"
+            return Drop(NOTHING, f"no assistant turn and no user turn at the end to answer ({roles})")
+        return Plan(turns, assistant if mode == "all" else assistant[-1:], mode, added)
 
     def sampling(self) -> dict[str, Any]:
         """The request fields: the preset's values, overridden by explicit ones."""
@@ -169,6 +194,20 @@ def answer_reasoning(answer: Completion) -> tuple[str, str | None]:
     """(content, reasoning) of an answer: a reasoning the server returned apart, or one inline
     in its content (`fuelline.chat.reasoning`); `ReasoningError` for a tag elsewhere."""
     return split_reasoning(answer.content, answer.reasoning_content, f"the answer of {answer.server}")
+
+
+MISSING = {"role": "assistant", "content": ""}  # where an answer the data lacks goes
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One record's requests: its turns (answers the data lacks in place, empty), the indexes
+    regenerated, "all" or "last" as applied, and how many answers were added."""
+
+    turns: list[dict]
+    targets: list[int]
+    mode: str
+    added: int
 
 
 @dataclass(frozen=True)
@@ -212,7 +251,7 @@ class Earlier:
     """What earlier runs left: ids written and dropped for good, and the counts of what was written."""
 
     written: set[str] = field(default_factory=set)
-    dropped: set[str] = field(default_factory=set)
+    dropped: dict[str, str] = field(default_factory=dict)  # id → reason, of the decisions a resume keeps
     finish_reasons: Counter = field(default_factory=Counter)
     truncated_kept: int = 0
     identities: dict[bytes, dict] = field(default_factory=dict)  # of a pipeline step's records, as they say
@@ -232,7 +271,7 @@ def earlier_runs(paths: OutputPaths) -> Earlier:
         earlier.finish_reasons.update(reasons)
         earlier.truncated_kept += "length" in reasons
     final = [r for _, r in _ids_of_lines(paths.errors, True) if r.get("reason") in FINAL_REASONS]
-    earlier.dropped = {r["id"] for r in final}
+    earlier.dropped = {r["id"]: r["reason"] for r in final}
     if paths.errors.exists():
         write_bytes_atomic(paths.errors, b"".join(orjson.dumps(r) + b"\n" for r in final))
     return earlier
@@ -262,11 +301,16 @@ class _Appender:
 
 
 def _check_record(record: dict, source: Path, line: int) -> None:
-    """The chat record contract, as far as requests need it; the error names the turn and what is wrong."""
+    """The chat record contract, as far as requests need it, and the eval record's (`{"id", "turns"}`,
+    prepare's prompts); the error names the turn and what is wrong."""
     turns = record.get("conversations")
+    if isinstance(record.get("id"), str) and turns is None and isinstance(record.get("turns"), list):
+        if not all(isinstance(t, str) for t in record["turns"]):
+            raise RecordError(source, line, 'an eval record\'s "turns" must be the user contents, strings')
+        return
     if not isinstance(record.get("id"), str) or not isinstance(turns, list):
-        raise RecordError(source, line, 'expected a chat record with a string "id" and a "conversations" list '
-                                        "(see `fuelline chat prepare`)")
+        raise RecordError(source, line, 'expected a chat record with a string "id" and a "conversations" list, '
+                                        'or an eval record {"id", "turns": [str]} (see `fuelline chat prepare`)')
     tools = record.get("tools", [])
     if not isinstance(tools, list) or not all(isinstance(t, dict) and t.get("type", "function") == "function"
                                               and isinstance(t.get("function"), dict)
@@ -341,6 +385,8 @@ class _Run:
     written: int = 0
     failed: int = 0
     truncated_dropped: int = 0
+    unsent: Counter = field(default_factory=Counter)  # records no request could serve, by reason
+    drop_examples: dict[str, str] = field(default_factory=dict)  # the first of each reason: "id: detail"
     truncated_kept: int = 0
     duplicates: int = 0
     last_only: int = 0  # records whose final assistant turn alone was regenerated
@@ -362,6 +408,8 @@ class Regenerator:
         self.step_dir = step_dir  # a pipeline step's: the identity its records and stats carry
         self.identity = step_dir.identity if step_dir is not None else None
         self.sampling = config.sampling()
+        own = {f.name for f in fields(RegenerateConfig)} - {"model"}  # a pipeline step's serve_* are not answers
+        self.options = {k: v for k, v in identity_values(config).items() if k in own}
         self.run_counts = _Run()
 
     def run(self) -> dict:
@@ -393,7 +441,8 @@ class Regenerator:
                 queue: asyncio.Queue = asyncio.Queue(maxsize=2 * sum(s.limit for s in pool.servers))
                 workers = [asyncio.create_task(self._worker(pool, queue, outputs, errors, bar))
                            for _ in range(sum(s.limit for s in pool.servers))]
-                feeder = asyncio.create_task(self._feed(queue, earlier.written | earlier.dropped, len(workers)))
+                feeder = asyncio.create_task(self._feed(queue, earlier.written | earlier.dropped.keys(), errors,
+                                                        bar, len(workers)))
                 await _first_failure([feeder, *workers])
                 stats = self._stats(pool, earlier).to_json()
         finally:
@@ -403,7 +452,7 @@ class Regenerator:
         write_stats(self.paths.stats, stats)
         return stats
 
-    async def _feed(self, queue: asyncio.Queue, skip: set[str], workers: int) -> None:
+    async def _feed(self, queue: asyncio.Queue, skip: set[str], errors: _Appender, bar, workers: int) -> None:
         seen: set[str] = set()
         for source in self.files:
             for line, record in iter_file_records(source):
@@ -414,26 +463,34 @@ class Regenerator:
                     self.run_counts.duplicates += 1
                     continue
                 seen.add(rid)
-                if rid not in skip:
-                    await queue.put(record)
+                if rid in skip:
+                    continue
+                plan = self.config.plan(record)
+                if isinstance(plan, Drop):  # decided without a request: nothing is ever written for it
+                    self._dropped(errors, rid, plan.reason, plan.detail)
+                    self.run_counts.unsent[plan.reason] += 1
+                    bar.update()
+                else:
+                    await queue.put((record, plan))
         for _ in range(workers):
             await queue.put(None)
 
     async def _worker(self, pool: ServerPool, queue: asyncio.Queue, outputs: _Appender, errors: _Appender,
                       bar) -> None:
         counts = self.run_counts
-        while (record := await queue.get()) is not None:
+        while (item := await queue.get()) is not None:
+            record, plan = item
             try:
-                result = await self._regenerate(pool, record)
+                result = await self._regenerate(pool, record, plan)
             except RequestFailed as e:
                 counts.failed += 1
                 counts.failures[e.reason] = counts.failures.get(e.reason, 0) + 1
-                errors.write({"id": record["id"], "reason": e.reason, "detail": e.detail, "attempts": e.attempts})
+                self._dropped(errors, record["id"], e.reason, e.detail, attempts=e.attempts, counted_as="failed")
             else:
                 if result is None:
                     counts.truncated_dropped += 1
-                    errors.write({"id": record["id"], "reason": "truncated",
-                                  "detail": f"an answer reached max_tokens {self.config.max_tokens}"})
+                    self._dropped(errors, record["id"], "truncated",
+                                  f"an answer reached max_tokens {self.config.max_tokens}")
                 else:
                     outputs.write(result)
                     counts.written += 1
@@ -442,10 +499,15 @@ class Regenerator:
             bar.set_postfix_str(f"{counts.requests / elapsed:.1f} req/s, {counts.tokens / elapsed:,.0f} tok/s",
                                 refresh=False)
 
-    async def _regenerate(self, pool: ServerPool, record: dict) -> dict | None:
+    def _dropped(self, errors: _Appender, rid: str, reason: str, detail: str, counted_as: str | None = None,
+                 **extra) -> None:
+        """A record in the errors file, with its reason; the first of each kind is the stats' example."""
+        errors.write({"id": rid, "reason": reason, "detail": detail, **extra})
+        self.run_counts.drop_examples.setdefault(counted_as or reason, f"id {rid}: {detail}")
+
+    async def _regenerate(self, pool: ServerPool, record: dict, plan: Plan) -> dict | None:
         """The record with its assistant turns regenerated, or None when one was truncated and that drops it."""
-        turns = list(record["conversations"])
-        mode, targets = self.config.turns_to_regenerate(turns)
+        turns, mode, targets = plan.turns, plan.mode, plan.targets
         tools = record.get("tools") or None
         check = functools.partial(self.config.answer_problem, tools=tools is not None)
         finish: list[str] = []
@@ -470,12 +532,14 @@ class Regenerator:
             after = turns[targets[-1] + 1:] if targets else []
             stale = sum(t["role"] == "tool" for t in after)
             turns = turns[:len(turns) - len(after)] + [t for t in after if t["role"] != "tool"]
-            last = {"turns": "last", "turn_indexes": targets, **({"tool_results_left_out": stale} if stale else {})}
+            last = {"tool_results_left_out": stale} if stale else {}
         meta = {**record.get("meta", {}), "regenerated": {
             **({"identity": self.identity} if self.identity is not None else {}),
-            "model": self.config.model, "sampling": self.sampling, "finish_reasons": finish,
+            "model": self.config.model, "options": self.options, "sampling": self.sampling, "turns": mode,
+            "turn_indexes": targets, "finish_reasons": finish, **({"answers_added": plan.added} if plan.added else {}),
             **({"left_out": left_out} if left_out else {}), **last}}
-        return {**record, "conversations": turns, "meta": meta}
+        kept = {k: v for k, v in record.items() if k != "turns"}  # an eval record becomes a chat record
+        return {**kept, "conversations": turns, "meta": meta}
 
     def _answer_turn(self, answer: Completion, replaced: dict) -> dict:
         """The answer as an assistant turn, its inline reasoning read as chat prepare reads it;
@@ -493,11 +557,12 @@ class Regenerator:
     def _stats(self, pool: ServerPool, earlier: Earlier) -> StepStats:
         c = self.run_counts
         written = len(earlier.written) + c.written
-        dropped = {k: v for k, v in (("failed", c.failed), ("truncated", c.truncated_dropped + len(earlier.dropped)),
-                                     ("duplicate_id", c.duplicates)) if v}
+        dropped = Counter(earlier.dropped.values()) + c.unsent
+        dropped.update({"failed": c.failed, "truncated": c.truncated_dropped, "duplicate_id": c.duplicates})
+        dropped = {k: v for k, v in dropped.items() if v}
         finish_reasons = earlier.finish_reasons + c.finish_reasons
         return StepStats(
-            "regenerate", written + sum(dropped.values()), written, dropped,
+            "regenerate", written + sum(dropped.values()), written, dropped, c.drop_examples,
             counters={"resumed": len(earlier.written), "regenerated": c.written, "last_turn_only": c.last_only,
                       "requests": c.requests,
                       "retried": pool.retries, "tokens_generated": c.tokens, "tokens_unknown": pool.tokens_unknown,
@@ -505,7 +570,7 @@ class Regenerator:
             identity=self.identity, wall_seconds=time.perf_counter() - c.started, details={
                 "failures": dict(sorted(c.failures.items())), "finish_reasons": dict(sorted(finish_reasons.items())),
                 "truncated_answers_kept": earlier.truncated_kept + c.truncated_kept,
-                "servers": {s.url: {**s.counts, "rests": s.rests, "left_out": sorted(s.left_out)}
+                "servers": {s.url: {**s.counts, "rests": s.rests, "left_out": sorted(s.left_out), "streamed": s.streams}
                             for s in pool.servers},
                 "model": self.config.model, "sampling": self.sampling,
                 "answers_taken": {"finish_reasons": list(self.config.finish_reasons),

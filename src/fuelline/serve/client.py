@@ -13,6 +13,18 @@ fields in the request: {'top_k', 'min_p'}" where SGLang and vLLM take them. Such
 the fields are left out for that server from then on (said once, and recorded in the
 summary), and the request is sent again at once.
 
+Answers are streamed (`"stream": true`, parsed by `fuelline.serve.stream`), so a stalled
+server is told from a long answer: a request that receives nothing for `stall_timeout` seconds
+(before its first event or between two) is a stall, retried like a dropped connection, and its
+server rests at once; an answer that keeps streaming is never cut. Before the run each server
+is asked for a one-token completion: a server that lists its model but answers nothing within
+`stall_timeout` is left out (all of them: the run stops, saying so, within a minute under the
+defaults), and one that answers whole although asked to stream (or refuses to stream) gets
+whole-answer requests from then on, each limited by `request_timeout` (said once). A server
+resting after a stall comes back when it answers a one-token completion again, not only
+`/v1/models`. While requests wait, a server silent for 10 s (or half the stall timeout) is
+named on the terminal with how long it has been silent, again at 20, 40, 80 s, ...
+
 An answer is its content (null counts as "" when the answer is tool calls), its tool calls in
 the chat record's form (`{"type": "function", "function": {"name", "arguments": dict}}`: the
 arguments, a JSON string on the wire, parsed by `fuelline.io.tool_arguments`, integers exact;
@@ -37,6 +49,7 @@ import orjson
 from fuelline.io import json_exact
 from fuelline.io.tool_arguments import ArgumentsError, parse_arguments
 from fuelline.pipeline.options import option
+from fuelline.serve.stream import EventDecoder, StreamedAnswer, StreamError
 
 RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
 UNEXPECTED_FIELDS = re.compile(r"[Uu]nexpected fields?[^{\[]*[{\[]([^}\]]*)[}\]]")
@@ -55,9 +68,9 @@ class RequestFailed(Exception):
 
 
 class _Retryable(Exception):
-    def __init__(self, reason: str, detail: str, server_down: bool = False):
+    def __init__(self, reason: str, detail: str, server_down: bool = False, stalled: bool = False):
         super().__init__(detail)
-        self.reason, self.detail, self.server_down = reason, detail, server_down
+        self.reason, self.detail, self.server_down, self.stalled = reason, detail, server_down or stalled, stalled
 
 
 @dataclass
@@ -79,7 +92,13 @@ class Server:
     failures_in_a_row: int = 0
     rests: int = 0
     left_out: set[str] = field(default_factory=set)  # sampling fields this server refuses
-    counts: dict[str, int] = field(default_factory=lambda: {"requests": 0, "failed": 0, "tokens": 0})
+    counts: dict[str, int] = field(default_factory=lambda: {"requests": 0, "failed": 0, "tokens": 0, "stalls": 0})
+    streams: bool | None = None  # None until its first answer says
+    usage_option: bool = True  # takes stream_options {include_usage} (transformers serve refuses it, 422)
+    stalled: bool = False  # rests after a stall: back only when it answers a completion
+    probing: int = 0  # one-token completions in flight (the check, a resting server's probe)
+    heard: float = 0.0  # monotonic time of its last byte, or of the first request of a silence
+    notes: int = 0  # silence notes said since it was last heard
 
     @property
     def load(self) -> float:
@@ -91,7 +110,11 @@ class ClientConfig:
     """How requests are sent and retried; none of it changes the answers, so none is part of a step's identity."""
 
     concurrency: int = option(64, "requests in flight per server", identity=False)
-    request_timeout: float = option(600.0, "seconds per request", identity=False)
+    request_timeout: float = option(600.0, "seconds per whole answer of a server that does not stream (a streamed "
+                                    "answer has no time limit: see --stall-timeout)", identity=False)
+    stall_timeout: float = option(60.0, "seconds without a byte of a streamed answer (before its first or between two) "
+                                  "after which the request is a stall: retried, its server rested until it answers "
+                                  "a one-token completion", identity=False)
     attempts: int = option(5, "tries per request before it fails for good", identity=False)
     all_down_timeout: float = option(300.0, "seconds without any server answering before the run stops with an "
                                      "error", identity=False)
@@ -128,6 +151,8 @@ class ServerPool:
         self.finish_reasons: dict[str, int] = {}  # of every answer received, taken or not
         self.tokens_unknown = 0  # answers whose usage gave no token count
         self._noted: set[tuple[str, str]] = set()
+        self.model = ""  # the one `check` was given, for the one-token probes
+        self._watcher: asyncio.Task | None = None
 
     async def __aenter__(self):
         import aiohttp
@@ -135,12 +160,39 @@ class ServerPool:
         self._change = asyncio.get_running_loop().create_future()
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
         self._session = aiohttp.ClientSession(connector=connector, json_serialize=lambda o: json_exact.dumps(o).decode())
+        self._watcher = asyncio.create_task(self._watch())
         return self
 
     async def __aexit__(self, *exc):
-        for task in self._probes:
+        for task in [*self._probes, self._watcher]:
             task.cancel()
         await self._session.close()
+
+    async def _watch(self) -> None:
+        """Name each server that has been silent while requests wait on it (see the module doc)."""
+        first = min(10.0, self.config.stall_timeout / 2)
+        while True:
+            await asyncio.sleep(min(1.0, first / 4))
+            now = time.monotonic()
+            for server in self.servers:
+                waiting = server.in_flight + server.probing
+                silence = now - server.heard
+                if not waiting or silence < first:
+                    server.notes = 0
+                elif silence >= first * 2 ** server.notes:
+                    server.notes += 1
+                    self.warn(f"waiting: {server.url} has sent nothing for {silence:.0f} s ({waiting} request(s) in "
+                              f"flight{'' if server.in_flight else ': checking it answers a one-token completion'}"
+                              f"); {self._limit(server)}")
+
+    def _limit(self, server: Server) -> str:
+        if server.streams is False:
+            return (f"it answers whole, not streamed, so a stalled answer ends only at --request-timeout "
+                    f"{self.config.request_timeout:g} s")
+        return f"a stall at --stall-timeout {self.config.stall_timeout:g} s"
+
+    def _heard(self, server: Server) -> None:
+        server.heard = time.monotonic()
 
     async def models(self, server: Server, timeout: float = 10.0) -> list[str] | None:
         """The model ids a server lists, or None when it does not answer."""
@@ -156,7 +208,9 @@ class ServerPool:
             return None
 
     async def check(self, model: str) -> None:
-        """Ask every server for its models, in parallel; leave out those that do not answer."""
+        """Ask every server for its models, then for a one-token completion, in parallel; leave out
+        those that answer neither (see the module doc)."""
+        self.model = model
         answers = await asyncio.gather(*(self.models(s) for s in self.servers))
         for server, models in zip(self.servers, answers):
             if models is None:
@@ -165,10 +219,64 @@ class ServerPool:
             elif model not in models:
                 self.warn(f"note: {server.url} lists {', '.join(map(str, models)) or 'no model'}, not {model!r}; "
                           "trying it anyway (some servers load models on demand)")
+        listing = [s for s in self.servers if s.healthy]
+        stalled = []
+        for server, answered in zip(listing, await asyncio.gather(*(self._answers(s) for s in listing))):
+            if not answered:
+                self.warn(f"warning: {server.url} lists its models but answered no one-token completion within "
+                          f"--stall-timeout {self.config.stall_timeout:g} s; it is left out")
+                server.healthy = False
+                stalled.append(server.url)
         if not any(s.healthy for s in self.servers):
+            why = (f"; {', '.join(stalled)} list(s) the model but answered no one-token completion within "
+                   f"--stall-timeout {self.config.stall_timeout:g} s" if stalled else "")
             raise NoServerError(f"none of the {len(self.servers)} server(s) answers: "
-                                f"{', '.join(s.url for s in self.servers)}")
+                                f"{', '.join(s.url for s in self.servers)}{why}")
         self.servers = [s for s in self.servers if s.healthy]
+
+    async def _answers(self, server: Server) -> bool:
+        """Whether `server` answers a one-token completion (anything, an error too) within the stall
+        timeout; what comes back says whether it streams."""
+        import aiohttp
+
+        server.probing += 1
+        if server.in_flight + server.probing == 1:
+            self._heard(server)
+        body = {"model": self.model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
+                "stream": server.streams is not False}
+        stall = self.config.stall_timeout
+        try:
+            async with self._session.post(f"{server.url}/v1/chat/completions", json=body, timeout=aiohttp.ClientTimeout(
+                    sock_connect=stall, sock_read=stall)) as r:
+                raw = b""
+                async for data in r.content.iter_any():
+                    self._heard(server)
+                    raw += data
+                if server.streams is None:
+                    self._learn_streaming(server, r.status, r.content_type, raw)
+            return True
+        except asyncio.TimeoutError:
+            return False
+        except aiohttp.ClientError:
+            return True  # it answers, if only by closing: the requests will say more
+        finally:
+            server.probing -= 1
+
+    def _learn_streaming(self, server: Server, status: int, content_type: str, raw: bytes) -> None:
+        """What an answer to a streamed request says of the server: it streams, answers whole, or refuses."""
+        if status == 200 and content_type == "text/event-stream":
+            server.streams = True
+        elif status == 200 and raw.lstrip().startswith(b"{") and b'"choices"' in raw:
+            self._whole(server, "answers a streamed request whole")
+        elif status in (400, 422) and b"stream" in raw.lower() and not _refused_fields(status, raw.decode(
+                "utf-8", errors="replace")):
+            self._whole(server, f"refuses to stream ({status}: {raw[:200].decode('utf-8', errors='replace')})")
+
+    def _whole(self, server: Server, why: str) -> None:
+        """From now on `server` gets whole-answer requests."""
+        server.streams = False
+        self.warn(f"note: {server.url} {why}; it gets whole-answer requests, and a stalled one is found only "
+                  f"after --request-timeout {self.config.request_timeout:g} s")
 
     async def _acquire(self, avoid: set[str]) -> Server:
         """The least-loaded healthy server with room, preferring those not in `avoid`.
@@ -185,6 +293,8 @@ class ServerPool:
                 self._down_since = None
                 preferred = [s for s in free if s.url not in avoid] or free
                 server = min(preferred, key=lambda s: s.load)
+                if not server.in_flight + server.probing:  # a silence starts now, not at its last answer
+                    self._heard(server)
                 server.in_flight += 1
                 return server
             pause = self.config.probe_interval
@@ -206,23 +316,25 @@ class ServerPool:
         server.in_flight -= 1
         self._changed()
 
-    def _rest(self, server: Server) -> None:
+    def _rest(self, server: Server, failure: _Retryable) -> None:
         """Take a failing server out of rotation; probe it until it answers again."""
+        server.stalled = server.stalled or failure.stalled
         if not server.healthy:
             return
         server.healthy = False
         server.rests += 1
-        self.warn(f"warning: {server.url} failed {server.failures_in_a_row} times in a row; resting it")
+        why = failure.detail if failure.stalled else f"{server.url} failed {server.failures_in_a_row} times in a row"
+        self.warn(f"warning: {why}; resting it" + (" until it answers a one-token completion" if server.stalled else ""))
         task = asyncio.create_task(self._probe(server))
         self._probes.add(task)
         task.add_done_callback(self._probes.discard)
 
     async def _probe(self, server: Server) -> None:
         pause = self.config.probe_interval
-        while await self.models(server) is None:
+        while await self.models(server) is None or (server.stalled and not await self._answers(server)):
             await asyncio.sleep(pause)
             pause = min(pause * 2, self.config.backoff_max)
-        server.healthy, server.failures_in_a_row = True, 0
+        server.healthy, server.failures_in_a_row, server.stalled = True, 0, False
         self._changed()
         self.warn(f"note: {server.url} answers again; back in rotation")
 
@@ -244,9 +356,10 @@ class ServerPool:
                 last = e
                 server.counts["failed"] += 1
                 server.failures_in_a_row += 1
+                server.counts["stalls"] += e.stalled
                 tried.add(server.url)
                 if e.server_down or server.failures_in_a_row >= self.config.failures_to_rest:
-                    self._rest(server)
+                    self._rest(server, e)
             else:
                 server.failures_in_a_row = 0
                 return completion
@@ -257,12 +370,13 @@ class ServerPool:
                 await asyncio.sleep(min(self.config.backoff * 2 ** (attempt - 1), self.config.backoff_max))
         raise RequestFailed(last.reason, f"{last.detail} (after {self.config.attempts} attempts)", self.config.attempts)
 
-    def _parse(self, raw: bytes, server: Server) -> Completion:
-        """The answer (see the module doc). A body without a text content or tool calls fails the
-        request; a server's bookkeeping never does: a `usage` without a token count counts as unknown,
-        and extra choices are ignored, each said once."""
+    def _parse(self, raw: bytes, server: Server, answer: dict | None = None) -> Completion:
+        """The answer (see the module doc), from the body `raw` or, streamed, the body `answer` merged
+        from its events (`raw` its first event, for messages). A body without a text content or tool
+        calls fails the request; a server's bookkeeping never does: a `usage` without a token count
+        counts as unknown, and extra choices are ignored, each said once."""
         try:
-            answer = json_exact.loads(raw)  # arguments sent as an object keep their integers
+            answer = json_exact.loads(raw) if answer is None else answer  # arguments sent as an object keep their integers
             choices = answer["choices"]
             choice = choices[0]
             message = choice["message"]
@@ -306,33 +420,74 @@ class ServerPool:
                     tools: list[dict] | None) -> Completion:
         import aiohttp
 
-        while True:  # at most once more per field the server refuses
-            body = {"model": model, "messages": messages, "stream": False, **({"tools": tools} if tools else {}),
-                    **{k: v for k, v in sampling.items() if k not in server.left_out}}
+        while True:  # at most once more per field the server refuses, and once if it refuses to stream
+            streamed = server.streams is not False
+            usage = {"stream_options": {"include_usage": True}} if streamed and server.usage_option else {}
+            body = {"model": model, "messages": messages, "stream": streamed, **({"tools": tools} if tools else {}),
+                    **usage, **{k: v for k, v in sampling.items() if k not in server.left_out}}
             server.counts["requests"] += 1
+            stall = self.config.stall_timeout
+            timeout = (aiohttp.ClientTimeout(sock_connect=stall, sock_read=stall) if streamed
+                       else aiohttp.ClientTimeout(total=self.config.request_timeout))
             try:
-                async with self._session.post(f"{server.url}/v1/chat/completions", json=body,
-                                              timeout=aiohttp.ClientTimeout(total=self.config.request_timeout)) as r:
-                    raw = await r.read()
+                async with self._session.post(f"{server.url}/v1/chat/completions", json=body, timeout=timeout) as r:
                     status = r.status
+                    if status == 200 and streamed and r.content_type == "text/event-stream":
+                        server.streams = True
+                        return await self._read_stream(server, r)
+                    raw = await r.read()
+                    self._heard(server)
             except asyncio.TimeoutError:
-                raise _Retryable("timeout", f"{server.url} gave no answer within {self.config.request_timeout:g} s")
+                if streamed:
+                    raise _Retryable("stall", f"{server.url} sent nothing for {stall:g} s (--stall-timeout)",
+                                     stalled=True) from None
+                raise _Retryable("timeout", f"{server.url} gave no answer within {self.config.request_timeout:g} s",
+                                 stalled=True) from None
             except aiohttp.ClientConnectorError as e:
                 raise _Retryable("connection_refused", f"{server.url}: {e}", server_down=True)
             except aiohttp.ClientError as e:  # dropped connection, bad framing, …
                 raise _Retryable("connection_error", f"{server.url}: {type(e).__name__}: {e}")
             if status == 200:
-                return self._parse(raw, server)
+                completion = self._parse(raw, server)
+                if streamed and server.streams is None:
+                    self._whole(server, "answers a streamed request whole")
+                return completion
             text = raw[:500].decode("utf-8", errors="replace")
-            refused = _refused_fields(status, text) & set(sampling) & set(body)  # those this request carried
+            refused = _refused_fields(status, text) & {*sampling, *usage} & set(body)  # those this request carried
+            if usage.keys() & refused:  # it counts the tokens in its last chunk, or not at all
+                server.usage_option = False
+            if refused - usage.keys() and not refused - usage.keys() <= server.left_out:  # others may have learned it
+                server.left_out |= refused - usage.keys()
+                self.warn(f"note: {server.url} does not take {', '.join(sorted(refused - usage.keys()))}; sending "
+                          "without them")
             if refused:
-                if not refused <= server.left_out:  # other requests in flight may have learned it already
-                    server.left_out |= refused
-                    self.warn(f"note: {server.url} does not take {', '.join(sorted(refused))}; sending without them")
                 continue
+            if streamed and server.streams is None:
+                self._learn_streaming(server, status, "", raw)
+                if server.streams is False:
+                    continue
             if status in RETRYABLE_STATUS:
                 raise _Retryable(f"http_{status}", f"{server.url} answered {status}: {text}")
             raise RequestFailed(f"http_{status}", f"{server.url} answered {status}: {text}", 1)
+
+    async def _read_stream(self, server: Server, response) -> Completion:
+        """The answer of a streamed response (`fuelline.serve.stream`), read to its end."""
+        decoder, answer = EventDecoder(), StreamedAnswer()
+        try:
+            async for data in response.content.iter_any():
+                server.heard = time.monotonic()
+                for event in decoder.feed(data):
+                    answer.add(event)
+                if answer.done:
+                    break
+            for event in decoder.end():
+                answer.add(event)
+        except StreamError as e:
+            raise _Retryable(e.reason, f"{server.url} {e.detail}") from None
+        if not answer.finished:
+            raise _Retryable("stream_cut", f"{server.url} ended its stream before the answer's end (no finish reason, "
+                                           f"no [DONE]): {answer.first!r}")
+        return self._parse(answer.first, server, answer.body())
 
 
 def _tool_calls(calls: Any, url: str) -> list[dict]:

@@ -6,7 +6,7 @@ make it fail on purpose, and a benchmark can find the client's ceiling without a
 
     python -m fuelline.serve.echo --port 30000 [--model echo] [--fault http500|drop|stall]
         [--fault-every N] [--reject-fields top_k,min_p] [--delay SECONDS] [--reasoning]
-        [--tools call] [--log-requests FILE]
+        [--tools call] [--log-requests FILE] [--stream auto|never|refuse] [--chunk-delay SECONDS]
 
 - `GET /v1/models` lists the model; `POST /v1/chat/completions` answers `echo_answer(messages)`,
   cut to `max_tokens` words (finish reason "length") when longer, with usage counts.
@@ -17,13 +17,22 @@ make it fail on purpose, and a benchmark can find the client's ceiling without a
 - `--tools call` answers a request that carries `tools` with a tool call instead (`echo_call`:
   one of the request's functions, arguments naming the conversation), content null and finish
   reason "tool_calls", as OpenAI does; without it `tools` are ignored.
+- A request with `"stream": true` is answered as server-sent events, as vLLM and SGLang do: a
+  role chunk, the reasoning, content and tool-call arguments in pieces (a word each), a chunk
+  with the finish reason, a usage chunk when `stream_options.include_usage`, `data: [DONE]`;
+  `--chunk-delay` waits between chunks (a slow, healthy answer). `--stream never` answers whole
+  whatever the request says (a server that does not stream), `--stream refuse` answers 400 to a
+  streamed request.
 - `--log-requests FILE` appends each chat request's body to FILE as a JSON line, so a test can
   check what a client sent.
 - `--fault` applies to every `--fault-every`-th chat request (1: all of them): `http500` answers
-  500, `drop` closes the connection without an answer, `stall` never answers, `cut` closes it
-  in the middle of the body; the others answer 200 with a body that is wrong in one way
+  500, `drop` closes the connection without an answer, `stall` never answers, `stall-midway`
+  streams half of the answer and then nothing more (answered whole, it is `stall`), `cut` closes
+  it in the middle of the body; the others answer 200 with a body that is wrong in one way
   (`ANSWER_FAULTS`), as servers in the wild do, or written in a form a client must read right
-  (`think-*`: reasoning inline in the content; `big-integer-arguments`: integers beyond 64 bits).
+  (`think-*`: reasoning inline in the content; `big-integer-arguments`: integers beyond 64 bits);
+  streamed, the same body is sent in pieces (`error-object` as an error event, `truncated-json`
+  the events cut in half).
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import re
 
 import orjson
 
@@ -114,7 +124,9 @@ ANSWER_FAULTS = {
     "error-object": b'{"error": {"message": "model overloaded", "type": "server_error", "code": 503}}',
     "truncated-json": None,  # the answer's bytes cut in half
 }
-FAULTS = ("http500", "drop", "stall", "cut", *ANSWER_FAULTS)
+FAULTS = ("http500", "drop", "stall", "stall-midway", "cut", *ANSWER_FAULTS)
+STREAM_MODES = ("auto", "never", "refuse")
+WORD = re.compile(r"\s*\S+|\s+")
 
 
 def _digest(messages: list[dict]) -> str:
@@ -141,10 +153,12 @@ def echo_reasoning(messages: list[dict]) -> str:
 
 class EchoServer:
     def __init__(self, model: str, fault: str | None, fault_every: int, reject_fields: set[str], delay: float,
-                 reasoning: bool = False, tools: str = "ignore", log=None):
+                 reasoning: bool = False, tools: str = "ignore", log=None, stream: str = "auto",
+                 chunk_delay: float = 0.0):
         self.model, self.fault, self.fault_every = model, fault, fault_every
         self.reject_fields, self.delay, self.reasoning = reject_fields, delay, reasoning
         self.tools, self.log = tools, log  # log: a binary file open for appending, or None
+        self.stream, self.chunk_delay = stream, chunk_delay
         self.requests = 0
 
     async def models(self, request):
@@ -162,15 +176,18 @@ class EchoServer:
         if fault == "drop":
             request.transport.close()
             return web.Response(status=500)
-        if fault == "stall":
-            await asyncio.Event().wait()
         body = orjson.loads(await request.read())
+        streamed = bool(body.get("stream")) and self.stream != "never"
+        if fault == "stall" or (fault == "stall-midway" and not streamed):
+            await asyncio.Event().wait()
         if self.log is not None:
             self.log.write(orjson.dumps(body) + b"\n")
             self.log.flush()
         unexpected = self.reject_fields & set(body)
         if unexpected:
             return web.Response(status=422, text=f"Unexpected fields in the request: {sorted(unexpected)}")
+        if streamed and self.stream == "refuse":
+            return web.Response(status=400, text="streaming is not supported")
         if self.delay:
             await asyncio.sleep(self.delay)
         messages = body["messages"]
@@ -193,15 +210,77 @@ class EchoServer:
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": min(limit, len(words)),
                       "total_tokens": prompt_tokens + min(limit, len(words))},
         }
-        if fault == "cut":
+        if fault == "cut" and not streamed:
             return await _cut(request, orjson.dumps(answer))
         change = ANSWER_FAULTS.get(fault)
         if callable(change):
             change(answer)
+        if streamed and fault != "html":
+            include_usage = (body.get("stream_options") or {}).get("include_usage")
+            return await self._stream(request, answer, fault, include_usage)
         raw = change if isinstance(change, bytes) else orjson.dumps(answer)
         if fault == "truncated-json":
             raw = raw[:len(raw) // 2]
         return web.Response(body=raw, content_type="text/html" if fault == "html" else "application/json")
+
+
+    async def _stream(self, request, answer: dict, fault: str | None, include_usage: bool):
+        """`answer` as server-sent events (see the module doc), with a streamed form of `fault`."""
+        from aiohttp import web
+
+        if fault == "error-object":
+            events = [b'{"error": {"message": "model overloaded", "type": "server_error", "code": 503}}']
+        else:
+            events = [orjson.dumps({"id": answer["id"], "object": "chat.completion.chunk", "model": self.model,
+                                    "choices": choices, **extra}) for choices, extra in _chunks(answer, include_usage)]
+            events.append(b"[DONE]")
+        raw = [b"data: " + event + b"\n\n" for event in events]
+        if fault in ("cut", "truncated-json", "stall-midway"):
+            joined = b"".join(raw)
+            raw = [joined[:len(joined) // 2]]
+        elif not self.chunk_delay:  # all at once: an instant server's events arrive together
+            raw = [b"".join(raw)]
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        for k, piece in enumerate(raw):
+            if k and self.chunk_delay:
+                await asyncio.sleep(self.chunk_delay)
+            await response.write(piece)
+        if fault == "stall-midway":
+            await asyncio.Event().wait()
+        if fault == "cut":
+            request.transport.close()
+            return response
+        await response.write_eof()
+        return response
+
+
+def _pieces(text) -> list:
+    """`text` in the pieces a server streams it in: a word each, with the spaces before it."""
+    return WORD.findall(text) or [text] if isinstance(text, str) else [text]
+
+
+def _chunks(answer: dict, include_usage: bool) -> list[tuple[list[dict], dict]]:
+    """(choices, other fields) of each chunk streaming `answer`, a whole chat completion."""
+    chunks = []
+    for choice in answer["choices"]:
+        index, message = choice.get("index", 0), choice.get("message")
+        chunks.append(([{"index": index, "delta": {"role": "assistant"}}], {}))
+        if isinstance(message, dict):
+            for key in ("reasoning_content", "content"):
+                if message.get(key) is not None:
+                    chunks += [([{"index": index, "delta": {key: piece}}], {}) for piece in _pieces(message[key])]
+            for k, call in enumerate(message.get("tool_calls") or ()):
+                arguments = call["function"]["arguments"]
+                half = len(arguments) // 2
+                chunks.append(([{"index": index, "delta": {"tool_calls": [{"index": k, "id": call["id"], "type": "function",
+                               "function": {"name": call["function"]["name"], "arguments": arguments[:half]}}]}}], {}))
+                chunks.append(([{"index": index, "delta": {"tool_calls": [{"index": k, "function": {
+                               "arguments": arguments[half:]}}]}}], {}))
+        chunks.append(([{"index": index, "delta": {}, "finish_reason": choice.get("finish_reason")}], {}))
+    if include_usage and "usage" in answer:
+        chunks.append(([], {"usage": answer["usage"]}))
+    return chunks
 
 
 async def _cut(request, raw: bytes):
@@ -232,10 +311,12 @@ def echo_app(argv: list[str] | None = None):
     parser.add_argument("--reasoning", action="store_true")
     parser.add_argument("--tools", choices=("ignore", "call"), default="ignore")
     parser.add_argument("--log-requests", metavar="FILE")
+    parser.add_argument("--stream", choices=STREAM_MODES, default="auto")
+    parser.add_argument("--chunk-delay", type=float, default=0.0)
     args = parser.parse_args(argv)
     log = open(args.log_requests, "ab") if args.log_requests else None
     server = EchoServer(args.model, args.fault, args.fault_every, {f for f in args.reject_fields.split(",") if f},
-                        args.delay, args.reasoning, args.tools, log)
+                        args.delay, args.reasoning, args.tools, log, args.stream, args.chunk_delay)
     app = web.Application()
     app.router.add_get("/v1/models", server.models)
     app.router.add_post("/v1/chat/completions", server.chat)
