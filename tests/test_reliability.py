@@ -26,6 +26,6 @@ def test_the_reduced_harness_finds_no_silent_wrong_result_no_crash_and_no_leftov
     bad = [row for row in result["scenarios"] if row["silent_wrong"] or row["crash"] or row["hang"] or row["leftover"]]
     assert not bad, orjson.dumps(bad, option=orjson.OPT_INDENT_2).decode()
     scenarios = {row["scenario"].split(":")[0] for row in result["scenarios"]}
-    assert {"kill -9 and resume", "fuzz", "bad corpus", "templates", "servers"} <= scenarios
+    assert {"kill -9 and resume", "fuzz", "bad corpus", "templates", "servers", "chat records"} <= scenarios
     fuzzed = sum(row["trials"] for row in result["scenarios"] if row["scenario"].startswith("fuzz"))
     assert fuzzed >= 100 and result["totals"]["clear_error"] > 0  # the damage was real, and was caught
