@@ -32,8 +32,13 @@ weights) through `chat prepare`, and through `chat regenerate` against echo serv
 them: no rounded number or think tag may reach the rendered text, no field vanish unsaid
 (reliability_chat_forms.py).
 
-Issue 36 adds (g) servers that stall, are slow or do not stream, and prompt records, under
+It adds (i) servers that stall, are slow or do not stream, and prompt records, under
 `chat regenerate`, each trial bounded in time so that a hang is one (reliability_stalls.py).
+
+It adds (j) chat records a template should not train on as given: answers spelling control
+tokens, records a template cannot render under `--on-error raise|skip` (pack and the cache build's
+plan), weight-0 assistant turns, and a pack resumed with a changed policy
+(reliability_chat_records.py).
 
 Outcomes of a trial are those of benchmarks/trials.py (ok, clear_error, silent_wrong, crash, hang,
 leftover).
@@ -68,6 +73,7 @@ from common import SHARED_DATA, write_result  # noqa: E402
 import reliability_cache  # noqa: E402
 import reliability_chat_forms  # noqa: E402
 import reliability_exports  # noqa: E402
+import reliability_chat_records  # noqa: E402
 import reliability_servers  # noqa: E402
 import reliability_stalls  # noqa: E402
 import reliability_templates  # noqa: E402
@@ -528,6 +534,9 @@ def main() -> None:
         tallies += shown(reliability_chat_forms.scenarios(work, full=full, seed=args.seed))
         print("(i) chat regenerate against stalled, slow and non-streaming servers, and on prompts", flush=True)
         tallies += shown(reliability_stalls.scenarios(work, full=full, seed=args.seed))
+        print("(j) chat records: special-token text, unrenderable records, weight-0 turns, changed policies",
+              flush=True)
+        tallies += shown(reliability_chat_records.scenarios(work, full=full, seed=args.seed))
     finally:
         for server in SERVERS:
             server.kill()

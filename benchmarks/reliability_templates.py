@@ -196,7 +196,8 @@ def judge(case: Case, turns: list[dict], tokenizer) -> tuple[str, str]:
         raise AssertionError(f"harness: the reference of {case.label} renders another text for {turns!r}")
     template = case.template or ChatTemplate(case.label, jinja=case.text)
     try:
-        got = encode_chat(turns, tokenizer, template, min_loss_tokens=0)
+        # control tokens in an answer are kept as apply_chat_template keeps them: the spans are under test
+        got = encode_chat(turns, tokenizer, template, min_loss_tokens=0, special_text="keep")
     except ValueError as e:
         return ("clear_error", "") if _CLEAR.match(str(e)) else ("crash", f"an error naming no turn: {e}")
     same_ids = got.input_ids.tolist() == expected["input_ids"]

@@ -16,6 +16,7 @@ from fuelline import __version__
 from fuelline.io.remote import is_url, refuse_url
 from fuelline.pipeline.workers import EXECUTORS
 from fuelline.pipeline.registry import STAGES, step_class
+from fuelline.pipeline.stats import dominant_drop, nothing_kept
 from fuelline.cache.cli import cache as cache_group
 from fuelline.chat.regenerate import RegenerateConfig
 from fuelline.cli_options import config_params, given
@@ -118,38 +119,18 @@ def _print_stats(all_stats: list[dict], outputs: list[Path | str | None] | None 
         for category, numbers in stats.get("categories", {}).items():
             click.echo(f"  category {category}: " + ", ".join(f"{k} {v:,}" for k, v in numbers.items()))
         for split, numbers in stats.get("splits", {}).items():
-            click.echo(f"  {split}: {numbers['documents']:,} documents, {numbers['tokens']:,} tokens, "
-                       f"supervised {numbers['supervised_share']:.2%}, metadata dropped {numbers['metadata_dropout_share']:.2%}")
+            template = stats.get("identity", {}).get("config", {}).get("template")
+            click.echo(f"  {split}: {_split_summary(numbers, template)}")
         for warning in stats.get("warnings", []) + stats.get("tokenizer", {}).get("warnings", []):
             click.echo(f"  warning: {warning}", err=True)
-        if stats.get("records_out") and (dominant := _dominant_drop(stats)):  # nothing kept: _require_kept says it
+        if stats.get("records_out") and (dominant := dominant_drop(stats)):  # nothing kept: _require_kept says it
             click.echo(f"  warning: {dominant}", err=True)
-
-
-def _dominant_drop(stats: dict, share: float = 0.5) -> str | None:
-    """The commonest drop reason when it took at least `share` of the records, with its first
-    record's reason in words; else None.
-
-    The reason ("keys text match no chat schema") is otherwise only in the rejects file, and a
-    run that drops most of its input is usually a mistake in the input or the options."""
-    total = stats.get("records_in", 0)
-    if not total or not stats.get("dropped"):
-        return None
-    reason, count = max(stats["dropped"].items(), key=lambda item: item[1])
-    if count < share * total:
-        return None
-    example = stats.get("drop_examples", {}).get(reason)
-    return f"{count:,} of {total:,} records ({count / total:.0%}) dropped as {reason}" + (
-        f"; the first: {example}" if example else "")
 
 
 def _require_kept(stats: dict) -> None:
     """A stage that kept nothing of a non-empty input failed: its output trains nothing."""
-    if stats.get("records_in", 0) and not stats.get("records_out", 0):
-        reasons = ", ".join(f"{reason} {n:,}" for reason, n in stats["dropped"].items())
-        detail = _dominant_drop(stats, share=0)
-        raise ValueError(f"{stats['stage']} kept none of its {stats['records_in']:,} records"
-                         + (f" (dropped: {reasons}); {detail}" if detail else ""))
+    if (message := nothing_kept(stats)) is not None:
+        raise ValueError(message)
 
 
 def _rejects_note(stats: dict, output: Path | str | None) -> str:
@@ -395,14 +376,26 @@ def pack(inputs, output, workers, restart, quiet, executor, ray_address, **value
     stats = run_pack(list(inputs), config.tokenizer, output, config, workers=workers, restart=restart,
                      progress=not quiet, executor=executor or "local", ray_address=ray_address)
     for split, numbers in stats["splits"].items():
-        click.echo(f"{split:<6} {numbers['documents']:>9,} documents {numbers['tokens']:>12,} tokens  "
-                   f"supervised {numbers['supervised_share']:.2%}  metadata dropped {numbers['metadata_dropout_share']:.2%}")
-    if stats["dropped"] or stats["counters"]:
+        click.echo(f"{split:<6} {_split_summary(numbers, config.template, 9)}")
+    if stats["dropped"] or any(stats["counters"].values()):
         click.echo("dropped: " + (", ".join(f"{k} {v:,}" for k, v in stats["dropped"].items()) or "none") +
-                   "".join(f"; {k} {v:,}" for k, v in stats["counters"].items()))
+                   "".join(f"; {k} {v:,}" for k, v in stats["counters"].items()) + _rejects_note(stats, output))
     click.echo(f"{stats['dtype']}, vocabulary {stats['vocab_size']:,}; wrote {output}")
     for warning in stats.get("warnings", []):
         click.echo(f"warning: {warning}", err=True)
+    if stats.get("records_out") and (dominant := dominant_drop(stats)):
+        click.echo(f"warning: {dominant}", err=True)
+    _require_kept(stats)
+
+
+def _split_summary(numbers: dict, template: str | None, width: int = 0) -> str:
+    """A pack split in words: conversations for chat records, the metadata dropped only for poetry."""
+    unit = "conversations" if template == "chat" else "documents"
+    line = (f"{numbers['documents']:>{width},} {unit} {numbers['tokens']:>{width + 3 if width else 0},} tokens, "
+            f"supervised {numbers['supervised_share']:.2%}")
+    if template in (None, "poetry"):
+        line += f", metadata dropped {numbers['metadata_dropout_share']:.2%}"
+    return line
 
 
 def _token_datasets(directory: str) -> dict[str | None, Path]:

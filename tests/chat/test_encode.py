@@ -351,7 +351,9 @@ def test_auto_with_qwen3s_own_template_supervises_each_answer_never_a_header(qwe
                 {"role": "user", "content": c}, {"role": "assistant", "content": "x" + c}]
                for c in ("assistant", "<|im_start|>", "im_end", "\n", "")]  # a final "\n" would be stripped
     chats = [*letters, *headers, *EDGES[1:], POEM, POEM[:3]]
-    auto, named = encode_chats(chats, own, "auto"), encode_chats(chats, qwen, "qwen3")
+    # "<|im_start|>" as an answer is kept as the control token it spells: the spans are what is tested
+    auto, named = (encode_chats(chats, own, "auto", special_text="keep"),
+                   encode_chats(chats, qwen, "qwen3", special_text="keep"))
     assert [decode(qwen, r.input_ids[r.loss_mask]) for r in auto[:4]] == ["a<|im_end|>", "|><|im_end|>",
                                                                          "m<|im_end|>", "t<|im_end|>"]
     assert [r.input_ids.tolist() for r in auto] == [r.input_ids.tolist() for r in named]

@@ -29,6 +29,7 @@ def build(inputs, output, restart, progress, **values):
     from fuelline.cache.build import build_cache
     from fuelline.cache.ranks import Ranks
     from fuelline.pipeline.config import build_dataclass
+    from fuelline.pipeline.stats import nothing_kept
 
     config = build_dataclass(CacheConfig, given(values), "fuelline cache build")
     ranks = Ranks.from_env()  # torchrun's RANK, WORLD_SIZE, LOCAL_RANK: read here, once
@@ -36,6 +37,8 @@ def build(inputs, output, restart, progress, **values):
     if ranks.rank != 0:  # under torchrun, rank 0 reports
         return
     click.echo(summary(stats, output))
+    if (message := nothing_kept(stats)) is not None:  # an empty cache trains nothing
+        raise ValueError(message)
 
 
 def summary(stats: dict, output) -> str:
@@ -44,9 +47,13 @@ def summary(stats: dict, output) -> str:
 
     c = stats["cache"]
     dropped = ", ".join(f"{k} {v:,}" for k, v in stats["dropped"].items()) or "none"
+    from fuelline.io.stage_layout import REJECTS_DIR
+
+    rejects = Path(output) / REJECTS_DIR
     return "\n".join([
         f"cache      in {stats['records_in']:>10,}  out {stats['records_out']:>10,}  dropped: {dropped}"
-        f"{'  (already built)' if stats.get('resumed') else ''}",
+        f"{'  (already built)' if stats.get('resumed') else ''}"
+        f"{f'  (rejected records in {rejects}/)' if stats['dropped'] and rejects.is_dir() else ''}",
         f"           {c['tokens']:,} tokens ({c['supervised_share']:.1%} supervised), {human_bytes(c['bytes'])} in "
         f"{c['shards']} shard(s), {c['bytes_per_token']:,.1f} bytes/token, padding {c['padding_share']:.1%}, "
         f"forward {c['forward_seconds']:.1f}s of {stats['wall_seconds']:.1f}s",

@@ -49,8 +49,9 @@ def estimate_from_inputs(model: str | os.PathLike, inputs: list[str], config, hi
                          progress: bool = True) -> tuple[list[Estimate], dict]:
     """Exact bytes for each layout: the inputs encoded as the build would, every record sized."""
     from fuelline.cache.plan import encode_inputs, record_sizes
+    from fuelline.io.rejects import Rejects
 
-    encoded = encode_inputs(inputs, model, config, _Discard(), _Discard(), progress)
+    encoded = encode_inputs(inputs, model, config, _Discard(), _Discard(), Rejects(), progress)
     out = []
     for fmt, dtype in CHOICES:
         layout = Layout(fmt, len(config.layers), hidden_size, dtype)

@@ -13,11 +13,12 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from fuelline.cache.plan import CacheConfig, Plan, layout_for
+from fuelline.cache.plan import REJECTS, CacheConfig, Plan, layout_for
 from fuelline.cache.writer import build_file, shard_done
 from fuelline.formats.target_cache import (FUELLINE, INDEX, STATS, Layout, cache_manifest, manifest_digest,
                                            seal_index, shard_name, write_manifest)
 from fuelline.io.atomic import atomic_write, fsync_dir
+from fuelline.io.stage_layout import REJECTS_DIR
 from fuelline.pipeline.stats import StepStats, write_stats
 
 
@@ -41,6 +42,10 @@ def merge(output: Path, plan: Plan, config: CacheConfig, wall_seconds: float) ->
         name = shard_name(shard.shard_id)
         if (build / name).exists():
             os.replace(build / name, output / name)
+    if (build / REJECTS).exists():  # the records the plan left out, with their reasons, files and lines
+        (output / REJECTS_DIR).mkdir(exist_ok=True)
+        os.replace(build / REJECTS, output / REJECTS_DIR / REJECTS)
+        fsync_dir(output / REJECTS_DIR)
     fsync_dir(output)
     write_stats(output / STATS, stats)
     write_manifest(output, manifest)
@@ -72,7 +77,8 @@ def _stats(plan: Plan, layout: Layout, config: CacheConfig, wall_seconds: float)
         "write_seconds": round(timing["write_seconds"], 3), "shard_seconds": round(timing["wall_seconds"], 3),
         "forward_share": round(timing["forward_seconds"] / timing["wall_seconds"], 4) if timing["wall_seconds"] else 0.0,
     }
-    return StepStats("cache", plan.records_in, len(samples), dict(plan.dropped), counters={"truncated": plan.truncated},
+    return StepStats("cache", plan.records_in, len(samples), dict(plan.dropped), dict(plan.drop_examples),
+                     counters={"truncated": plan.truncated},
                      identity=plan.identity, wall_seconds=wall_seconds, details={"cache": cache}).to_json()
 
 

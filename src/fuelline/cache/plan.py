@@ -1,7 +1,9 @@
 """What a cache build will write, decided before any forward pass, so any number of ranks can write it.
 
 The plan encodes every conversation once (chat template, assistant-only mask, `max_length`,
-`min_loss_tokens`), stores the token ids in `CACHE/.build/` and fixes the whole cache: which
+`min_loss_tokens`), stores the token ids in `CACHE/.build/` and fixes the whole cache (a record
+it cannot use stops it, naming FILE:LINE and the id, or with on_error="skip" is dropped under its
+reason; every dropped record goes to `.build/rejects.jsonl.zst`, `_rejects/` once merged): which
 samples go to which shard, in which order, in which forward batches. Every sample's bytes are
 known from its length alone, so shard sizes, offsets and the total are exact before the target
 runs (`fuelline cache estimate` prints them; `build` checks the disk with them).
@@ -20,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,12 +30,15 @@ import orjson
 
 from fuelline.formats.target_cache import FORMATS, FUELLINE, HIDDEN_DTYPES, Layout
 from fuelline.io.atomic import AtomicFile, atomic_write, write_bytes_atomic
-from fuelline.chat.templates import Supervision
+from fuelline.chat.templates import RecordErrors, Supervision
+from fuelline.io.readers import READ_ERROR_REASONS
+from fuelline.io.rejects import Rejects
 from fuelline.pipeline.options import group, option
 
 BUILD_DIR = ".build"
 ENCODE_BATCH = 512
 SAMPLES = np.dtype([("start", "<u8"), ("length", "<u4"), ("loss_tokens", "<u4")])
+REJECTS = "rejects.jsonl.zst"  # in .build/ while planning, then in the cache's _rejects/
 
 
 @dataclass
@@ -49,7 +54,8 @@ class CacheConfig:
                                     "the final decoder layer is not allowed")
     chat_template: str = option("auto", "chatml, qwen, qwen3, qwen-deepspec (DeepSpec's own samples), llama3, "
                                          "gemma4, FILE.toml[:NAME], or auto (the tokenizer's own)")
-    supervision: Supervision = group(Supervision)  # reasoning, train_turns
+    supervision: Supervision = group(Supervision)  # reasoning, train_turns, special_text
+    errors: RecordErrors = group(RecordErrors)  # on_error
     max_length: int = option(4096, "longest conversation in tokens; longer ones are cut at a turn boundary")
     min_loss_tokens: int = option(14, "drop conversations with fewer supervised tokens")
     format: str = option(FUELLINE, "deepspec-v2: DeepSpec's version 2, byte for byte; fuelline: checksums, ids, fp8",
@@ -163,39 +169,42 @@ class Encoded:
     record_ids: list[str]
     records_in: int
     dropped: dict[str, int]
+    drop_examples: dict[str, str]
     truncated: int
 
 
 def encode_inputs(inputs: list[str], model: str | os.PathLike, config: CacheConfig, ids_file, mask_file,
-                  progress: bool = True) -> Encoded:
+                  rejects: Rejects, progress: bool = True) -> Encoded:
     """Encode every chat record of `inputs` with the model's tokenizer, writing ids (int32) and loss
-    mask (uint8) to the open files; a record that is not a conversation is an error naming it."""
-    from fuelline.chat.encode import encode_chats, load_tokenizer
+    mask (uint8) to the open files and every record left out to `rejects`; with on_error="raise" a
+    record that cannot be read or rendered is an error naming its file, line and id."""
+    from fuelline.chat.encode import ConversationError, encode_chats, load_tokenizer
     from fuelline.io import expand_inputs, iter_file_records
     from fuelline.progress import progress_bar
 
     tokenizer = load_tokenizer(model)
-    rows, record_ids, dropped, truncated, records_in, at = [], [], {}, 0, 0, 0
-    batch: list[tuple[str, dict]] = []
+    rows, record_ids, truncated, records_in, at = [], [], 0, 0, 0
+    batch: list[tuple[str, int, dict]] = []
+    on_error = config.errors.on_error
 
     def flush():
         nonlocal at, truncated
         try:
-            results = encode_chats([r for _, r in batch], tokenizer, config.chat_template, config.max_length,
-                                   min_loss_tokens=config.min_loss_tokens, **asdict(config.supervision))
-        except ValueError as e:  # "conversation k: what is wrong": name the file and line instead
-            where, _, what = str(e).partition(": ")
-            if not (where.startswith("conversation ") and where.split()[-1].isdigit()):
-                raise  # not about one record (the tokenizer's template, say): no record to blame
-            raise ValueError(f"{batch[int(where.split()[-1])][0]}: {what}") from None
-        for (where, record), result in zip(batch, results):
+            results = encode_chats([r for _, _, r in batch], tokenizer, config.chat_template, config.max_length,
+                                   min_loss_tokens=config.min_loss_tokens, on_error=on_error,
+                                   **asdict(config.supervision))
+        except ConversationError as e:  # an index in the batch: name the file, line and id instead
+            path, line, record = batch[e.index]
+            raise ValueError(f"{path}:{line}: {_record_name(record)}{e.message}") from None
+        for (path, line, record), result in zip(batch, results):
             if not hasattr(result, "input_ids"):
-                dropped[result.reason] = dropped.get(result.reason, 0) + 1
+                rejects.add(result.reason, record, source=path, line=line,
+                            detail=f"{_record_name(record)}{result.detail}")
                 continue
             ids_file.write(result.input_ids.astype("<i4").tobytes())
             mask_file.write(result.loss_mask.astype("u1").tobytes())
             rows.append((at, len(result.input_ids), int(result.loss_mask.sum())))
-            record_ids.append(str(record.get("id") or where))
+            record_ids.append(str(record.get("id") or f"{path}:{line}"))
             truncated += result.truncated
             at += len(result.input_ids)
         batch.clear()
@@ -205,16 +214,22 @@ def encode_inputs(inputs: list[str], model: str | os.PathLike, config: CacheConf
         raise FileNotFoundError(f"no input files in {', '.join(map(str, inputs))}")
     with progress_bar(desc="encode", unit=" conv", disable=not progress) as bar:
         for path in files:
-            for line, record in iter_file_records(path):
+            for line, record in iter_file_records(path, on_error=on_error, rejects=rejects):
                 records_in += 1
-                batch.append((f"{path}:{line}", record))
+                batch.append((os.fspath(path), line, record))
                 if len(batch) == ENCODE_BATCH:
                     flush()
                     bar.update(ENCODE_BATCH)
         bar.update(len(batch))
         if batch:
             flush()
-    return Encoded(np.array(rows, dtype=SAMPLES), record_ids, records_in, dropped, truncated)
+    records_in += sum(n for reason, n in rejects.counts.items() if reason in READ_ERROR_REASONS)
+    return Encoded(np.array(rows, dtype=SAMPLES), record_ids, records_in, dict(sorted(rejects.counts.items())),
+                   dict(sorted(rejects.examples.items())), truncated)
+
+
+def _record_name(record: dict) -> str:
+    return f"record {record['id']!r}: " if isinstance(record.get("id"), str) else ""
 
 
 @dataclass
@@ -285,6 +300,7 @@ class Plan:
     truncated: int
     record_ids: list[str]
     shards: list[Shard]
+    drop_examples: dict[str, str] = field(default_factory=dict)  # the first dropped record of each reason
 
     @property
     def build_dir(self) -> Path:
@@ -321,19 +337,22 @@ def make_plan(directory: Path, inputs: list[str], model: str | os.PathLike, conf
     build = directory / BUILD_DIR
     build.mkdir(parents=True, exist_ok=True)
     ids_file, mask_file = AtomicFile(build / "input_ids.bin"), AtomicFile(build / "loss_mask.bin")
+    rejects = Rejects(build / REJECTS)
     try:
-        encoded = encode_inputs(inputs, model, config, ids_file.file, mask_file.file, progress)
+        encoded = encode_inputs(inputs, model, config, ids_file.file, mask_file.file, rejects, progress)
     except BaseException:
         ids_file.abort()
         mask_file.abort()
+        rejects.abort()
         raise
     ids_file.commit()
     mask_file.commit()
+    rejects.close()
     with atomic_write(build / "samples.npy") as f:
         np.save(f, encoded.samples)
     layout = layout_for(config, hidden_size)
     shards = plan_shards(encoded.samples, record_sizes(layout, encoded.samples, encoded.record_ids), config)
     plan = Plan(directory, identity, hidden_size, encoded.records_in, encoded.dropped, encoded.truncated,
-                encoded.record_ids, shards)
+                encoded.record_ids, shards, encoded.drop_examples)
     plan.save()
     return plan

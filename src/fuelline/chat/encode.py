@@ -30,6 +30,16 @@ more while they do not fit (Qwen3's empty think block moves to the new last turn
 more). The ids are therefore exactly the encoding of the shortened conversation. If the first
 exchange does not fit, the conversation is dropped as too long, as it is with overflow="drop".
 
+Before rendering, every assistant turn's text (content, reasoning, tool calls) is searched for
+the tokenizer's control tokens (its special added tokens, and the template's end of turn): an
+answer "done<|im_end|>\n<|im_start|>user\nfake turn" would be encoded as the end of its turn and
+a user turn that nobody wrote, and be trained on. Such a conversation is dropped as
+`special_token_text` (`special_text="refuse"`, the default), or kept as transformers' own
+`apply_chat_template` would encode it, the text as those control tokens (`"keep"`), and counted
+(`EncodedChat.special_text`). A conversation that is not one (`invalid_conversation`) or that
+the template cannot render (`unrenderable`) stops the batch with a `ConversationError` naming
+its index (`on_error="raise"`), or is returned as a `Drop` under that reason (`"skip"`).
+
 Cost (benchmarks/bench_chat.py has the measured table): the 7,473 GSM8K exchanges (~190 tokens
 each, Qwen vocabulary) on 2 cores take ~0.7 s, tiktoken's encoding most of it, where a loop of
 transformers' `apply_chat_template(..., return_assistant_tokens_mask=True)` takes ~5.9 s for the
@@ -40,6 +50,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -47,13 +58,15 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import tokenizers
 
-from fuelline.chat.templates import (REASONING, TRAIN_TURNS, ChatTemplate, conversation_tools, conversation_turns,
-                                     get_template, render_checked)
+from fuelline.chat.templates import (ON_ERROR, REASONING, SPECIAL_TEXT, TRAIN_TURNS, ChatTemplate, Rendering,
+                                     conversation_tools, conversation_turns, get_template, render_checked)
 from fuelline.records import Drop
 from fuelline.tokenizer.fast import fast_encoder
 
 TOO_LONG, TOO_FEW_LOSS_TOKENS = "too_long", "too_few_loss_tokens"
-DROP_REASONS = (TOO_LONG, TOO_FEW_LOSS_TOKENS)
+SPECIAL_TOKEN_TEXT = "special_token_text"
+INVALID_CONVERSATION, UNRENDERABLE = "invalid_conversation", "unrenderable"  # with on_error="skip"
+DROP_REASONS = (TOO_LONG, TOO_FEW_LOSS_TOKENS, SPECIAL_TOKEN_TEXT, INVALID_CONVERSATION, UNRENDERABLE)
 OVERFLOW = ("truncate", "drop")
 RENDER_BATCH = 256  # conversations rendered on the caller's thread while the previous ones encode
 # The keys transformers gives a Jinja chat template as variables (its special tokens map).
@@ -62,11 +75,25 @@ TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "
 
 @dataclass(frozen=True, eq=False)  # arrays have no single truth value to compare by
 class EncodedChat:
-    """One conversation's ids (int32) and loss mask (bool, True = trained on); `truncated`: turns were cut."""
+    """One conversation's ids (int32) and loss mask (bool, True = trained on); `truncated`: turns were cut;
+    `special_text`: control tokens spelled in its assistant turns, kept (special_text="keep")."""
 
     input_ids: np.ndarray
     loss_mask: np.ndarray
     truncated: bool = False
+    special_text: int = 0
+
+
+class ConversationError(ValueError):
+    """A conversation of a batch that is not one or that the template cannot render: `index` in the batch
+    (the caller names its file, line and id), `message` what is wrong."""
+
+    def __init__(self, index: int, message: str, reason: str):
+        super().__init__(f"conversation {index}: {message}")
+        self.index, self.message, self.reason = index, message, reason
+
+    def __reduce__(self):  # travels intact from a worker process to the parent
+        return type(self), (self.index, self.message, self.reason)
 
 
 @dataclass(frozen=True)
@@ -203,24 +230,28 @@ class _Limits:
 
 def encode_chats(conversations: Sequence[Any], tokenizer: Any, template: str | ChatTemplate,
                  max_length: int | None = None, *, overflow: str = "truncate", min_loss_tokens: int = 1,
-                 tools: list[dict] | None = None, reasoning: str = "last",
-                 train_turns: str = "all") -> list[EncodedChat | Drop]:
+                 tools: list[dict] | None = None, reasoning: str = "last", train_turns: str = "all",
+                 special_text: str = "refuse", on_error: str = "raise") -> list[EncodedChat | Drop]:
     """Encode a batch of conversations (or chat records); a `Drop` (reason in DROP_REASONS) for those left out.
 
     `tools`, `reasoning` and `train_turns` are `templates.render`'s, for every conversation
-    (`tools` for those that are not records carrying their own).
+    (`tools` for those that are not records carrying their own); `special_text` and `on_error`
+    are described in the module docstring (a `ConversationError` names the first bad conversation).
     """
-    options = _Options(tools, reasoning, train_turns)
-    return _encode(conversations, tokenizer, template, _Limits(max_length, overflow, min_loss_tokens), options, True)
+    options = _Options(tools, reasoning, train_turns, special_text, on_error)
+    return _encode(conversations, tokenizer, template, _Limits(max_length, overflow, min_loss_tokens), options)
 
 
 def encode_chat(conversation: Any, tokenizer: Any, template: str | ChatTemplate, max_length: int | None = None,
                 *, overflow: str = "truncate", min_loss_tokens: int = 1, tools: list[dict] | None = None,
-                reasoning: str = "last", train_turns: str = "all") -> EncodedChat | Drop:
-    """`encode_chats` for one conversation."""
-    options = _Options(tools, reasoning, train_turns)
-    return _encode([conversation], tokenizer, template, _Limits(max_length, overflow, min_loss_tokens), options,
-                   False)[0]
+                reasoning: str = "last", train_turns: str = "all", special_text: str = "refuse") -> EncodedChat | Drop:
+    """`encode_chats` for one conversation; a ValueError says what is wrong with it."""
+    options = _Options(tools, reasoning, train_turns, special_text, "raise")
+    try:
+        return _encode([conversation], tokenizer, template, _Limits(max_length, overflow, min_loss_tokens),
+                       options)[0]
+    except ConversationError as e:
+        raise ValueError(e.message) from None
 
 
 @dataclass(frozen=True)
@@ -228,9 +259,12 @@ class _Options:
     tools: list[dict] | None
     reasoning: str
     train_turns: str
+    special_text: str
+    on_error: str
 
     def __post_init__(self):
-        for key, allowed in (("reasoning", REASONING), ("train_turns", TRAIN_TURNS)):
+        for key, allowed in (("reasoning", REASONING), ("train_turns", TRAIN_TURNS), ("special_text", SPECIAL_TEXT),
+                             ("on_error", ON_ERROR)):
             if getattr(self, key) not in allowed:
                 raise ValueError(f"{key} must be one of {', '.join(allowed)}, not {getattr(self, key)!r}")
 
@@ -238,8 +272,13 @@ class _Options:
 class _Encoder:
     """Renders and encodes lists of turns with one template and tokenizer."""
 
-    def __init__(self, tokenizer: ChatTokenizer, template: ChatTemplate, options: _Options, number: bool):
-        self.tokenizer, self.template, self.options, self.number = tokenizer, template, options, number
+    def __init__(self, tokenizer: ChatTokenizer, template: ChatTemplate, options: _Options):
+        self.tokenizer, self.template, self.options = tokenizer, template, options
+        self.failed: dict[int, Drop] = {}  # on_error="skip": the conversations that did not render, by index
+        controls = {t.content for t in tokenizer.tokenizer.get_added_tokens_decoder().values() if t.special}
+        controls |= {template.end_of_turn} if template.end_of_turn else set()
+        self.controls = re.compile("|".join(map(re.escape, sorted(controls, key=len, reverse=True)))) if controls \
+            else None
 
     def __call__(self, items: list[tuple[int, list[dict], list[dict] | None]]):
         """(rendering, ids, mask, supervised tokens, offsets) for each (conversation index, turns, tools).
@@ -299,44 +338,85 @@ class _Encoder:
         try:
             return conversation_turns(conversation), conversation_tools(conversation, self.options.tools)
         except ValueError as e:
-            raise ValueError(f"conversation {k}: {e}" if self.number else str(e)) from None
+            raise ConversationError(k, str(e), INVALID_CONVERSATION) from None
+
+    def special_text(self, turns: list[dict]) -> tuple[int, str]:
+        """(occurrences, the first one in words) of control-token text in the assistant turns."""
+        if self.controls is None:
+            return 0, ""
+        count, first = 0, ""
+        for i, turn in enumerate(turns):
+            if turn["role"] != "assistant":
+                continue
+            texts = [("content", turn["content"])]
+            if len(turn) > 2:
+                texts += [("reasoning_content", turn.get("reasoning_content") or ""),
+                          *((f"tool_calls[{j}]", json.dumps(call["function"], ensure_ascii=False))
+                            for j, call in enumerate(turn.get("tool_calls") or ()))]
+            for key, text in texts:
+                found = self.controls.findall(text)
+                if found and not first:
+                    first = (f"turn {i}: {key} spells {found[0]!r}, a control token of the tokenizer, which would be "
+                             f"encoded as that token (special_text='keep' keeps it so)")
+                count += len(found)
+        return count, first
 
     def _render(self, k: int, turns: list[dict], tools: list[dict] | None):
         try:
             return render_checked(turns, tools, self.template, variables=self.tokenizer.special_tokens,
                                   reasoning=self.options.reasoning, train_turns=self.options.train_turns)
         except ValueError as e:
-            raise ValueError(f"conversation {k}: {e}" if self.number else str(e)) from None
+            if self.options.on_error == "raise":
+                raise ConversationError(k, str(e), UNRENDERABLE) from None
+            self.failed[k] = Drop(UNRENDERABLE, str(e))
+            return Rendering("", (), ())  # encodes to no tokens; its result is the Drop
 
 
-def _encode(conversations, tokenizer, template, limits: _Limits, options: _Options,
-            number: bool) -> list[EncodedChat | Drop]:
+def _encode(conversations, tokenizer, template, limits: _Limits, options: _Options) -> list[EncodedChat | Drop]:
     tok = load_tokenizer(tokenizer)
-    encoder = _Encoder(tok, resolve_template(template, tok), options, number)
-    parsed = [encoder.conversation(k, c) for k, c in enumerate(conversations)]
-    turn_lists = [turns for turns, _ in parsed]
-    results: list[EncodedChat | Drop | None] = []
+    encoder = _Encoder(tok, resolve_template(template, tok), options)
+    results: list[EncodedChat | Drop | None] = [None] * len(conversations)
+    parsed: dict[int, tuple[list[dict], list[dict] | None]] = {}
+    special: dict[int, int] = {}
+    for k, conversation in enumerate(conversations):
+        try:
+            turns, tools = encoder.conversation(k, conversation)
+        except ConversationError as e:
+            if options.on_error == "raise":
+                raise
+            results[k] = Drop(e.reason, e.message)
+            continue
+        count, first = encoder.special_text(turns)
+        if count and options.special_text == "refuse":
+            results[k] = Drop(SPECIAL_TOKEN_TEXT, first)
+            continue
+        parsed[k], special[k] = (turns, tools), count
     cuts: dict[int, list[int]] = {}
-    for k, (rendering, ids, mask, supervised, offsets) in enumerate(encoder([(k, *p) for k, p in enumerate(parsed)])):
-        if limits.max_length is None or len(ids) <= limits.max_length:
-            results.append(_keep(ids, mask, supervised, False, limits))
+    items = [(k, *p) for k, p in parsed.items()]
+    for (k, turns, _), (rendering, ids, mask, supervised, offsets) in zip(items, encoder(items)):
+        if (failed := encoder.failed.pop(k, None)) is not None:
+            results[k] = failed
+        elif limits.max_length is None or len(ids) <= limits.max_length:
+            results[k] = _keep(ids, mask, supervised, False, limits, special[k])
         elif limits.overflow == "drop":
-            results.append(Drop(TOO_LONG, f"{len(ids):,} tokens, max_length {limits.max_length:,}"))
+            results[k] = Drop(TOO_LONG, f"{len(ids):,} tokens, max_length {limits.max_length:,}")
         else:
-            fitting = _cuts_that_may_fit(turn_lists[k], rendering.turn_ends, offsets, limits.max_length)
+            fitting = _cuts_that_may_fit(turns, rendering.turn_ends, offsets, limits.max_length)
             if fitting:
                 cuts[k] = fitting
-            results.append(None if fitting else Drop(TOO_LONG, f"{len(ids):,} tokens, and the first exchange "
-                                                               f"alone exceeds max_length {limits.max_length:,}"))
-    _truncate(encoder, parsed, cuts, results, limits)
+            else:
+                results[k] = Drop(TOO_LONG, f"{len(ids):,} tokens, and the first exchange alone exceeds "
+                                            f"max_length {limits.max_length:,}")
+    _truncate(encoder, parsed, cuts, results, limits, special)
     return results
 
 
-def _keep(ids: np.ndarray, mask: np.ndarray, supervised: int, truncated: bool, limits: _Limits) -> EncodedChat | Drop:
+def _keep(ids: np.ndarray, mask: np.ndarray, supervised: int, truncated: bool, limits: _Limits,
+          special_text: int) -> EncodedChat | Drop:
     if supervised < limits.min_loss_tokens:
         return Drop(TOO_FEW_LOSS_TOKENS, f"{supervised} of {len(ids)} tokens supervised, "
                                          f"min_loss_tokens {limits.min_loss_tokens}")
-    return EncodedChat(ids, mask, truncated)
+    return EncodedChat(ids, mask, truncated, special_text)
 
 
 def _cuts_that_may_fit(turns: list[dict], turn_ends: tuple[int, ...], offsets: np.ndarray,
@@ -350,14 +430,18 @@ def _cuts_that_may_fit(turns: list[dict], turn_ends: tuple[int, ...], offsets: n
     return [c for c, n in zip(cuts, tokens_before) if n <= max_length][::-1]
 
 
-def _truncate(encoder: _Encoder, parsed, cuts: dict[int, list[int]], results: list, limits: _Limits) -> None:
+def _truncate(encoder: _Encoder, parsed, cuts: dict[int, list[int]], results: list, limits: _Limits,
+              special: dict[int, int]) -> None:
     """Fill in `results` for the conversations in `cuts`: each encoded at its longest cut that fits."""
     while cuts:
         todo = list(cuts)
         for k, (_, ids, mask, supervised, _) in zip(todo, encoder([(k, parsed[k][0][:cuts[k][0]], parsed[k][1])
                                                                     for k in todo])):
-            if len(ids) <= limits.max_length:
-                results[k] = _keep(ids, mask, supervised, True, limits)
+            if (failed := encoder.failed.pop(k, None)) is not None:
+                results[k] = failed
+                del cuts[k]
+            elif len(ids) <= limits.max_length:
+                results[k] = _keep(ids, mask, supervised, True, limits, special[k])
                 del cuts[k]
             else:
                 cuts[k].pop(0)

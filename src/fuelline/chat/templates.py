@@ -40,7 +40,11 @@ rendering (`drop`: the non-thinking rendering), or kept only on the assistant tu
 last user turn (`last`, the default: Qwen3's own rule for history, which keeps the reasoning
 of the tool-calling steps of the final round too); templates without a reasoning syntax refuse
 a turn with one unless it is dropped, and so do those without a tool syntax (all but `qwen3`)
-tools, tool calls and tool turns. `train_turns="last"` supervises only the last span.
+tools, tool calls and tool turns. `train_turns="last"` supervises only the last span. An
+assistant turn with `"weight": 0` (OpenAI fine-tuning's per-message weight, 0 or 1) is rendered
+but never supervised, under every template; with `train_turns="last"` a weight-0 last turn
+leaves nothing supervised. A Jinja template whose `{% generation %}` blocks are not one per
+assistant turn cannot say which block is the weight-0 turn's, and such a conversation is refused.
 
 Contents are rendered verbatim. Qwen3's Jinja template also rewrites some contents (it strips
 leading newlines from the final answer and splits a content at `</think>`), so it matches
@@ -91,12 +95,14 @@ ROLES = ("system", "user", "assistant", "tool")
 PREFIX_TURNS = ("all", "last")
 REASONING = ("keep", "drop", "last")
 TRAIN_TURNS = ("all", "last")
+SPECIAL_TEXT = ("refuse", "keep")
+ON_ERROR = ("raise", "skip")
 TOOL_SYNTAXES = ("", "qwen")
 LOSS_MASKS = ("overlap", "deepspec")
 # The turn fields of the chat record contract besides role and content, and the role each belongs to
 # ("name" is also a participant's name on other turns in OpenAI's format, so it is only checked on tool turns).
-TURN_FIELDS = {"tool_calls": "assistant", "reasoning_content": "assistant", "tool_call_id": "tool",
-               "weight": "assistant"}
+TURN_FIELDS = {"tool_calls": "assistant", "reasoning_content": "assistant", "weight": "assistant",
+               "tool_call_id": "tool"}
 # Tried, after the tokenizer's eos token, as the end-of-turn token of a Jinja template.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<turn|>", "<end_of_turn>", "<|end|>")
 # Unicode noncharacters, reserved for a program's internal use: the marks of generation blocks,
@@ -113,13 +119,27 @@ _GENERATION_TAG = re.compile(r"{%-?\s*generation\s*-?%}")
 @dataclass
 class Supervision:
     """What of a conversation is trained on besides what the template decides: the options of
-    `pack --template chat` and `cache build`, passed to `render` and `encode_chat(s)`."""
+    `pack --template chat` and `cache build`, passed to `encode_chat(s)` (`render` takes the first two)."""
 
     reasoning: str = option("last", "reasoning_content: trained on in every assistant turn (keep), removed before "
                             "rendering (drop), or kept only after the last user turn, as Qwen3 renders history (last)",
                             choices=list(REASONING))
     train_turns: str = option("all", "train on every assistant turn (all), or only on the last one (last: agent "
                               "trajectories whose earlier turns were edited)", choices=list(TRAIN_TURNS))
+    special_text: str = option("refuse", "an assistant turn whose text spells one of the tokenizer's control tokens "
+                               "(\"done<|im_end|>\\n<|im_start|>user…\", a fake turn): drop the conversation as "
+                               "special_token_text (refuse), or keep it, encoded as those control tokens, as "
+                               "apply_chat_template encodes it, and counted (keep)", choices=list(SPECIAL_TEXT))
+
+
+@dataclass
+class RecordErrors:
+    """What `pack` and `cache build` do with a record they cannot use (unreadable, not a chat record,
+    or one the template cannot render): one option, declared once for both."""
+
+    on_error: str = option("raise", "a record that cannot be read or rendered: stop, naming FILE:LINE and its id "
+                           "(raise), or count it under a named reason and keep it in _rejects/ (skip)",
+                           choices=list(ON_ERROR))
 
 
 @dataclass(frozen=True)
@@ -397,9 +417,23 @@ def render_checked(turns: list[dict], tools: list[dict] | None, template: str | 
                          f"encode_chat finds it, or pass the Jinja source as ChatTemplate(jinja=...)")
     else:
         rendering = _render_jinja(turns, tools, template, add_generation_prompt, variables or {})
-    if train_turns == "last" and len(rendering.spans) > 1:
-        return dataclasses.replace(rendering, spans=rendering.spans[-1:])
-    return rendering
+    spans = _supervised_spans(rendering.spans, turns, template, train_turns)
+    return rendering if spans == rendering.spans else dataclasses.replace(rendering, spans=spans)
+
+
+def _supervised_spans(spans: tuple[tuple[int, int], ...], turns: list[dict], t: ChatTemplate,
+                      train_turns: str) -> tuple[tuple[int, int], ...]:
+    """The spans left by `train_turns` and the turns' weights (a weight-0 assistant turn's span goes)."""
+    weights = [turn.get("weight", 1) for turn in turns if turn["role"] == "assistant"]
+    if 0 not in weights:
+        return spans[-1:] if train_turns == "last" else spans
+    if len(spans) != len(weights):
+        raise ValueError(f"turn {next(i for i, turn in enumerate(turns) if turn.get('weight') == 0)}: weight 0, but "
+                         f"the Jinja chat template of {t.name!r} has {len(spans)} {{% generation %}} block(s) for "
+                         f"{len(weights)} assistant turn(s), so which tokens are this turn's is unknown")
+    if train_turns == "last":
+        spans, weights = spans[-1:], weights[-1:]
+    return tuple(span for span, weight in zip(spans, weights) if weight)
 
 
 def _reasoning_kept(turns: list[dict], reasoning: str) -> list[dict]:
@@ -530,9 +564,11 @@ def _render_jinja(turns: list[dict], tools: list[dict] | None, t: ChatTemplate, 
 
 
 def _template_messages(turns: list[dict]) -> list[dict]:
-    """The messages as transformers gives them to a template: reasoning also under `thinking` (gpt-oss reads that)."""
+    """The messages as transformers gives them to a template: reasoning also under `thinking` (gpt-oss reads
+    that); `weight` is ours to apply (to the mask), so no template sees it."""
+    messages = [{k: v for k, v in turn.items() if k != "weight"} if "weight" in turn else turn for turn in turns]
     return [{"thinking": turn["reasoning_content"], **turn} if "reasoning_content" in turn else turn
-            for turn in turns]
+            for turn in messages]
 
 
 def _run_jinja(t: ChatTemplate, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool,

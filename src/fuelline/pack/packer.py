@@ -10,8 +10,14 @@
 
 The split of a document (val with probability `val_fraction`) and its metadata dropout are
 drawn from a hash of (seed, document id): the same for the same seed, whatever the order or
-sharding. `_work/plan.json` records the tokenizer fingerprint and options; resuming with
-another tokenizer or other options is refused.
+sharding. `_work/plan.json` records the tokenizer fingerprint and options (`on_error` too);
+resuming with another tokenizer or other options is refused.
+
+A record that cannot be read, is not of the template's kind, or that the chat template cannot
+render stops the run naming FILE:LINE and its id (`on_error="raise"`), or is counted under its
+reason (`on_error="skip"`); every dropped record, with its reason, file and line, goes to
+`_rejects/PART.jsonl.zst` (written before the shard's marker) and the first of each reason to
+stats.json's `drop_examples`.
 """
 
 from __future__ import annotations
@@ -32,10 +38,12 @@ from fuelline.formats.tokens import DTYPES, TokenDatasetWriter, check_dtype, dty
 from fuelline.io.atomic import atomic_write, remove_temp_files, write_bytes_atomic
 from fuelline.io.paths import expand_inputs
 from fuelline.io.readers import RecordError, iter_file_records
+from fuelline.io.rejects import Rejects
 from fuelline.io.remote import refuse_url
-from fuelline.io.stage_layout import STAGE_PART_PREFIX
+from fuelline.io.stage_layout import REJECTS_DIR, STAGE_PART_PREFIX
 from fuelline.pack.templates import TEMPLATES
-from fuelline.chat.templates import Supervision
+from fuelline.chat.encode import ConversationError
+from fuelline.chat.templates import RecordErrors, Supervision
 from fuelline.pipeline.options import group, identity_defaults, identity_values, option
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.pipeline.stats import StepStats
@@ -59,7 +67,8 @@ class PackConfig:
                            "mask", choices=list(TEMPLATES))
     chat_template: str = option("chatml", "--template chat: chatml, qwen, qwen3, qwen-deepspec, llama3, gemma4, "
                                 "or auto (the tokenizer's own Jinja)")
-    supervision: Supervision = group(Supervision)  # --template chat: reasoning, train_turns
+    supervision: Supervision = group(Supervision)  # --template chat: reasoning, train_turns, special_text
+    errors: RecordErrors = group(RecordErrors)  # on_error
     max_length: int = option(0, "--template chat: cut longer conversations at a turn boundary (0: no limit)")
     min_loss_tokens: int = option(1, "--template chat: drop conversations with fewer supervised tokens")
     metadata_dropout: float = option(0.25, "share of poetry documents packed without title, author and dynasty")
@@ -75,7 +84,7 @@ class PackConfig:
         if self.template == "chat":
             options.update(chat_template=self.chat_template, max_length=self.max_length,
                            min_loss_tokens=self.min_loss_tokens, tokenizer_dir=os.fspath(tokenizer_dir),
-                           **asdict(self.supervision))
+                           **asdict(self.supervision), **asdict(self.errors))
         return options
 
     def __post_init__(self):
@@ -106,30 +115,19 @@ def _load_tokenizer(path: str, threads: int | None):
 
 def encode_shard(shard: InputShard, *, tokenizer_path: str, config: PackConfig, workdir: Path,
                  threads: int | None) -> dict:
-    """Render one shard with the template; write its arrays and marker. Returns the marker."""
+    """Render one shard with the template; write its arrays, its rejects and, last, its marker. Returns the marker."""
     marker_path = workdir / f"{shard.part_name}.json"
     if marker_path.exists():
         return orjson.loads(marker_path.read_bytes())
     tokenizer = _load_tokenizer(tokenizer_path, threads)
     template = TEMPLATES[config.template](tokenizer, **config.template_options(Path(tokenizer_path).parent))
-    parts, records, doc_ids = [], [], []
-
-    def flush() -> None:
-        if records:
-            rendered = template.render(records)
-            parts.append(rendered)
-            kept = rendered.kept if rendered.kept is not None else [True] * len(records)
-            doc_ids.extend(r["id"] for r, keep in zip(records, kept) if keep)
-            records.clear()
-
-    for line, record in iter_file_records(shard.source, start=shard.start, stop=shard.stop):
-        problem = template.record_problem(record)
-        if problem:
-            raise RecordError(shard.source, line, problem)
-        records.append(record)
-        if len(records) == BATCH_SIZE:
-            flush()
-    flush()
+    rejects = Rejects(workdir.parent / REJECTS_DIR / f"{shard.part_name}.jsonl.zst")
+    try:
+        parts, doc_ids = _render_shard(shard, template, config.errors.on_error, rejects)
+    except BaseException:
+        rejects.abort()
+        raise
+    rejects.close()
     ids = np.concatenate([p.ids for p in parts]) if parts else np.zeros(0, dtype=np.int64)
     arrays = {
         "ids": ids,
@@ -141,12 +139,48 @@ def encode_shard(shard: InputShard, *, tokenizer_path: str, config: PackConfig, 
     for name, array in arrays.items():
         with atomic_write(workdir / f"{shard.part_name}.{name}.npy") as f:
             np.save(f, array)
-    dropped = sum((p.drops for p in parts), Counter())
     marker = {"documents": len(arrays["lengths"]), "tokens": int(len(ids)), "max_id": int(ids.max()) if len(ids) else -1,
-              "dropped": dict(sorted(dropped.items())), "truncated": sum(p.truncated for p in parts),
+              "dropped": dict(sorted(rejects.counts.items())), "drop_examples": dict(sorted(rejects.examples.items())),
+              "truncated": sum(p.truncated for p in parts), "special_text": sum(p.special_text for p in parts),
               "encoder": template.encoder}
     write_bytes_atomic(marker_path, orjson.dumps(marker))
     return marker
+
+
+def _render_shard(shard: InputShard, template, on_error: str, rejects: Rejects):
+    """The shard's records rendered BATCH_SIZE at a time: (rendered batches, ids of the kept records in order);
+    every record left out goes to `rejects`, or, with on_error="raise", one that cannot be used stops it."""
+    parts, doc_ids, batch = [], [], []
+
+    def flush() -> None:
+        try:
+            rendered = template.render([record for _, record in batch])
+        except ConversationError as e:  # an index in the batch: name the file, line and id instead
+            line, record = batch[e.index]
+            raise RecordError(shard.source, line, f"record {record['id']!r}: {e.message}") from None
+        parts.append(rendered)
+        kept = rendered.kept if rendered.kept is not None else [True] * len(batch)
+        doc_ids.extend(record["id"] for (_, record), keep in zip(batch, kept) if keep)
+        for k, drop in rendered.drops:
+            line, record = batch[k]
+            rejects.add(drop.reason, record, source=shard.source, line=line,
+                        detail=f"record {record['id']!r}: {drop.detail}")
+        batch.clear()
+
+    for line, record in iter_file_records(shard.source, start=shard.start, stop=shard.stop, on_error=on_error,
+                                          rejects=rejects):
+        problem = template.record_problem(record)
+        if problem and on_error == "raise":
+            raise RecordError(shard.source, line, problem)
+        if problem:
+            rejects.add(template.wrong_record, record, source=shard.source, line=line, detail=problem)
+            continue
+        batch.append((line, record))
+        if len(batch) == BATCH_SIZE:
+            flush()
+    if batch:
+        flush()
+    return parts, doc_ids
 
 
 def _identity(files: list[Path], tokenizer_dir: Path, config: PackConfig) -> dict:
@@ -227,17 +261,19 @@ def pack(inputs, tokenizer_dir: str | os.PathLike, output: str | os.PathLike, co
     tokenizer = Tokenizer.from_file(str(tokenizer_path))
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     dtype = resolve_dtype(config, vocab_size, os.fspath(output))  # before anything is written
-    TEMPLATES[config.template](tokenizer, **config.template_options(tokenizer_dir))  # refuses a tokenizer
-    # without the template's special tokens, before anything is written
+    # refuses a tokenizer without the template's special tokens, before anything is written
+    boundary = TEMPLATES[config.template](tokenizer, **config.template_options(tokenizer_dir)).boundary_ids()
     files = expand_inputs(inputs)
     step_dir = WorkDir(output, _identity(files, tokenizer_dir, config), defaults=identity_defaults(PackConfig))
     with step_dir.lock():
-        return _pack(files, tokenizer, tokenizer_dir, step_dir, config, dtype, run_options, restart, progress)
+        return _pack(files, tokenizer, tokenizer_dir, step_dir, config, (dtype, *boundary), run_options, restart,
+                     progress)
 
 
-def _pack(files, tokenizer, tokenizer_dir: Path, step_dir: WorkDir, config: PackConfig, dtype: str,
-          run_options: RunOptions, restart: bool, progress: bool) -> dict:
-    """`pack`, once the output's lock is held."""
+def _pack(files, tokenizer, tokenizer_dir: Path, step_dir: WorkDir, config: PackConfig,
+          header: tuple[str, int | None, int | None], run_options: RunOptions, restart: bool, progress: bool) -> dict:
+    """`pack`, once the output's lock is held; `header`: the dtype, bos and eos id of the manifests."""
+    dtype, bos_id, eos_id = header
     tokenizer_path = tokenizer_dir / "tokenizer.json"
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     output, identity, started = step_dir.path, step_dir.identity, step_dir.started
@@ -270,8 +306,7 @@ def _pack(files, tokenizer, tokenizer_dir: Path, step_dir: WorkDir, config: Pack
         if (tokenizer_dir / name).exists():
             write_bytes_atomic(output / "tokenizer" / name, (tokenizer_dir / name).read_bytes())
     writer_args = {
-        "dtype": dtype, "vocab_size": vocab_size, "bos_id": tokenizer.token_to_id("<s>"),
-        "eos_id": tokenizer.token_to_id("</s>"),
+        "dtype": dtype, "vocab_size": vocab_size, "bos_id": bos_id, "eos_id": eos_id,
         "tokenizer": {"fingerprint": identity["tokenizer_fingerprint"],
                       "special_tokens": {t.content: i for i, t in sorted(tokenizer.get_added_tokens_decoder().items())}},
         "config": {**asdict(config), "inputs": [f["path"] for f in identity["inputs"]]},
@@ -283,9 +318,14 @@ def _pack(files, tokenizer, tokenizer_dir: Path, step_dir: WorkDir, config: Pack
                 if n["documents"] == 0]
     documents = sum(m["documents"] for m in markers)
     dropped = sum((Counter(m["dropped"]) for m in markers), Counter())
+    examples: dict[str, str] = {}
+    for marker in markers:  # the first record of each reason, in shard order
+        for reason, example in marker.get("drop_examples", {}).items():
+            examples.setdefault(reason, example)
+    counters = {key: sum(m.get(key, 0) for m in markers) for key in ("truncated", "special_text")}
     stats = StepStats(
-        "pack", documents + sum(dropped.values()), documents, dict(dropped),
-        counters={"truncated": sum(m["truncated"] for m in markers)} if config.template == "chat" else {},
+        "pack", documents + sum(dropped.values()), documents, dict(dropped), examples,
+        counters=counters if config.template == "chat" else {},
         identity=identity, wall_seconds=time.perf_counter() - started, details={
             "splits": splits, "dtype": dtype, "vocab_size": vocab_size, "warnings": warnings,
             "encoder": dict(Counter(m.get("encoder", "unknown") for m in markers)),  # engine and why: shards

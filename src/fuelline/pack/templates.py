@@ -14,12 +14,13 @@ string.)
   (`fuelline.chat.templates`); the mask is `encode_chats`' assistant-only mask (assistant
   contents and their end-of-turn token). Conversations over `max_length` are cut at a turn
   boundary, and those left with fewer than `min_loss_tokens` supervised tokens are dropped,
-  each counted under its reason.
+  each counted under its reason, as are those `encode_chats` drops for their special-token text
+  or, with on_error="skip", for not rendering. The manifest's bos/eos are the template's own
+  tokens (ChatML's eos is `<|im_end|>`), not `<s>`/`</s>`.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,8 +34,9 @@ from fuelline.tokenizer.fast import EncodedBatch, fast_encoder
 class Rendered:
     """A batch of documents back to back: ids, per-document lengths, loss mask, dropout flags.
 
-    `kept` flags the input records that became documents (None: all of them); `drops` counts
-    the others by reason; `truncated` counts documents cut to fit.
+    `kept` flags the input records that became documents (None: all of them); `drops` holds the
+    others, (index in the batch, Drop); `truncated` counts documents cut to fit, `special_text`
+    the control-token texts kept in them.
     """
 
     ids: np.ndarray
@@ -42,12 +44,14 @@ class Rendered:
     mask: np.ndarray
     dropped_metadata: np.ndarray
     kept: np.ndarray | None = None
-    drops: Counter = field(default_factory=Counter)
+    drops: list[tuple[int, Drop]] = field(default_factory=list)
     truncated: int = 0
+    special_text: int = 0
 
 
 class Template:
     name = ""
+    wrong_record = "not_a_document_record"  # the drop reason of a record `record_problem` refuses
 
     def __init__(self, tokenizer, *, metadata_dropout: float = 0.0, seed: int = 42, **_chat_options):
         self.tokenizer, self.metadata_dropout, self.seed = tokenizer, metadata_dropout, seed
@@ -73,6 +77,10 @@ class Template:
         """For fields with few distinct values (authors, dynasties): each encoded once, and which one each is."""
         distinct = {value: k for k, value in enumerate(dict.fromkeys(values))}
         return self.encode(list(distinct)), np.fromiter(map(distinct.__getitem__, values), np.int64, len(values))
+
+    def boundary_ids(self) -> tuple[int | None, int | None]:
+        """The manifest's (bos_id, eos_id): the ids of the tokens that open and close a document."""
+        return self.tokenizer.token_to_id("<s>"), self.tokenizer.token_to_id("</s>")
 
     @property
     def encoder(self) -> str:
@@ -169,9 +177,11 @@ class ChatPackTemplate(Template):
 
     name = "chat"
     needs = ()
+    wrong_record = "not_a_chat_record"
 
     def __init__(self, tokenizer, *, chat_template: str = "chatml", max_length: int = 0, min_loss_tokens: int = 1,
-                 tokenizer_dir: str | None = None, reasoning: str = "last", train_turns: str = "all", **options):
+                 tokenizer_dir: str | None = None, reasoning: str = "last", train_turns: str = "all",
+                 special_text: str = "refuse", on_error: str = "raise", **options):
         super().__init__(tokenizer, **options)
         from fuelline.chat.encode import load_tokenizer, resolve_template
 
@@ -183,7 +193,17 @@ class ChatPackTemplate(Template):
                              f"{self.chat_template.name!r}; use the target model's tokenizer, or one trained by "
                              f"`fuelline tokenizer train` (it reserves ChatML's markers)")
         self.max_length, self.min_loss_tokens = max_length or None, min_loss_tokens
-        self.supervision = {"reasoning": reasoning, "train_turns": train_turns}
+        self.supervision = {"reasoning": reasoning, "train_turns": train_turns, "special_text": special_text,
+                            "on_error": on_error}
+
+    def boundary_ids(self) -> tuple[int | None, int | None]:
+        """A named template's own bos and end of turn, a Jinja template's the tokenizer's bos and eos token
+        (the ones transformers gives it), where the tokenizer has them as added tokens; else None."""
+        added = {t.content: i for i, t in self.tokenizer.get_added_tokens_decoder().items()}
+        template, special = self.chat_template, self.chat_tokenizer.special_tokens
+        if template.jinja is None:
+            return added.get(template.bos), added.get(template.end_of_turn)
+        return added.get(special.get("bos_token")), added.get(template.end_of_turn or special.get("eos_token"))
 
     def record_problem(self, record: dict) -> str | None:
         if not isinstance(record.get("conversations"), list) or not isinstance(record.get("id"), str):
@@ -197,12 +217,13 @@ class ChatPackTemplate(Template):
                                self.max_length, min_loss_tokens=self.min_loss_tokens, **self.supervision)
         kept = np.array([not isinstance(r, Drop) for r in results], dtype=bool)
         encoded = [r for r in results if not isinstance(r, Drop)]
-        drops = Counter(r.reason for r in results if isinstance(r, Drop))
+        drops = [(k, r) for k, r in enumerate(results) if isinstance(r, Drop)]
         return Rendered(
             np.concatenate([r.input_ids for r in encoded]).astype(np.int64) if encoded else np.zeros(0, np.int64),
             np.array([len(r.input_ids) for r in encoded], dtype=np.int64),
             np.concatenate([r.loss_mask for r in encoded]).astype(bool) if encoded else np.zeros(0, bool),
-            np.zeros(len(encoded), dtype=bool), kept, drops, sum(r.truncated for r in encoded))
+            np.zeros(len(encoded), dtype=bool), kept, drops, sum(r.truncated for r in encoded),
+            sum(r.special_text for r in encoded))
 
 
 TEMPLATES = {"poetry": PoetryTemplate, "plain": PlainTemplate, "chat": ChatPackTemplate}

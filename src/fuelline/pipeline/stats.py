@@ -71,3 +71,30 @@ def resumed(stats: dict[str, Any], started: float) -> dict[str, Any]:
     """The stats of a finished step found again: marked resumed, with this run's time, not the original's."""
     return {**stats, "resumed": True, "original_wall_seconds": stats.get("wall_seconds"),
             "wall_seconds": round(time.perf_counter() - started, 3)}
+
+
+def dominant_drop(stats: dict[str, Any], share: float = 0.5) -> str | None:
+    """The commonest drop reason when it took at least `share` of the records, with its first
+    record's reason in words; else None.
+
+    The reason ("keys text match no chat schema") is otherwise only in the rejects file, and a
+    run that drops most of its input is usually a mistake in the input or the options."""
+    total = stats.get("records_in", 0)
+    if not total or not stats.get("dropped"):
+        return None
+    reason, count = max(stats["dropped"].items(), key=lambda item: item[1])
+    if count < share * total:
+        return None
+    example = stats.get("drop_examples", {}).get(reason)
+    return f"{count:,} of {total:,} records ({count / total:.0%}) dropped as {reason}" + (
+        f"; the first: {example}" if example else "")
+
+
+def nothing_kept(stats: dict[str, Any]) -> str | None:
+    """Why a step that kept nothing of a non-empty input failed (its output trains nothing), or None."""
+    if not stats.get("records_in", 0) or stats.get("records_out", 0):
+        return None
+    reasons = ", ".join(f"{reason} {n:,}" for reason, n in stats["dropped"].items())
+    detail = dominant_drop(stats, share=0)
+    return (f"{stats['stage']} kept none of its {stats['records_in']:,} records"
+            + (f" (dropped: {reasons}); {detail}" if detail else ""))
