@@ -23,7 +23,9 @@ import numpy as np
 import orjson
 
 from fuelline.fingerprints import tokenizer_fingerprint
-from fuelline.io import read_records
+from fuelline.records import record_kind
+from fuelline.io import expand_inputs, iter_file_records
+from fuelline.io.readers import RecordError
 from fuelline.io.atomic import write_bytes_atomic
 from fuelline.tokenizer.fast import fast_encoder
 
@@ -57,10 +59,17 @@ def build_tokenizer(pretokenize: str = "han-chars"):
 
 
 def document_texts(inputs, text_key: str = "text") -> Iterator[str]:
-    for record in read_records(inputs):
-        text = record.get(text_key)
-        if isinstance(text, str) and text:
-            yield text
+    """The non-empty texts of document records; any other record (a chat record, an eval record)
+    is a RecordError naming it, since training on no text would leave a useless tokenizer."""
+    for path in expand_inputs(inputs):
+        for line, record in iter_file_records(path):
+            text = record.get(text_key)
+            if not isinstance(text, str):
+                raise RecordError(path, line, f"expected a document record with a string {text_key!r}, found "
+                                              f"{record_kind(record)}; tokenizer train reads document records "
+                                              f"(the output of ingest or clean)")
+            if text:
+                yield text
 
 
 def save_for_transformers(tokenizer, directory: Path, model_max_length: int = 1 << 20) -> None:
@@ -111,6 +120,9 @@ def train_tokenizer(inputs, output_dir: str | os.PathLike, *, vocab_size: int = 
             yield text
 
     tokenizer.train_from_iterator(counted(), trainer)
+    if not documents:
+        raise ValueError(f"no document of {', '.join(map(str, expand_inputs(inputs)))} has any text: nothing to train "
+                         f"a tokenizer on")
     seconds = time.perf_counter() - started
     output = Path(output_dir)
     save_for_transformers(tokenizer, output)
