@@ -94,36 +94,6 @@ def require_transformers() -> None:
                            "pip install 'fuelline[cache]'") from None
 
 
-# What a cache build reads of a Hub model: configs, weights, the tokenizer and its chat template.
-HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.model", "*.txt", "*.tiktoken"]
-
-
-def resolve_model(model: str | os.PathLike) -> tuple[str, Path]:
-    """(name, directory) of a target model: a local directory as it is, or a Hub id (`Qwen/Qwen3-4B`)
-    found as `from_pretrained` finds it, through the Hugging Face cache (offline with
-    HF_HUB_OFFLINE=1), downloading what the build reads when it is online and not yet cached.
-    The name is what the manifest records as `target_model_name_or_path`."""
-    if not os.fspath(model):  # Path("") is the working directory
-        raise ValueError("no target model: give --model (its directory or a Hub id), or 'model' in a pipeline step")
-    path = Path(model)
-    if path.is_dir():
-        return os.fspath(path.resolve()), path
-    if path.exists():
-        raise ValueError(f"{model}: a file; give the model's directory or a Hub id such as Qwen/Qwen3-4B")
-    name = os.fspath(model)
-    require_transformers()
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HFValidationError, HfHubHTTPError
-
-    try:
-        directory = snapshot_download(name, allow_patterns=HUB_FILES)
-    except HFValidationError:
-        raise FileNotFoundError(f"{model}: no such model directory (and not a Hub id such as Qwen/Qwen3-4B)") from None
-    except (HfHubHTTPError, OSError) as e:
-        raise FileNotFoundError(f"{model}: no such model directory, and not found as a Hub id: {e}") from None
-    return name, Path(directory)
-
-
 def model_config(model: str | os.PathLike):
     """The model's transformers config (a model directory or a config.json), and its text part."""
     require_transformers()

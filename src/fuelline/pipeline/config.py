@@ -133,7 +133,12 @@ def load_pipeline(path: str | os.PathLike) -> list[PipelineStep]:
         run_values = {**defaults, **{k: table.pop(k) for k in list(table) if k in RUN_OPTION_KEYS - own}}
         options = build_dataclass(RunOptions, run_values, where)
         config = build_dataclass(cls.Config, table, f"{where} ({cls.name})")
-        steps.append(PipelineStep(name, make_step(use, config), options, inputs))
+        step = make_step(use, config)
+        try:
+            step.check()
+        except (ValueError, FileNotFoundError) as e:
+            raise type(e)(f"{where} ({cls.name}): {e}") from None
+        steps.append(PipelineStep(name, step, options, inputs))
     return steps
 
 

@@ -51,6 +51,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Self
 
+from fuelline.model_source import CONFIG_ONLY, resolve_model
 from fuelline.pipeline.options import option
 from fuelline.serve import engines
 from fuelline.serve.processes import (describe_exit, exit_status, signal_group, wait_group_gone,
@@ -306,10 +307,7 @@ class ServerGroup:
         missing = engines.engine_missing(self.engine)
         if missing:
             raise EngineNotInstalled(missing)
-        model = self.model_path
-        if not os.path.exists(model) and (os.path.isabs(model) or model.startswith(".")):
-            raise FileNotFoundError(f"model {model} does not exist (a local path; a hub model is named "
-                                    f"by its repository id, like org/name)")
+        resolve_model(self.model_path, CONFIG_ONLY)  # a typo: one line now, not an engine retrying the Hub
         for server in self.servers:
             problem = _cannot_listen(self.host, server.port)
             if problem:
