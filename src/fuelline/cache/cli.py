@@ -8,7 +8,7 @@ import click
 
 from fuelline.cache.export import ExportConfig
 from fuelline.cache.plan import CacheConfig
-from fuelline.cli_options import config_params, given
+from fuelline.cli_options import at_least, config_params, given
 
 ESTIMATE_KEYS = {"layers", "chat_template", "max_length", "min_loss_tokens", "format", "hidden_dtype"}
 
@@ -56,10 +56,10 @@ def summary(stats: dict, output) -> str:
 @cache.command(params=[
     click.Option(["--model"], type=click.Path(exists=True),
                  help="the target model's directory or config.json (its tokenizer is needed with --input)"),
-    click.Option(["--hidden-size"], type=int, help="instead of --model: the target's hidden size"),
+    click.Option(["--hidden-size"], type=int, callback=at_least(1), help="instead of --model: the target's hidden size"),
     click.Option(["--input", "-i", "inputs"], multiple=True, help="chat records: count their tokens exactly"),
-    click.Option(["--tokens"], type=float, help="instead of --input: the number of tokens (e.g. 1.56e9)"),
-    click.Option(["--samples"], type=float, default=0, help="with --tokens: the number of conversations"),
+    click.Option(["--tokens"], type=float, callback=at_least(1), help="instead of --input: the number of tokens (e.g. 1.56e9)"),
+    click.Option(["--samples"], type=float, default=0, callback=at_least(0), help="with --tokens: the number of conversations"),
     *config_params(CacheConfig, ESTIMATE_KEYS)])
 def estimate(model, hidden_size, inputs, tokens, samples, **values):
     """Print the bytes a cache will take, for each format and hidden dtype, before any forward pass."""
@@ -153,7 +153,7 @@ def compare(first, second):
     click.Argument(["cache_dir"], metavar="CACHE"),
     click.Option(["--output", "-o"], required=True, type=click.Path(), help="the export directory"),
     *config_params(ExportConfig),
-    click.Option(["--workers"], type=int, help="files written at once (threads)  [default: every core]"),
+    click.Option(["--workers"], type=int, callback=at_least(1), help="files written at once (threads)  [default: every core]"),
     click.Option(["--restart"], is_flag=True, help="delete what the output directory holds and export again"),
     click.Option(["--progress/--no-progress"], default=True, show_default=True, help="progress bar")])
 def export(to, cache_dir, output, workers, restart, progress, **values):

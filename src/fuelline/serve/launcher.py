@@ -107,12 +107,13 @@ class ServeConfig:
 
     engine: str = option("transformers", "sglang, vllm, or transformers (`transformers serve`, also on CPU)",
                          choices=list(engines.ENGINES), identity=False)
-    model: str = option("", "model directory or hub id, as the engine takes it")
+    model: str = option("", "model directory or hub id, as the engine takes it", required=True)
     ports: str = option("30000", "one server per port: a range 30000-30007 or a list 30000,30002", identity=False)
     gpus_per_server: int = option(1, "consecutive GPUs per server (tensor parallel when > 1); 0: CPU servers. "
-                                  "Without GPUs, servers run on CPU", identity=False)
+                                  "Without GPUs, servers run on CPU", identity=False, min=0)
     host: str = option("127.0.0.1", "address the servers listen on", identity=False)
-    startup_timeout: float = option(600.0, "seconds for every server to answer GET /v1/models", identity=False)
+    startup_timeout: float = option(600.0, "seconds for every server to answer GET /v1/models", identity=False,
+                                    min=1)
 
 
 class ServerGroup:

@@ -37,6 +37,7 @@ SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<|title|>", "<|author|>", "<|dynasty|
 # as one regex: splitting Han first and then running ByteLevel's own regex on every piece gives
 # the same pieces but encodes ~40% slower.
 GPT2_REST = r"'s|'t|'re|'ve|'m|'ll|'d| ?[\p{L}&&[^\p{Han}]]+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + 257  # the special tokens, the 256 bytes and one merge
 PRETOKENIZE = {"han-chars": r"\p{Han}|" + GPT2_REST, "han-pairs": r"\p{Han}{1,2}|" + GPT2_REST, "bytelevel": None}
 REPORT_SAMPLE = 50_000
 
@@ -105,8 +106,8 @@ def train_tokenizer(inputs, output_dir: str | os.PathLike, *, vocab_size: int = 
     """Train on the `text` of document records; write the tokenizer and `training_report.json`."""
     from tokenizers import pre_tokenizers, trainers
 
-    if vocab_size <= len(SPECIAL_TOKENS) + 256:
-        raise ValueError(f"vocab_size must exceed {len(SPECIAL_TOKENS) + 256} (special tokens and the 256 bytes)")
+    if vocab_size < MIN_VOCAB_SIZE:
+        raise ValueError(f"vocab_size must be at least {MIN_VOCAB_SIZE} (special tokens, the 256 bytes, one merge)")
     tokenizer = build_tokenizer(pretokenize)
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
