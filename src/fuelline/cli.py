@@ -16,7 +16,7 @@ from fuelline.io.remote import is_url, refuse_url
 from fuelline.pipeline.options import bounds_text
 from fuelline.pipeline.workers import EXECUTORS, RunOptions
 from fuelline.pipeline.registry import STAGES, step_class
-from fuelline.cache.cli import cache as cache_group
+from fuelline.cache.cli import cache as cache_group, cache_numbers
 from fuelline.chat.regenerate import RegenerateConfig
 from fuelline.cli_options import at_least, config_params, given, within_bounds
 from fuelline.serve.cli import serve_command
@@ -26,7 +26,7 @@ from fuelline.serve.cli import serve_command
 # RecordError and TokenFormatError are ValueErrors, OutputBusy and a failed server start RuntimeErrors.
 USER_ERRORS = (ValueError, RuntimeError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 RESUME_HINT = "run the same command again to resume"
-SUMMARY_KEYS = ("dedup", "tokenizer", "outputs", "schemas", "forms", "encoder", "cache", "export")
+SUMMARY_KEYS = ("dedup", "tokenizer", "outputs", "schemas", "forms", "encoder", "export")
 CHAT_PREFIX = "chat-"
 
 
@@ -95,6 +95,8 @@ def _print_stats(all_stats: list[dict], outputs: list[Path | str | None] | None 
             f"{stats['stage']:<10} in {stats['records_in']:>10,}  out {stats['records_out']:>10,}  "
             f"dropped: {dropped}  ({stats['wall_seconds']:.1f}s{resumed})" + _rejects_note(stats, output)
         )
+        if "cache" in stats:  # a target cache's numbers, as `fuelline cache build` prints them
+            click.echo(f"  cache: {cache_numbers(stats)}")
         for key in SUMMARY_KEYS:  # corpus-level numbers a stage or task adds
             if key in stats:
                 click.echo(f"  {key}: " + ", ".join(f"{k} {v}" for k, v in stats[key].items()))

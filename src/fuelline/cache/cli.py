@@ -39,18 +39,24 @@ def build(inputs, output, restart, progress, **values):
 
 
 def summary(stats: dict, output) -> str:
-    """What a build did, in three lines (also printed by pipelines and the chat demo)."""
-    from fuelline.cache.estimate import human_bytes
-
-    c = stats["cache"]
+    """What a build did, in three lines (also printed by the chat demo)."""
     dropped = ", ".join(f"{k} {v:,}" for k, v in stats["dropped"].items()) or "none"
     return "\n".join([
         f"cache      in {stats['records_in']:>10,}  out {stats['records_out']:>10,}  dropped: {dropped}"
         f"{'  (already built)' if stats.get('resumed') else ''}",
-        f"           {c['tokens']:,} tokens ({c['supervised_share']:.1%} supervised), {human_bytes(c['bytes'])} in "
-        f"{c['shards']} shard(s), {c['bytes_per_token']:,.1f} bytes/token, padding {c['padding_share']:.1%}, "
-        f"forward {c['forward_seconds']:.1f}s of {stats['wall_seconds']:.1f}s",
+        f"           {cache_numbers(stats)}",
         f"           open it with fuelline.cache.CacheDataset({str(output)!r})"])
+
+
+def cache_numbers(stats: dict) -> str:
+    """A build's numbers in one line: tokens, supervised share, bytes, shards, padding, forward time
+    (also the cache step's line in `fuelline run`'s summary)."""
+    from fuelline.cache.estimate import human_bytes
+
+    c = stats["cache"]
+    return (f"{c['tokens']:,} tokens ({c['supervised_share']:.1%} supervised), {human_bytes(c['bytes'])} in "
+            f"{c['shards']} shard(s), {c['bytes_per_token']:,.1f} bytes/token, padding {c['padding_share']:.1%}, "
+            f"forward {c['forward_seconds']:.1f}s of {stats['wall_seconds']:.1f}s")
 
 
 @cache.command(params=[
