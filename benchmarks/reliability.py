@@ -25,6 +25,11 @@ target cache's manifest and index records, for both formats and every reader mod
 (reliability_templates.py); (f) servers that answer wrongly or die under `chat regenerate`
 (reliability_servers.py).
 
+Issue 36 adds (g) the command line as a new user meets it (reliability_cli.py): numeric options
+given zero, negatives, huge numbers, NaN, infinity or the wrong type, on the command line and in
+pipeline files; records of the other pipeline to each command; `fuelline run` killed and rerun,
+leaving no lock or temp file.
+
 Outcomes of a trial are those of benchmarks/trials.py (ok, clear_error, silent_wrong, crash, hang,
 leftover).
 
@@ -56,6 +61,7 @@ import zstandard
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHARED_DATA, write_result  # noqa: E402
 import reliability_cache  # noqa: E402
+import reliability_cli  # noqa: E402
 import reliability_servers  # noqa: E402
 import reliability_templates  # noqa: E402
 from trials import OUTCOMES, Tally, cli, damage_file, failure_outcome, free_port, isolated, judged, run, table  # noqa: E402
@@ -509,6 +515,8 @@ def main() -> None:
         tallies += shown(reliability_templates.scenarios(work, full=full, seed=args.seed))
         print("(f) chat regenerate against servers that answer wrongly or die", flush=True)
         tallies += shown(reliability_servers.scenarios(work, full=full, seed=args.seed))
+        print("(g) the command line: odd values, wrong record types, stopped runs' locks", flush=True)
+        tallies += shown(reliability_cli.scenarios(work, full=full, seed=args.seed))
     finally:
         for server in SERVERS:
             server.kill()

@@ -67,15 +67,22 @@ def test_thinking_is_one_flag_pair_and_the_old_spelling_is_refused_with_the_new_
      "--max-length must be at least 1, found -1"),
     (["cache", "build", "--model", "{dir}", "--layers", "1", "--max-shard-bytes", "-1GiB"],
      "a size must be positive"),
-    (["tokenizer", "train", "--vocab-size", "10"], "--vocab-size must be at least 266, found 10"),
+    (["tokenizer", "train", "--vocab-size", "10"], "--vocab-size must be between 266 and 2,147,483,647, found 10"),
     (["dedup", "--ngram", "0"], "--ngram must be at least 1, found 0"),
     (["run", "{pipeline}", "--workers", "0"], "--workers must be at least 1, found 0"),
+    # huge: found by benchmarks/reliability_cli.py as tracebacks (orjson, the BPE trainer)
+    (["clean", "--shard-size", "99999999999999999999"], "--shard-size is out of range: 99999999999999999999 does "
+                                                        "not fit in 64 bits"),
+    (["tokenizer", "train", "--vocab-size", "99999999999"], "--vocab-size must be between 266 and 2,147,483,647, found 99999999999"),
+    (["chat", "prepare", "--test-size", "-1"], "--test-size must be between 0 and 1, found -1.0"),
 ])
 def test_impossible_numbers_on_the_command_line_are_one_line_and_exit_2(args, says, tmp_path):
     pipeline = tmp_path / "p.toml"
     pipeline.write_text('[[stage]]\nuse = "clean"\n')
     args = [a.format(dir=tmp_path, pipeline=pipeline) for a in args]
-    if args[0] != "run":
+    if args[:2] == ["chat", "prepare"]:
+        args += ["-i", str(pipeline), "--train-output", str(tmp_path / "out"), "--eval-output", str(tmp_path / "ev")]
+    elif args[0] != "run":
         args += ["-i", str(pipeline), "-o", str(tmp_path / "out")]
     else:
         args += ["--run-dir", str(tmp_path / "run")]

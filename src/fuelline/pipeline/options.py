@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 NO_DEFAULT = dataclasses.MISSING
+INT64_LIMIT = 1 << 63
 
 
 def option(default: Any = NO_DEFAULT, help: str = "", *, factory: Callable[[], Any] | None = None,
@@ -60,6 +61,8 @@ def bound_problem(field: dataclasses.Field, value: Any) -> str | None:
         return None
     if value != value:  # NaN compares false with every bound
         return "must be a number, not nan"
+    if isinstance(value, int) and not -INT64_LIMIT <= value < INT64_LIMIT:  # stats.json, numpy, Rust: 64 bits
+        return f"is out of range: {value} does not fit in 64 bits"
     if (low is not None and value < low) or (high is not None and value > high):
         return f"must be {bounds_text(field)}, found {value}"
     return None
@@ -75,10 +78,17 @@ def check_bounds(config) -> None:
 
 def bounds_text(field: dataclasses.Field) -> str:
     """The declared range in words ("at least 1", "between 0 and 1"), or ""."""
-    low, high = field.metadata.get("min"), field.metadata.get("max")
+    low, high = (_number(field.metadata.get(end)) for end in ("min", "max"))
     if low is not None and high is not None:
-        return f"between {low:g} and {high:g}"
-    return f"at least {low:g}" if low is not None else f"at most {high:g}" if high is not None else ""
+        return f"between {low} and {high}"
+    return f"at least {low}" if low is not None else f"at most {high}" if high is not None else ""
+
+
+def _number(value: float | None) -> str | None:
+    """1, 2,147,483,647, 0.1: a bound as a user reads it."""
+    if value is None:
+        return None
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
 
 
 def replaced_names(cls: type) -> dict[str, tuple[str, str]]:

@@ -16,7 +16,8 @@ from fuelline.tokenizer.train import MIN_VOCAB_SIZE, PRETOKENIZE, train_tokenize
 class TokenizerConfig:
     """The options of `fuelline tokenizer train` and of a pipeline's tokenizer step."""
 
-    vocab_size: int = option(4096, "tokens in the vocabulary, merges included", min=MIN_VOCAB_SIZE)
+    vocab_size: int = option(4096, "tokens in the vocabulary, merges included", min=MIN_VOCAB_SIZE,
+                             max=(1 << 31) - 1)
     pretokenize: str = option("han-chars", "how text is cut before BPE merges: han-chars, every Han character a "
                               "token of its own (merges only inside other scripts); han-pairs, at most two Han "
                               "characters per token; bytelevel, GPT-2's rule (a whole run of Han characters may "
