@@ -24,14 +24,14 @@ def test_the_demos_work_in_a_fresh_environment_first_with_only_the_package_then_
         return subprocess.run([str(a) for a in args], capture_output=True, text=True, env=environ, cwd=tmp_path,
                               timeout=timeout)
 
-    install = run(python, "-m", "pip", "install", "-q", ROOT)
+    install = run(python, "-m", "pip", "install", "-q", "--no-compile", ROOT)
     assert install.returncode == 0, install.stderr[-3000:]
     demo = run(fuelline, "demo", "--dir", tmp_path / "demo")
     assert demo.returncode == 0, demo.stderr[-3000:]
     assert "exact_duplicate" in demo.stdout
     assert (tmp_path / "demo" / "run" / "05-pack" / "train" / "manifest.json").exists()
 
-    install = run(python, "-m", "pip", "install", "-q", f"{ROOT}[torch,serve]")
+    install = run(python, "-m", "pip", "install", "-q", "--no-compile", f"{ROOT}[torch,serve]")
     assert install.returncode == 0, install.stderr[-3000:]
     chat = run(fuelline, "demo", "chat", "--dir", tmp_path / "demo-chat")
     assert chat.returncode == 0, chat.stderr[-3000:]

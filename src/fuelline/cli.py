@@ -7,6 +7,8 @@ one help text, for the CLI and for pipeline files alike. Heavy imports happen in
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -43,6 +45,23 @@ class FuellineGroup(click.Group):
     is a bug and shows its traceback, as does every error under `--debug`.
     Ctrl-C prints `interrupted: …` (how to resume) and exits 130, the shell's code for SIGINT.
     """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lazy_commands: dict[str, Callable[[], click.Command]] = {}
+
+    def add_lazy_command(self, name: str, build: Callable[[], click.Command]) -> None:
+        """A subcommand built when first named: a stage's options need its module (dedup's imports
+        numba), which the other commands should not pay for on every start."""
+        self.lazy_commands[name] = build
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy_commands})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in self.commands and name in self.lazy_commands:
+            self.add_command(self.lazy_commands[name](), name)
+        return super().get_command(ctx, name)
 
     def invoke(self, ctx: click.Context):
         debug = ctx.params.get("debug", False)
@@ -270,7 +289,7 @@ def _stage_command(name: str, command_name: str | None = None) -> click.Command:
 
 for _name in STAGES:
     if not _name.startswith(CHAT_PREFIX):  # chat stages live under `fuelline chat`
-        main.add_command(_stage_command(_name))
+        main.add_lazy_command(_name, functools.partial(_stage_command, _name))
 
 
 @main.group()

@@ -170,8 +170,8 @@ def test_bytes_per_token_and_estimate_match_the_build(qwen4_dir, chats, padded, 
     assert counts["samples"] == CHATS
 
 
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "fuelline", "cache", "build", "--no-progress", *args]
+def _cli(*args: str, progress: bool = False) -> list[str]:
+    return [sys.executable, "-m", "fuelline", "cache", "build", *([] if progress else ["--no-progress"]), *args]
 
 
 def _build_args(model: Path, chats: Path, out: Path, *extra: str) -> list[str]:
@@ -205,8 +205,8 @@ def _env() -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def _kill_after_first_commit(command: list[str], out: Path) -> None:
-    """Start a build and SIGKILL it (its whole process group) once some batches are committed."""
+def _kill_after_first_commit(command: list[str], out: Path) -> bytes:
+    """Start a build and SIGKILL it (its whole process group) once some batches are committed; its stderr."""
     process = subprocess.Popen(command, env=_env(), start_new_session=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 240
@@ -218,6 +218,7 @@ def _kill_after_first_commit(command: list[str], out: Path) -> None:
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     assert not (out / MANIFEST).exists()
+    return process.stderr.read()
 
 
 @pytest.fixture(scope="module")
@@ -232,10 +233,13 @@ def uninterrupted(qwen4_dir, tmp_path_factory):
 
 
 def test_sigkill_resumes_to_identical_bytes(qwen4_dir, uninterrupted, tmp_path):
-    """A real process killed; the same command resumes it (in this process: what resumes is on disk)."""
+    """A real process killed; the same command resumes it (in this process: what resumes is on disk).
+    Until the kill, past loading the model and committing batches, --no-progress kept its stderr empty:
+    no bar, no loading report (transformers writes that to the process's own stderr)."""
     chats, reference = uninterrupted
     out = tmp_path / "cache"
-    _kill_after_first_commit(_cli(*_build_args(qwen4_dir, chats, out)), out)
+    said = _kill_after_first_commit(_cli(*_build_args(qwen4_dir, chats, out)), out)
+    assert said == b"", said.decode()
     assert any(out.glob(".build/*.partial"))
     done = invoke_build(*_build_args(qwen4_dir, chats, out))
     assert done.exit_code == 0, done.stderr
@@ -381,24 +385,13 @@ def test_a_failure_after_the_plan_says_the_build_resumes(qwen4_dir, chats, tmp_p
     assert build_cache(qwen4_dir, [chats], out, config(), progress=False)["records_out"] == CHATS
 
 
-def test_progress_in_a_log_file_is_lines(qwen4_dir, tmp_path):
-    """A real process: transformers' loading report and bars go to the process's own stderr. A few
-    conversations: every bar is drawn whatever the length of the input. (That --no-progress means nothing
-    on stderr is shown by the build of test_a_hub_id_is_found_through_the_hub_cache_offline.)"""
-    chats = write_chats(tmp_path / "few.jsonl", 4)
-    args = [sys.executable, "-m", "fuelline", "cache", "build", *_build_args(qwen4_dir, chats, tmp_path / "a")]
-    logged = subprocess.run(args, env=_env(), capture_output=True)  # stderr a pipe: not a terminal
-    assert logged.returncode == 0, logged.stderr.decode()
-    assert b"\r" not in logged.stderr and b"Loading weights" not in logged.stderr
-    assert b"cache rank 0: 100%" in logged.stderr and b"encode: " in logged.stderr
-
-
 def test_a_hub_id_is_found_through_the_hub_cache_offline(qwen4_dir, uninterrupted, tmp_path, monkeypatch):
     """`--model org/name` as from_pretrained takes it: a Hub cache laid out as huggingface_hub writes it,
     read with HF_HUB_OFFLINE=1 (a real process: huggingface_hub reads both variables when imported). The
     cache equals the one built from the directory, but for the model's name (and the index checksums,
-    which cover the manifest that holds it). The build is a whole one with --no-progress, whose stderr
-    must stay empty: no bar, no loading report."""
+    which cover the manifest that holds it). Its progress goes to a pipe, not a terminal: lines, every
+    bar drawn, no carriage return, and no loading report from transformers (that --no-progress means an
+    empty stderr is shown by test_sigkill_resumes_to_identical_bytes)."""
     chats, by_dir = uninterrupted
     by_id = tmp_path / "by-id"
     hub = tmp_path / "hub"
@@ -409,9 +402,11 @@ def test_a_hub_id_is_found_through_the_hub_cache_offline(qwen4_dir, uninterrupte
     for path in qwen4_dir.iterdir():
         (snapshot / path.name).symlink_to(path)
     env = {**_env(), "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run(_cli(*_build_args(Path("fuelline-test/qwen3-4-layers"), chats, by_id)), env=env,
-                          capture_output=True, text=True)
-    assert done.returncode == 0 and done.stderr == "", done.stderr
+    done = subprocess.run(_cli(*_build_args(Path("fuelline-test/qwen3-4-layers"), chats, by_id), progress=True),
+                          env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "\r" not in done.stderr and "Loading weights" not in done.stderr
+    assert "cache rank 0: 100%" in done.stderr and "encode: " in done.stderr
     manifest = json.loads((by_id / MANIFEST).read_text())
     assert manifest["target_model_name_or_path"] == "fuelline-test/qwen3-4-layers"
     shards = lambda d: {n: b for n, b in files_of(d).items() if n.startswith("shard-")}  # noqa: E731

@@ -23,12 +23,12 @@ from ..conftest import shared_file
 
 @pytest.fixture(scope="module")
 def chats(tmp_path_factory):
-    """The ShareGPT file and GSM8K's first 2,000 questions through chat-prepare (train split): long
-    conversations of many exchanges, and short ones of one (the other 5,473 are more of the same)."""
+    """The ShareGPT file and GSM8K's first 500 questions through chat-prepare (train split): long
+    conversations of many exchanges, and short ones of one (the other 6,973 are more of the same)."""
     base = tmp_path_factory.mktemp("chats")
     gsm8k = base / "gsm8k.jsonl"
     gsm8k.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in
-                               itertools.islice(read_records(shared_file("chat/gsm8k-train.jsonl.zst")), 2_000)))
+                               itertools.islice(read_records(shared_file("chat/gsm8k-train.jsonl.zst")), 500)))
     out = base / "prepared"
     run_stage(ChatPrepareStage(), [shared_file("chat/sharegpt_zh_1K.jsonl.zst"), gsm8k], out,
               RunOptions(workers=1, shard_size=3_000, progress=False))
@@ -39,7 +39,7 @@ def chats(tmp_path_factory):
 def qwen3_pack(chats, qwen_dir, tmp_path_factory):
     """The chats packed with the qwen3 template by two workers: (output directory, stats), read only."""
     out = tmp_path_factory.mktemp("sft") / "out"
-    stats = pack([chats], qwen_dir, out, PackConfig(template="chat", chat_template="qwen3", shard_size=2_000),
+    stats = pack([chats], qwen_dir, out, PackConfig(template="chat", chat_template="qwen3", shard_size=1_000),
                  workers=2, progress=False)
     return out, stats
 

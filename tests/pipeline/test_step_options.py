@@ -32,7 +32,7 @@ PIPELINE_ONLY = {"regenerate": {"serve_" + f.name for f, _ in option_fields(Serv
 def _command(words):
     command = main
     for word in words:
-        command = command.commands[word]
+        command = command.get_command(None, word)
     return command
 
 

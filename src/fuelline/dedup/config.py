@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 from fuelline.dedup.lsh import choose_bands
 from fuelline.dedup.normalize import Normalizer
-from fuelline.dedup.simhash import choose_hamming
 from fuelline.pipeline.stage import StageConfig
 
 
@@ -62,7 +61,10 @@ class DedupConfig(StageConfig):
         return (self.bands, self.rows) if self.bands else choose_bands(self.threshold, self.num_perm)
 
     def max_hamming(self) -> int:
-        return self.hamming if self.hamming is not None else choose_hamming(self.threshold)
+        if self.hamming is not None:
+            return self.hamming
+        from fuelline.dedup.simhash import choose_hamming  # imports numba: ~0.3 s on every CLI start
+        return choose_hamming(self.threshold)
 
     def normalizer(self) -> Normalizer:
         return Normalizer(lowercase=self.lowercase, punctuation=self.ignore_punctuation)
