@@ -40,6 +40,11 @@ tokens, records a template cannot render under `--on-error raise|skip` (pack and
 plan), weight-0 assistant turns, and a pack resumed with a changed policy
 (reliability_chat_records.py).
 
+It adds (k) the command line as a new user meets it (reliability_cli.py): numeric options
+given zero, negatives, huge numbers, NaN, infinity or the wrong type, on the command line and in
+pipeline files; records of the other pipeline to each command; `fuelline run` killed and rerun,
+leaving no lock or temp file.
+
 Outcomes of a trial are those of benchmarks/trials.py (ok, clear_error, silent_wrong, crash, hang,
 leftover).
 
@@ -72,8 +77,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHARED_DATA, write_result  # noqa: E402
 import reliability_cache  # noqa: E402
 import reliability_chat_forms  # noqa: E402
-import reliability_exports  # noqa: E402
 import reliability_chat_records  # noqa: E402
+import reliability_cli  # noqa: E402
+import reliability_exports  # noqa: E402
 import reliability_servers  # noqa: E402
 import reliability_stalls  # noqa: E402
 import reliability_templates  # noqa: E402
@@ -537,6 +543,8 @@ def main() -> None:
         print("(j) chat records: special-token text, unrenderable records, weight-0 turns, changed policies",
               flush=True)
         tallies += shown(reliability_chat_records.scenarios(work, full=full, seed=args.seed))
+        print("(k) the command line: odd values, wrong record types, stopped runs' locks", flush=True)
+        tallies += shown(reliability_cli.scenarios(work, full=full, seed=args.seed))
     finally:
         for server in SERVERS:
             server.kill()

@@ -2,8 +2,8 @@
 (CPU) machine.
 
 Each page runs in a fresh directory laid out like a checkout beside ../shared (a link to the
-shared data, and `configs/` linked from the repository), so its relative paths resolve as they
-do for a user at the repository root; a page makes what it needs (e.g. `fuelline demo --dir
+shared data, and `configs/` and `examples/` linked from the repository), so its relative paths
+resolve as they do for a user at the repository root; a page makes what it needs (e.g. `fuelline demo --dir
 runs/demo`) in an earlier block of the same page. The pages that start with that demo share one
 run of it: its output is copied into each page's checkout (always at the same path, so the
 copy is the demo's own output there), and the page's own `fuelline demo` resumes it, as a
@@ -77,11 +77,12 @@ def starts_with_the_demo(body: str) -> bool:
 
 
 def fresh_checkout(root: Path) -> Path:
-    """ROOT/checkout, emptied, with `configs/` linked from the repository."""
+    """ROOT/checkout, emptied, with `configs/` and `examples/` linked from the repository."""
     checkout = root / "checkout"
     shutil.rmtree(checkout, ignore_errors=True)
     checkout.mkdir()
-    (checkout / "configs").symlink_to(ROOT / "configs")
+    for name in ("configs", "examples"):
+        (checkout / name).symlink_to(ROOT / name)
     return checkout
 
 

@@ -15,7 +15,8 @@ own layer or lower ones. The layers, lowest first, as the code stands:
    `pipeline.stats` (the resume and stats.json contract), `pipeline.shards`, `pipeline.lifetime`,
    `pipeline.workers` and `pipeline.ray_executor` (what runs a map of tasks), `pipeline.executor`
    and `pipeline.output` (a record stage run shard by shard, into a directory or a URL);
-3. the tools stages use: `tokenizer`, `serve` (inference servers), `loader`, `models`;
+3. the tools stages use: `tokenizer`, `serve` (inference servers), `loader`, `models`, `model_source`
+   (where a model the user names lives, for `serve` and `cache` alike);
 4. record stages: ingest, clean, dedup, and the funnel `report`;
 5. `chat`, which builds on clean's poetry rules, the tokenizer and the servers;
 6. `pack` and `cache`, which encode chat records;
@@ -41,7 +42,7 @@ LAYERS: list[list[str]] = [
     ["fuelline.pipeline.step", "fuelline.pipeline.stage", "fuelline.pipeline.options", "fuelline.pipeline.workdir",
      "fuelline.pipeline.stats", "fuelline.pipeline.shards", "fuelline.pipeline.lifetime", "fuelline.pipeline.workers",
      "fuelline.pipeline.ray_executor", "fuelline.pipeline.executor", "fuelline.pipeline.output"],
-    ["fuelline.tokenizer", "fuelline.serve", "fuelline.loader", "fuelline.models"],
+    ["fuelline.tokenizer", "fuelline.serve", "fuelline.loader", "fuelline.models", "fuelline.model_source"],
     ["fuelline.ingest", "fuelline.clean", "fuelline.dedup", "fuelline.report"],
     ["fuelline.chat"],
     ["fuelline.pack", "fuelline.cache"],

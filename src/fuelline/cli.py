@@ -6,6 +6,7 @@ one help text, for the CLI and for pipeline files alike. Heavy imports happen in
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from pathlib import Path
@@ -14,12 +15,13 @@ import click
 
 from fuelline import __version__
 from fuelline.io.remote import is_url, refuse_url
-from fuelline.pipeline.workers import EXECUTORS
+from fuelline.pipeline.options import bounds_text
+from fuelline.pipeline.workers import EXECUTORS, RunOptions
 from fuelline.pipeline.registry import STAGES, step_class
 from fuelline.pipeline.stats import dominant_drop, nothing_kept
-from fuelline.cache.cli import cache as cache_group
+from fuelline.cache.cli import cache as cache_group, cache_numbers
 from fuelline.chat.regenerate import RegenerateConfig
-from fuelline.cli_options import config_params, given
+from fuelline.cli_options import at_least, config_params, given, within_bounds
 from fuelline.serve.cli import serve_command
 
 # Exceptions that mean a mistake in what the user gave (a path, an option, a file's content) and
@@ -27,7 +29,7 @@ from fuelline.serve.cli import serve_command
 # RecordError and TokenFormatError are ValueErrors, OutputBusy and a failed server start RuntimeErrors.
 USER_ERRORS = (ValueError, RuntimeError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 RESUME_HINT = "run the same command again to resume"
-SUMMARY_KEYS = ("dedup", "tokenizer", "outputs", "schemas", "forms", "encoder", "cache", "export")
+SUMMARY_KEYS = ("dedup", "tokenizer", "outputs", "schemas", "forms", "encoder", "export")
 CHAT_PREFIX = "chat-"
 
 
@@ -113,6 +115,8 @@ def _print_stats(all_stats: list[dict], outputs: list[Path | str | None] | None 
             f"{stats['stage']:<10} in {stats['records_in']:>10,}  out {stats['records_out']:>10,}  "
             f"dropped: {dropped}  ({stats['wall_seconds']:.1f}s{resumed})" + _rejects_note(stats, output)
         )
+        if "cache" in stats:  # a target cache's numbers, as `fuelline cache build` prints them
+            click.echo(f"  cache: {cache_numbers(stats)}")
         for key in SUMMARY_KEYS:  # corpus-level numbers a stage or task adds
             if key in stats:
                 click.echo(f"  {key}: " + ", ".join(f"{k} {v}" for k, v in stats[key].items()))
@@ -173,10 +177,18 @@ def _step_dirs(run_dir: str, count: int) -> list[Path | None]:
     return (dirs + [None] * count)[:count]
 
 
+def _run_option(name: str, *flags: str, **settings) -> click.Option:
+    """A CLI option of a RunOptions field, with its help and its declared range."""
+    field = next(f for f in dataclasses.fields(RunOptions) if f.name == name)
+    flag = "--" + name.replace("_", "-")
+    help_text = field.metadata["help"] + (f"  [{bounds_text(field)}]" if bounds_text(field) else "")
+    return click.Option([flag, *flags], type=int, callback=within_bounds(field, flag), help=help_text, **settings)
+
+
 def _run_params() -> list[click.Option]:
     """Options every command that runs stages shares."""
     return [
-        click.Option(["--workers", "-w"], type=int, default=None, help="processes (default: all cores)"),
+        _run_option("workers", "-w", default=None),
         click.Option(["--restart"], is_flag=True, help="discard existing output and start over"),
         click.Option(["--quiet", "-q"], is_flag=True, help="no progress bar"),
         click.Option(["--executor"], type=click.Choice(EXECUTORS), default=None,
@@ -206,7 +218,7 @@ def _stage_options(cls) -> list[click.Option]:
     params = [
         click.Option(["--input", "-i", "inputs"], multiple=True, required=True, help="files, directories or globs"),
         *_run_params(),
-        click.Option(["--shard-size"], type=int, default=50_000, show_default=True, help="lines per shard"),
+        _run_option("shard_size", default=RunOptions.shard_size, show_default=True),
         click.Option(["--format", "output_format"], type=click.Choice(["jsonl.zst", "parquet"]), default="jsonl.zst",
                      show_default=True, help="output format"),
         click.Option(["--on-error"], type=click.Choice(["raise", "skip"]), default="raise", show_default=True,
@@ -425,9 +437,9 @@ def verify(directory):
 
 @main.command()
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
-@click.option("--doc", "doc", type=int, default=None, help="decode document K, showing masked and trained parts")
-@click.option("--window", type=int, default=None, help="show the inputs and labels of training window I")
-@click.option("--seq-len", type=int, default=64, show_default=True, help="window length for --window")
+@click.option("--doc", "doc", type=int, default=None, callback=at_least(0), help="decode document K, showing masked and trained parts")
+@click.option("--window", type=int, default=None, callback=at_least(0), help="show the inputs and labels of training window I")
+@click.option("--seq-len", type=int, default=64, show_default=True, callback=at_least(2), help="window length for --window")
 @click.option("--split", default="train", show_default=True, help="split of a pack output to read")
 def inspect(directory, doc, window, seq_len, split):
     """Look inside a token dataset: one document, or the position table of a training window."""
@@ -503,12 +515,12 @@ def export() -> None:
 
 
 @export.command("megatron")
-@click.argument("token_dir", metavar="OUT", type=click.Path(exists=True, file_okay=False))
+@click.argument("token_dir", metavar="TOKEN_DATASET", type=click.Path(exists=True, file_okay=False))
 @click.option("--output", "-o", "prefix", required=True, callback=_local_only,
               help="output prefix: PREFIX.bin and PREFIX.idx, or PREFIX_train.* and PREFIX_val.* for a pack output")
 def export_megatron_command(token_dir, prefix):
-    """Export token dataset OUT (or a pack output's train/ and val/) to Megatron-LM's indexed dataset
-    (.bin/.idx); the loss mask is dropped."""
+    """Export a token dataset directory TOKEN_DATASET (or a pack output, with its train/ and val/) to
+    Megatron-LM's indexed dataset (.bin/.idx); the loss mask is dropped."""
     from fuelline.formats.megatron import export_megatron
     from fuelline.formats.tokens import read_manifest
 
@@ -534,7 +546,7 @@ main.add_command(cache_group)
 @click.argument("kind", type=click.Choice(["poetry", "chat"]), default="poetry")
 @click.option("--dir", "-o", "directory", type=click.Path(file_okay=False), default=None,
               help="where to write the corpus and the run (default: a new temporary directory)")
-@click.option("--workers", "-w", type=int, default=None, help="processes (default: all cores)")
+@click.option("--workers", "-w", type=int, default=None, callback=at_least(1), help="processes (default: all cores)")
 def demo(kind, directory, workers):
     """Run a pipeline on a small built-in sample: poetry (pretraining data) or chat (distillation data,
     with a tiny local model served on this machine; extras torch and serve)."""

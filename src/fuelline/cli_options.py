@@ -9,7 +9,8 @@ import typing
 
 import click
 
-from fuelline.pipeline.options import NO_DEFAULT, default_of, option_fields, parse_size, size_text
+from fuelline.pipeline.options import (NO_DEFAULT, bound_problem, bounds_text, default_of, option_fields,
+                                       parse_size, replaced_names, size_text)
 
 
 class Size(click.ParamType):
@@ -22,8 +23,8 @@ class Size(click.ParamType):
             return value
         try:
             return parse_size(value)
-        except ValueError as e:
-            self.fail(str(e), param, ctx)
+        except ValueError as e:  # one line (`error: …`), as every other refused value
+            raise ValueError(f"{param.opts[0] if param else 'size'}: {e}") from None
 
 
 def _comma_list(item: type):
@@ -45,24 +46,59 @@ def _shown_default(field: dataclasses.Field) -> str:
     return ",".join(map(str, default)) if isinstance(default, list) else default
 
 
+def within_bounds(field: dataclasses.Field, flag: str, parse=None):
+    """A click callback refusing a value outside `field`'s declared range, in one line
+    (`fuelline` prints a ValueError as `error: …` and exits 2); `parse` first, when given."""
+    def callback(ctx, param, value):
+        value = parse(ctx, param, value) if parse is not None else value
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if (problem := bound_problem(field, item)) is not None:
+                raise ValueError(f"{flag} {problem}")
+        return value
+    return callback
+
+
+def at_least(low: float):
+    """A click callback for an option declared in click alone: a value under `low` refused in one line."""
+    def callback(_ctx, param, value):
+        if value is not None and value < low:
+            raise ValueError(f"{param.opts[0]} must be at least {low:g}, found {value}")
+        return value
+    return callback
+
+
+def _help_with_default(field: dataclasses.Field, hint, flag: str) -> str:
+    """The field's help, then its default (for a flag pair, the flag that is the default) and its range."""
+    help_text, shown = field.metadata.get("help", ""), _shown_default(field)
+    notes = []
+    if isinstance(shown, bool):
+        notes.append(f"default: {flag if shown else '--no-' + flag[2:]}")
+    elif shown not in (NO_DEFAULT, None, "") and not field.metadata.get("required"):
+        notes.append(f"default: {shown}")
+    if bounds := bounds_text(field):
+        notes.append(bounds)
+    return help_text + (f"  [{'; '.join(notes)}]" if notes else "")
+
+
 def option_for(field: dataclasses.Field, hint) -> click.Option:
     """The CLI option of a Config field. Its default is None, "not given", so the Config's own
-    default (or a --config file's value) applies; help shows the Config's default."""
+    default (or a --config file's value) applies; help shows the Config's default, its range and
+    whether it is required."""
     flag, name = field.metadata.get("flag") or "--" + field.name.replace("_", "-"), field.name
-    help_text = field.metadata.get("help", "")
     if field.metadata.get("step_ref"):  # a pipeline's @STEP; here a directory that must exist
-        return click.Option([flag, name], required=True, type=click.Path(exists=True, file_okay=False), help=help_text)
-    shown = _shown_default(field)
-    if shown not in (NO_DEFAULT, None, "") and not isinstance(shown, bool):
-        help_text += f"  [default: {shown}]"
+        return click.Option([flag, name], required=True, type=click.Path(exists=True, file_okay=False),
+                            help=field.metadata.get("help", ""))
+    help_text = _help_with_default(field, hint, flag)
+    common = {"default": None, "help": help_text, "required": bool(field.metadata.get("required")),
+              "callback": within_bounds(field, flag)}
     if hint is bool or _optional_of(hint) is bool:
-        return click.Option([f"{flag}/--no-{flag[2:]}", name], default=None, help=help_text)
+        return click.Option([f"{flag}/--no-{flag[2:]}", name], **common)
     if field.metadata.get("comma_list"):
         (item,) = typing.get_args(hint)
-        return click.Option([flag, name], default=None, help=help_text, callback=_comma_list(item))
+        return click.Option([flag, name], **{**common, "callback": within_bounds(field, flag, _comma_list(item))})
     if typing.get_origin(hint) is list:
         (item,) = typing.get_args(hint)
-        return click.Option([flag, name], multiple=True, type=item, help=f"{help_text} (repeatable)")
+        return click.Option([flag, name], multiple=True, type=item, **{**common, "help": f"{help_text} (repeatable)"})
     choices = field.metadata.get("choices")
     if choices:
         kind = click.Choice(choices)
@@ -72,12 +108,21 @@ def option_for(field: dataclasses.Field, hint) -> click.Option:
         kind = Size()
     else:  # `int | None` and the like: the non-None member
         kind = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
-    return click.Option([flag, name], type=kind, default=None, help=help_text)
+    return click.Option([flag, name], type=kind, **common)
+
+
+def replaced_options(config_cls) -> list[click.Option]:
+    """A hidden option for each earlier spelling a Config's options replace (`--disable-thinking`),
+    passed on under its old name so that `build_dataclass` refuses it with the hint."""
+    return [click.Option([f"--{old.replace('_', '-')}/--no-{old.replace('_', '-')}", old], default=None, hidden=True,
+                         help=f"replaced by --{name.replace('_', '-')}: {hint}")
+            for old, (name, hint) in replaced_names(config_cls).items()]
 
 
 def config_params(config_cls, names: set[str] | None = None) -> list[click.Option]:
     """One option per option of a step's Config (those of its groups included), or of those in `names`."""
-    return [option_for(f, hint) for f, hint in option_fields(config_cls) if names is None or f.name in names]
+    return [option_for(f, hint) for f, hint in option_fields(config_cls) if names is None or f.name in names] + \
+        (replaced_options(config_cls) if names is None else [])
 
 
 def given(values: dict) -> dict:

@@ -18,7 +18,8 @@ class IngestConfig(StageConfig):
     text_key: str = field(default="text", metadata={"help": "field holding the text (a string or a list of strings)"})
     id_key: str = field(default="id", metadata={"help": "field holding the upstream id; missing: hash of file name and line"})
     meta_keys: list[str] = field(default_factory=list, metadata={"help": "fields kept in meta (default: all others)"})
-    min_chars: int = field(default=1, metadata={"help": "drop texts shorter than this, after stripping whitespace"})
+    min_chars: int = field(default=1, metadata={"help": "drop texts shorter than this, after stripping whitespace",
+                                                          "min": 0})
 
 
 class IngestStage(Stage):

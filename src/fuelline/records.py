@@ -85,6 +85,19 @@ def fallback_id(source: str, line: int) -> str:
     return xxhash.xxh3_128_hexdigest(f"{os.path.basename(source)}:{line}".encode())
 
 
+def record_kind(record: dict) -> str:
+    """What kind of record `record` looks like, in words, for a message that says what a command
+    found where it expected another kind: "a chat record (conversations)", "an eval record (turns)",
+    "a document record (text)", else its keys."""
+    if isinstance(record.get("conversations"), list):
+        return "a chat record (conversations)"
+    if isinstance(record.get("turns"), list):
+        return "an eval record (turns)"
+    if isinstance(record.get("text"), str):
+        return "a document record (text)"
+    keys = ", ".join(sorted(map(str, record))[:6]) or "none"
+    return f"a record with keys {keys}"
+
 
 def document_from_raw(record: dict, location: Location, *, text_key: str = "text", id_key: str = "id",
                       meta_keys: list[str] | None = None) -> dict | Drop:

@@ -176,8 +176,9 @@ def test_the_command_end_to_end_and_its_one_line_errors(tmp_path):
     for given, says in (
             (["-o", str(tmp_path / "out")], "different config.limit, config.method; pass --restart"),
             (["-o", str(tmp_path / "file")], "is a file; the export needs a directory"),
-            (["-o", str(tmp_path / "o2"), "--limit", "0"], "limit must be a positive number of samples, not 0"),
-            (["-o", str(tmp_path / "o3"), "--compress", "--compression-level", "10"], "compression level must be 1 to 9"),
+            (["-o", str(tmp_path / "o2"), "--limit", "0"], "--limit must be at least 1, found 0"),
+            (["-o", str(tmp_path / "o3"), "--compress", "--compression-level", "10"],
+             "--compression-level must be between 1 and 9, found 10"),
             (["-o", str(tmp_path / "o4"), "--workers", "0"], "workers must be at least 1")):
         result = runner.invoke(main, [*args, *given])
         assert result.exit_code == 2 and says in result.output and "Traceback" not in result.output, result.output

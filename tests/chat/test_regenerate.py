@@ -146,7 +146,7 @@ def test_two_servers_every_id_once_conditioned_on_the_regenerated_history(conver
     path, records = conversations
     with echo_servers((), ()) as urls:
         stats = regenerate([path], tmp_path / "out.jsonl", urls, RegenerateConfig("echo", preset="qwen3",
-                           disable_thinking=True, client=FAST_CLIENT), progress=False)
+                           thinking=False, client=FAST_CLIENT), progress=False)
     assert_regenerated(tmp_path / "out.jsonl", records)
     assert stats["records_in"] == stats["records_out"] == len(records) and stats["dropped"] == {}
     assistant_turns = sum(t["role"] == "assistant" for r in records for t in r["conversations"])

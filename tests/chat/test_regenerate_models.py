@@ -48,7 +48,7 @@ def test_two_served_tiny_models_regenerate_every_id_once_from_the_regenerated_hi
         output = tmp_path / "out.jsonl"
         result = subprocess.run([sys.executable, "-m", "fuelline.cli", "chat", "regenerate", "-i", str(path), "-o",
                                  str(output), "--servers-file", str(servers_file), "--temperature", "0",
-                                 "--max-tokens", "12", "--preset", "qwen3", "--disable-thinking", "--concurrency", "2",
+                                 "--max-tokens", "12", "--preset", "qwen3", "--no-thinking", "--concurrency", "2",
                                  "-q"], capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stderr
         out = {r["id"]: r for r in read_records(output)}

@@ -64,3 +64,29 @@ def test_tiny_inputs_warn(tmp_path):
 
     with pytest.raises(ValueError, match=r"split val\): 0 tokens in 0 documents make no window of seq_len 8"):
         TokenDataset(tmp_path / "packed" / "val", seq_len=8)
+
+
+def test_a_finished_run_and_a_rerun_leave_no_lock_files(tmp_path):
+    """`.NAME.lock` files stayed in runs/ after every finished run (one per step and the run's own)."""
+    source = write_lines(tmp_path / "in.jsonl", ['{"title": "t", "author": "a", "paragraphs": ["床前明月光，疑是地上霜。"]}'])
+    pipeline = write_lines(tmp_path / "p.toml", ['[[stage]]', 'use = "clean"', '[[stage]]', 'use = "dedup"'])
+    for _ in range(2):  # the rerun finds both steps done
+        run_pipeline(load_pipeline(pipeline), tmp_path / "runs" / "r", input=[str(source)], workers=1, progress=False)
+        assert [p.name for p in (tmp_path / "runs").rglob("*.lock")] == []
+
+
+def test_the_run_summary_prints_a_cache_steps_numbers_as_cache_build_does():
+    """It printed `cache: tokens 120, supervised_share 0.4166666666666667, bytes …`, a raw dump."""
+    import click
+    from click.testing import CliRunner
+
+    from fuelline.cache.cli import cache_numbers
+    from fuelline.cli import _print_stats
+
+    stats = {"stage": "cache", "records_in": 8, "records_out": 8, "dropped": {}, "wall_seconds": 2.5,
+             "cache": {"tokens": 120, "supervised_share": 5 / 12, "bytes": 3 << 20, "shards": 2,
+                       "bytes_per_token": 26214.4, "padding_share": 0.1, "forward_seconds": 1.25}}
+    output = CliRunner().invoke(click.command()(lambda: _print_stats([stats]))).output
+    assert output.splitlines()[1] == f"  cache: {cache_numbers(stats)}"
+    assert "120 tokens (41.7% supervised), 3.1 MB in 2 shard(s), 26,214.4 bytes/token, padding 10.0%" in output
+    assert "supervised_share" not in output

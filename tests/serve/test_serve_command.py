@@ -148,5 +148,40 @@ def test_cli_names_a_model_path_that_does_not_exist(tmp_path):
     missing = tmp_path / "no-such-model"
     result = fuelline("serve", "--engine", "transformers", "--model", str(missing), "--ports", str(free_ports(1)[0]),
                       "--log-dir", str(tmp_path / "logs"))
-    assert result.exit_code == 2 and f"error: model {missing} does not exist" in result.stderr
+    assert result.exit_code == 2 and f"error: {missing}: no such model directory\n" in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "logs").exists()
+
+
+def test_cli_refuses_a_model_that_is_neither_a_directory_nor_a_hub_model_at_once(tmp_path, monkeypatch):
+    """`serve --model nosuch-dir` waited out its 600 s start-up timeout while `transformers serve`
+    retried the Hub, then printed ~20 lines; refused now in one line before any server starts,
+    by the resolution cache build uses (the Hub seen offline here, so nothing is fetched)."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.chdir(tmp_path)
+    result = fuelline("serve", "--engine", "transformers", "--model", "nosuch-dir", "--ports", str(free_ports(1)[0]),
+                      "--log-dir", str(tmp_path / "logs"), "--startup-timeout", "600")
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: nosuch-dir: no such model directory, and not found as a Hub id")
+    assert not (tmp_path / "logs").exists()
+
+
+def test_a_pipeline_whose_regenerate_step_serves_a_missing_model_is_refused_when_loaded(tmp_path, monkeypatch):
+    """Before any step runs (chat-prepare first would run for nothing): at load, naming the stage."""
+    import huggingface_hub.constants
+
+    from fuelline.pipeline.config import load_pipeline
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    pipeline = tmp_path / "p.toml"
+    pipeline.write_text('[[stage]]\nuse = "chat-prepare"\n\n[[stage]]\nuse = "regenerate"\n'
+                        f'serve_model = "{tmp_path / "no-model"}"\n')
+    with pytest.raises(FileNotFoundError, match=r"p.toml \[\[stage\]\] #2 \(regenerate\): .*no-model: no such model"):
+        load_pipeline(pipeline)
+    result = fuelline("run", str(pipeline), "--run-dir", str(tmp_path / "run"), "-i", str(pipeline))
+    assert result.exit_code == 2 and "no such model directory" in result.stderr
+    assert not (tmp_path / "run").exists()

@@ -56,3 +56,30 @@ def test_report_counts_isolated_punctuation(trained):
     assert report["punctuation_marks"] == 3_000 * 4 + 3  # ，。！？ closing each line; "," "-" "." in the Latin one
     assert 0.0 < report["isolated_share"] <= 1.0
     assert report["tokens_per_char"] > 0
+
+
+@pytest.mark.parametrize("record, found", [
+    ({"id": "a", "conversations": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
+     "a chat record (conversations)"),
+    ({"id": "a", "turns": ["hi"]}, "an eval record (turns)"),
+])
+def test_cli_refuses_records_that_are_not_documents(record, found, tmp_path):
+    """Chat records used to train on 0 documents and exit 0, leaving a useless tokenizer."""
+    from click.testing import CliRunner
+
+    from fuelline.cli import main
+
+    source = tmp_path / "chat.jsonl"
+    source.write_bytes(orjson.dumps(record) + b"\n")
+    result = CliRunner().invoke(main, ["tokenizer", "train", "-i", str(source), "-o", str(tmp_path / "tok")])
+    assert result.exit_code == 2
+    assert f"{source}:1: expected a document record with a string 'text', found {found}" in result.stderr
+    assert not (tmp_path / "tok").exists()
+
+
+def test_no_text_at_all_is_refused(tmp_path):
+    source = tmp_path / "empty.jsonl"
+    source.write_bytes(orjson.dumps({"id": "a", "text": ""}) + b"\n")
+    with pytest.raises(ValueError, match="has any text: nothing to train"):
+        train_tokenizer(source, tmp_path / "tok", vocab_size=300)
+    assert not (tmp_path / "tok").exists()

@@ -22,10 +22,11 @@ from fuelline.cache.capture import check_layer_ids
 from fuelline.cache.forward import write_shards
 from fuelline.cache.merge import merge
 from fuelline.cache.plan import BUILD_DIR, CacheConfig, Plan, assign, layout_for, make_plan, model_config, \
-    model_fingerprint, resolve_model
+    model_fingerprint
 from fuelline.cache.ranks import Ranks
 from fuelline.cache.writer import shard_done
 from fuelline.fingerprints import tokenizer_fingerprint
+from fuelline.model_source import resolve_model
 from fuelline.formats.target_cache import MANIFEST, STATS, Layout
 from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import expand_inputs

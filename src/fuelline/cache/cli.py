@@ -8,7 +8,7 @@ import click
 
 from fuelline.cache.export import ExportConfig
 from fuelline.cache.plan import CacheConfig
-from fuelline.cli_options import config_params, given
+from fuelline.cli_options import at_least, config_params, given
 
 ESTIMATE_KEYS = {"layers", "chat_template", "max_length", "min_loss_tokens", "format", "hidden_dtype"}
 
@@ -42,10 +42,7 @@ def build(inputs, output, restart, progress, **values):
 
 
 def summary(stats: dict, output) -> str:
-    """What a build did, in three lines (also printed by pipelines and the chat demo)."""
-    from fuelline.cache.estimate import human_bytes
-
-    c = stats["cache"]
+    """What a build did, in three lines (also printed by the chat demo)."""
     dropped = ", ".join(f"{k} {v:,}" for k, v in stats["dropped"].items()) or "none"
     from fuelline.io.stage_layout import REJECTS_DIR
 
@@ -54,19 +51,28 @@ def summary(stats: dict, output) -> str:
         f"cache      in {stats['records_in']:>10,}  out {stats['records_out']:>10,}  dropped: {dropped}"
         f"{'  (already built)' if stats.get('resumed') else ''}"
         f"{f'  (rejected records in {rejects}/)' if stats['dropped'] and rejects.is_dir() else ''}",
-        f"           {c['tokens']:,} tokens ({c['supervised_share']:.1%} supervised), {human_bytes(c['bytes'])} in "
-        f"{c['shards']} shard(s), {c['bytes_per_token']:,.1f} bytes/token, padding {c['padding_share']:.1%}, "
-        f"forward {c['forward_seconds']:.1f}s of {stats['wall_seconds']:.1f}s",
+        f"           {cache_numbers(stats)}",
         f"           open it with fuelline.cache.CacheDataset({str(output)!r})"])
+
+
+def cache_numbers(stats: dict) -> str:
+    """A build's numbers in one line: tokens, supervised share, bytes, shards, padding, forward time
+    (also the cache step's line in `fuelline run`'s summary)."""
+    from fuelline.cache.estimate import human_bytes
+
+    c = stats["cache"]
+    return (f"{c['tokens']:,} tokens ({c['supervised_share']:.1%} supervised), {human_bytes(c['bytes'])} in "
+            f"{c['shards']} shard(s), {c['bytes_per_token']:,.1f} bytes/token, padding {c['padding_share']:.1%}, "
+            f"forward {c['forward_seconds']:.1f}s of {stats['wall_seconds']:.1f}s")
 
 
 @cache.command(params=[
     click.Option(["--model"], type=click.Path(exists=True),
                  help="the target model's directory or config.json (its tokenizer is needed with --input)"),
-    click.Option(["--hidden-size"], type=int, help="instead of --model: the target's hidden size"),
+    click.Option(["--hidden-size"], type=int, callback=at_least(1), help="instead of --model: the target's hidden size"),
     click.Option(["--input", "-i", "inputs"], multiple=True, help="chat records: count their tokens exactly"),
-    click.Option(["--tokens"], type=float, help="instead of --input: the number of tokens (e.g. 1.56e9)"),
-    click.Option(["--samples"], type=float, default=0, help="with --tokens: the number of conversations"),
+    click.Option(["--tokens"], type=float, callback=at_least(1), help="instead of --input: the number of tokens (e.g. 1.56e9)"),
+    click.Option(["--samples"], type=float, default=0, callback=at_least(0), help="with --tokens: the number of conversations"),
     *config_params(CacheConfig, ESTIMATE_KEYS)])
 def estimate(model, hidden_size, inputs, tokens, samples, **values):
     """Print the bytes a cache will take, for each format and hidden dtype, before any forward pass."""
@@ -161,7 +167,7 @@ def compare(first, second):
     click.Argument(["cache_dir"], metavar="CACHE"),
     click.Option(["--output", "-o"], required=True, type=click.Path(), help="the export directory"),
     *config_params(ExportConfig),
-    click.Option(["--workers"], type=int, help="files written at once (threads)  [default: every core]"),
+    click.Option(["--workers"], type=int, callback=at_least(1), help="files written at once (threads)  [default: every core]"),
     click.Option(["--restart"], is_flag=True, help="delete what the output directory holds and export again"),
     click.Option(["--verify/--no-verify"], default=True, show_default=True,
                  help="on a rerun, check every file's checksum against the export's journal (--no-verify: sizes "

@@ -56,7 +56,7 @@ import orjson
 from fuelline.cache.export_files import JOURNAL, Journal, check_files, digest, journal_bytes, read_journal, strays
 from fuelline.formats.target_cache import BF16, INDEX, STATS, checksum, manifest_digest
 from fuelline.io.atomic import atomic_write, remove_temp_files, write_bytes_atomic
-from fuelline.pipeline.options import identity_defaults, identity_values, option
+from fuelline.pipeline.options import check_bounds, identity_defaults, identity_values, option
 from fuelline.pipeline.stats import StepStats, read_stats
 from fuelline.pipeline.step import Step
 from fuelline.pipeline.workdir import STARTED_FILE, WorkDir, not_a_step_output
@@ -79,8 +79,8 @@ class ExportConfig:
                                    "hidden_state; dspark: hidden_states and target_last_hidden_states; "
                                    "dflash: hidden_states)", choices=METHODS)
     compress: bool = option(False, "gzip each file (.ckpt.gz), as SpecForge's --compress")
-    compression_level: int = option(6, "gzip level, 1 (fast) to 9 (small), with --compress")
-    limit: int | None = option(None, "export only the first N samples of the cache")
+    compression_level: int = option(6, "gzip level, 1 (fast) to 9 (small), with --compress", min=1, max=9)
+    limit: int | None = option(None, "export only the first N samples of the cache", min=1)
     nonfinite: str = option("error", "a NaN or Inf in a hidden state: error (stop, naming the sample) or skip "
                                      "(no file for it; listed in the export's manifest)", choices=NONFINITE)
 
@@ -89,10 +89,7 @@ class ExportConfig:
             raise ValueError(f"method must be one of {', '.join(METHODS)}, not {self.method!r}")
         if self.nonfinite not in NONFINITE:
             raise ValueError(f"nonfinite must be error or skip, not {self.nonfinite!r}")
-        if not 1 <= self.compression_level <= 9:
-            raise ValueError(f"compression level must be 1 to 9, not {self.compression_level}")
-        if self.limit is not None and self.limit < 1:
-            raise ValueError(f"limit must be a positive number of samples, not {self.limit}")
+        check_bounds(self)
 
     @property
     def extension(self) -> str:

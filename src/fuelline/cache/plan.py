@@ -33,7 +33,7 @@ from fuelline.io.atomic import AtomicFile, atomic_write, write_bytes_atomic
 from fuelline.chat.templates import RecordErrors, Supervision
 from fuelline.io.readers import READ_ERROR_REASONS
 from fuelline.io.rejects import Rejects
-from fuelline.pipeline.options import group, option
+from fuelline.pipeline.options import check_bounds, group, option
 
 BUILD_DIR = ".build"
 ENCODE_BATCH = 512
@@ -48,28 +48,28 @@ class CacheConfig:
 
     model: str = option("", "the target model: its directory (config, weights, tokenizer), or a Hub id (Qwen/Qwen3-4B) "
                             "found through the Hugging Face cache as from_pretrained finds it "
-                            "(HF_HUB_OFFLINE=1: cache only)", identity=False)
-    layers: list[int] = option(factory=list, comma_list=True,
+                            "(HF_HUB_OFFLINE=1: cache only)", identity=False, required=True)
+    layers: list[int] = option(factory=list, comma_list=True, required=True,
                                help="layer ids to capture, ascending (e.g. 1,9,17,25,33); -1 is the embedding output; "
                                     "the final decoder layer is not allowed")
     chat_template: str = option("auto", "chatml, qwen, qwen3, qwen-deepspec (DeepSpec's own samples), llama3, "
                                          "gemma4, FILE.toml[:NAME], or auto (the tokenizer's own)")
     supervision: Supervision = group(Supervision)  # reasoning, train_turns, special_text
     errors: RecordErrors = group(RecordErrors)  # on_error
-    max_length: int = option(4096, "longest conversation in tokens; longer ones are cut at a turn boundary")
-    min_loss_tokens: int = option(14, "drop conversations with fewer supervised tokens")
+    max_length: int = option(4096, "longest conversation in tokens; longer ones are cut at a turn boundary", min=1)
+    min_loss_tokens: int = option(14, "drop conversations with fewer supervised tokens", min=0)
     format: str = option(FUELLINE, "deepspec-v2: DeepSpec's version 2, byte for byte; fuelline: checksums, ids, fp8",
                          choices=FORMATS)
     hidden_dtype: str = option("bf16", "fp8: e4m3 with a scale per token and layer (fuelline format), half the bytes",
                                choices=["bf16", "fp8"])
-    max_shard_bytes: int = option(64 << 30, "largest shard file", size=True)
-    min_shards: int = option(8, "at least this many shards, so that several ranks share the work")
-    batch_tokens: int = option(16384, "padded tokens per forward batch (batch size x longest sequence)")
+    max_shard_bytes: int = option(64 << 30, "largest shard file", size=True, min=1)
+    min_shards: int = option(8, "at least this many shards, so that several ranks share the work", min=1)
+    batch_tokens: int = option(16384, "padded tokens per forward batch (batch size x longest sequence)", min=1)
     device: str = option("auto", "auto: this rank's GPU when there is one, else the cpu; cuda: fail without a GPU",
                          choices=["auto", "cuda", "cpu"], identity=False)
     force: bool = option(False, "start even when the disk has less free space than the cache needs", identity=False)
     inline_writes: bool = option(False, "write on the main thread (no overlap; for measurements)", identity=False)
-    queue_bytes: int = option(4 << 30, "host memory for batches waiting for the writer thread", size=True,
+    queue_bytes: int = option(4 << 30, "host memory for batches waiting for the writer thread", size=True, min=1,
                               identity=False)
 
     def __post_init__(self):
@@ -81,9 +81,7 @@ class CacheConfig:
         if self.hidden_dtype not in HIDDEN_DTYPES:
             raise ValueError(f"--hidden-dtype must be one of {', '.join(HIDDEN_DTYPES)}, not {self.hidden_dtype!r}")
         layout_for(self, hidden_size=1)  # the format module's checks: format, dtype and the two together
-        for name in ("max_length", "batch_tokens", "max_shard_bytes", "min_shards"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(self, name)}")
+        check_bounds(self)
         try:
             get_template(self.chat_template)  # `auto` is checked against the tokenizer when it is loaded
         except (ValueError, OSError) as e:
@@ -98,36 +96,6 @@ def require_transformers() -> None:
     except ImportError as e:
         raise RuntimeError(f"the target cache needs torch and transformers ({e.name} is missing): "
                            "pip install 'fuelline[cache]'") from None
-
-
-# What a cache build reads of a Hub model: configs, weights, the tokenizer and its chat template.
-HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.model", "*.txt", "*.tiktoken"]
-
-
-def resolve_model(model: str | os.PathLike) -> tuple[str, Path]:
-    """(name, directory) of a target model: a local directory as it is, or a Hub id (`Qwen/Qwen3-4B`)
-    found as `from_pretrained` finds it, through the Hugging Face cache (offline with
-    HF_HUB_OFFLINE=1), downloading what the build reads when it is online and not yet cached.
-    The name is what the manifest records as `target_model_name_or_path`."""
-    if not os.fspath(model):  # Path("") is the working directory
-        raise ValueError("no target model: give --model (its directory or a Hub id), or 'model' in a pipeline step")
-    path = Path(model)
-    if path.is_dir():
-        return os.fspath(path.resolve()), path
-    if path.exists():
-        raise ValueError(f"{model}: a file; give the model's directory or a Hub id such as Qwen/Qwen3-4B")
-    name = os.fspath(model)
-    require_transformers()
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HFValidationError, HfHubHTTPError
-
-    try:
-        directory = snapshot_download(name, allow_patterns=HUB_FILES)
-    except HFValidationError:
-        raise FileNotFoundError(f"{model}: no such model directory (and not a Hub id such as Qwen/Qwen3-4B)") from None
-    except (HfHubHTTPError, OSError) as e:
-        raise FileNotFoundError(f"{model}: no such model directory, and not found as a Hub id: {e}") from None
-    return name, Path(directory)
 
 
 def model_config(model: str | os.PathLike):

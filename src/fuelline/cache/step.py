@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fuelline.cache.plan import CacheConfig
+from fuelline.model_source import CONFIG_ONLY, resolve_model
 from fuelline.pipeline.step import Step
 from fuelline.pipeline.workers import RunOptions
 
@@ -19,6 +20,9 @@ class CacheStep(Step):
     """Run the target model once over the conversations and store its hidden states."""
 
     name, Config = "cache", CacheConfig  # the options of `fuelline cache build` too
+
+    def check(self) -> None:
+        resolve_model(self.config.model, CONFIG_ONLY)
 
     def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:
         from fuelline.cache.build import build_cache

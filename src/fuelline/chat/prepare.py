@@ -50,7 +50,8 @@ RENAMED_FILE = "renamed_ids.json"  # category_key value: the input file's name, 
 
 @dataclass
 class ChatPrepareConfig(StageConfig):
-    test_size: float = field(default=0.05, metadata={"help": "share of conversations held out as eval prompts"})
+    test_size: float = field(default=0.05, metadata={"help": "share of conversations held out as eval prompts",
+                                                      "min": 0, "max": 1})
     seed: int = field(default=42, metadata={"help": "decides the split, from a hash of (seed, id)"})
     schema: str = field(default="auto", metadata={
         "help": "input schema (sharegpt: conversations of from/value; openai: messages of role/content; "

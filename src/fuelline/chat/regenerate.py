@@ -78,7 +78,7 @@ from fuelline.io.paths import expand_inputs
 from fuelline.io.readers import RecordError, count_units, iter_file_records
 from fuelline.io.tool_arguments import ArgumentsError, parse_arguments
 from fuelline.io.tool_arguments import to_json as arguments_json
-from fuelline.pipeline.options import identity_values, option
+from fuelline.pipeline.options import check_bounds, identity_values, option
 from fuelline.pipeline.stats import StepStats, write_stats
 from fuelline.pipeline.workdir import WorkDir
 from fuelline.records import Drop
@@ -111,12 +111,18 @@ class RegenerateConfig:
     preset: str = option("none", "the target family's recommended sampling (qwen3: temperature 0.7, top-p 0.8, "
                          "top-k 20; gemma4: 1.0, 0.95, 64; none: the server's defaults); explicit values override it",
                          choices=list(PRESETS))
-    temperature: float | None = option(None, "sampling temperature (default: the preset's, else the server's)")
-    top_p: float | None = option(None, "nucleus sampling: keep the smallest set of tokens with this mass")
-    top_k: int | None = option(None, "sample among the K most likely tokens")
-    min_p: float | None = option(None, "drop tokens below this share of the likeliest token's probability")
-    max_tokens: int = option(4096, "most tokens generated per answer")
-    disable_thinking: bool = option(False, "send chat_template_kwargs {enable_thinking: false}")
+    temperature: float | None = option(None, "sampling temperature (default: the preset's, else the server's)",
+                                       min=0)
+    top_p: float | None = option(None, "nucleus sampling: keep the smallest set of tokens with this mass", min=0,
+                                 max=1)
+    top_k: int | None = option(None, "sample among the K most likely tokens (-1: all, as vLLM writes it)", min=-1)
+    min_p: float | None = option(None, "drop tokens below this share of the likeliest token's probability",
+                                 min=0, max=1)
+    max_tokens: int = option(4096, "most tokens generated per answer", min=1)
+    thinking: bool | None = option(None, "send chat_template_kwargs {enable_thinking: false} (--no-thinking) or "
+                                   "{enable_thinking: true} (--thinking)  [default: neither, the template's own]",
+                                   replaces=("disable_thinking", "write thinking = false (--no-thinking) for "
+                                             "disable_thinking = true"))
     drop_truncated: bool = option(False, "drop conversations with an answer cut by --max-tokens")
     keep_empty_answers: bool = option(False, "take empty and whitespace-only answers (default: failures, retried, "
                                       "then in OUT.errors)")
@@ -133,8 +139,7 @@ class RegenerateConfig:
     def __post_init__(self):
         if self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}; choose one of {', '.join(PRESETS)}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, not {self.max_tokens}")
+        check_bounds(self)
         self.finish_reasons = [r.strip() for r in self.finish_reasons if r.strip()]
         if not self.finish_reasons:
             raise ValueError("finish_reasons is empty: no answer would be taken (the default is stop,length)")
@@ -185,8 +190,8 @@ class RegenerateConfig:
             if getattr(self, name) is not None:
                 values[name] = getattr(self, name)
         values["max_tokens"] = self.max_tokens
-        if self.disable_thinking:
-            values["chat_template_kwargs"] = {"enable_thinking": False}
+        if self.thinking is not None:
+            values["chat_template_kwargs"] = {"enable_thinking": self.thinking}
         return values
 
 

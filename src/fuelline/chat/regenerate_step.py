@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fuelline.chat.regenerate import OutputPaths, RegenerateConfig, regenerate, resolve_servers
+from fuelline.model_source import CONFIG_ONLY, resolve_model
 from fuelline.pipeline.options import group
 from fuelline.pipeline.step import Step
 from fuelline.pipeline.workers import RunOptions
@@ -30,6 +31,10 @@ class RegenerateStep(Step):
     """Regenerate every assistant answer with the target model through OpenAI-compatible servers."""
 
     name, Config, produces_records = "regenerate", PipelineRegenerateConfig, True
+
+    def check(self) -> None:
+        if self.config.serve.model:  # the servers it would start: their model must exist
+            resolve_model(self.config.serve.model, CONFIG_ONLY)
 
     def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:
         step_dir = self.work_dir(output, inputs)

@@ -25,9 +25,11 @@ class CleanConfig(StageConfig):
                 "traditional, tw2s/hk2s Taiwan/Hong Kong traditional to simplified, s2tw simplified to Taiwan "
                 "traditional; none leaves the script as it is", "choices": CONVERSIONS})
     text_key: str = field(default="text", metadata={"help": "web profile: field holding the text"})
-    max_han: int = field(default=3000, metadata={"help": "poetry profile: drop poems longer than this (Han characters)"})
-    min_chars: int = field(default=WebRules.min_chars, metadata={"help": "web profile: shortest text kept"})
-    min_words: int = field(default=WebRules.min_words, metadata={"help": "web profile: fewest words (CJK: characters)"})
+    max_han: int = field(default=3000, metadata={"help": "poetry profile: drop poems longer than this (Han characters)",
+                                                 "min": 1})
+    min_chars: int = field(default=WebRules.min_chars, metadata={"help": "web profile: shortest text kept", "min": 0})
+    min_words: int = field(default=WebRules.min_words, metadata={"help": "web profile: fewest words (CJK: characters)",
+                                                                 "min": 0})
     boilerplate: bool | None = field(default=None, metadata={
         "help": "strip boilerplate lines (default: on for web, off for poetry; see the boilerplate stage)"})
 

@@ -20,15 +20,16 @@ class DedupConfig(StageConfig):
         "help": "how near-duplicate candidates are found (both verified by Jaccard): MinHash + LSH bands, or "
                 "64-bit SimHash within a Hamming distance", "choices": ["minhash", "simhash"]})
     hamming: int | None = field(default=None, metadata={
-        "help": "simhash: most bits a candidate pair may differ in (default: from the threshold, 10 at 0.85)"})
+        "help": "simhash: most bits a candidate pair may differ in (default: from the threshold, 10 at 0.85)",
+        "min": 0, "max": 63})
     blocks: int = field(default=0, metadata={
-        "help": "simhash: blocks of the search tables (0: the fastest for the corpus size); changes time, not results"})
+        "help": "simhash: blocks of the search tables (0: the fastest for the corpus size); changes time, not results", "min": 0, "max": 64})
     shingle: str = field(default="auto", metadata={
         "help": "char n-grams, word n-grams, or auto: char for mostly-CJK documents", "choices": ["auto", "char", "word"]})
-    ngram: int = field(default=5, metadata={"help": "shingle length (characters or words)"})
-    num_perm: int = field(default=128, metadata={"help": "MinHash permutations"})
-    bands: int = field(default=0, metadata={"help": "LSH bands (0: chosen from the threshold)"})
-    rows: int = field(default=0, metadata={"help": "LSH rows per band (0: chosen from the threshold)"})
+    ngram: int = field(default=5, metadata={"help": "shingle length (characters or words)", "min": 1})
+    num_perm: int = field(default=128, metadata={"help": "MinHash permutations", "min": 1})
+    bands: int = field(default=0, metadata={"help": "LSH bands (0: chosen from the threshold)", "min": 0})
+    rows: int = field(default=0, metadata={"help": "LSH rows per band (0: chosen from the threshold)", "min": 0})
     keep: str = field(default="first", metadata={"help": "which document of a cluster stays", "choices": ["first", "longest"]})
     verify: bool = field(default=True, metadata={"help": "check every candidate pair's true Jaccard similarity"})
     seed: int = field(default=1, metadata={"help": "seed of the MinHash hash family"})

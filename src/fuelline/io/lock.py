@@ -4,8 +4,11 @@ Two runs writing one directory break each other (the second removes the first on
 as leftovers). A run therefore holds an `flock` on `.NAME.lock` beside its output NAME (a
 directory or a file) from before it touches the output until it ends; the kernel releases it
 when the holder dies, even by SIGKILL, so a crashed run never blocks the next one. The file
-itself stays (removing it would race with a run opening it) and holds the holder's pid and
-start time, for the message a second run gets. It sits beside the output, not inside, so that
+holds the holder's pid and start time, for the message a second run gets, and a run that ends
+removes it, while it still holds the lock. That races with nothing: a run that opened the file
+before it was removed gets the lock on a file no longer at that path, sees so (the path is gone
+or another inode) and starts again on the path's new file, so two runs never both hold "the"
+lock. Only a killed run leaves its file behind, and the next run reuses it. It sits beside the output, not inside, so that
 `--restart` can delete the output without deleting the lock, and readers of the output never
 see it (a hidden name). Children do not inherit the lock: Python opens files close-on-exec.
 """
@@ -37,16 +40,36 @@ def exclusive_output(output: str | os.PathLike, name: str | None = None) -> Iter
     staging directory is locked)."""
     path = lock_path(output)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _acquire(path, name or output)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "pid unknown"
-            raise OutputBusy(f"{name or output} is being written by another fuelline run ({holder})") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()}, started {datetime.now().isoformat(sep=' ', timespec='seconds')}\n"
                   .encode(), 0)
         yield
     finally:
+        path.unlink(missing_ok=True)  # still locked: a run that opened it sees it gone and starts again
         os.close(fd)  # releases the lock
+
+
+def _acquire(path: Path, name) -> int:
+    """An open descriptor of the lock file now at `path`, locked; OutputBusy if another run holds it."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "pid unknown"
+            os.close(fd)
+            raise OutputBusy(f"{name} is being written by another fuelline run ({holder})") from None
+        if _is_at(fd, path):
+            return fd
+        os.close(fd)  # the run that held it removed it on its way out: lock the path's new file
+
+
+def _is_at(fd: int, path: Path) -> bool:
+    try:
+        here = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino)

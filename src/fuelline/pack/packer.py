@@ -69,15 +69,16 @@ class PackConfig:
                                 "or auto (the tokenizer's own Jinja)")
     supervision: Supervision = group(Supervision)  # --template chat: reasoning, train_turns, special_text
     errors: RecordErrors = group(RecordErrors)  # on_error
-    max_length: int = option(0, "--template chat: cut longer conversations at a turn boundary (0: no limit)")
-    min_loss_tokens: int = option(1, "--template chat: drop conversations with fewer supervised tokens")
-    metadata_dropout: float = option(0.25, "share of poetry documents packed without title, author and dynasty")
-    val_fraction: float = option(0.05, "share of documents that go to val/")
+    max_length: int = option(0, "--template chat: cut longer conversations at a turn boundary (0: no limit)", min=0)
+    min_loss_tokens: int = option(1, "--template chat: drop conversations with fewer supervised tokens", min=0)
+    metadata_dropout: float = option(0.25, "share of poetry documents packed without title, author and dynasty",
+                                      min=0, max=1)
+    val_fraction: float = option(0.05, "share of documents that go to val/", min=0, max=1)
     seed: int = option(42, "decides split and dropout per document")
     dtype: str = option("auto", "token id type on disk; auto: uint16 when the vocabulary fits, else uint32",
                         choices=["auto", *DTYPES])
-    threads: int = option(0, "tokenizer threads per worker (0: the library's own)", identity=False)
-    shard_size: int = option(50_000, "records per shard: the unit of work of a worker and of resume")
+    threads: int = option(0, "tokenizer threads per worker (0: the library's own)", identity=False, min=0)
+    shard_size: int = option(50_000, "records per shard: the unit of work of a worker and of resume", min=1)
 
     def template_options(self, tokenizer_dir: str | os.PathLike) -> dict:
         options = {"metadata_dropout": self.metadata_dropout, "seed": self.seed}

@@ -32,7 +32,7 @@ from fuelline.io.atomic import write_bytes_atomic
 from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import expand_inputs
 from fuelline.io.remote import refuse_url
-from fuelline.pipeline.options import build_config, option_fields
+from fuelline.pipeline.options import bound_problem, build_config, option_fields, replaced_names
 from fuelline.pipeline.ray_executor import RayExecutor
 from fuelline.pipeline.registry import make_step, step_class
 from fuelline.pipeline.step import Step, resolve_step
@@ -79,14 +79,21 @@ def describe_type(hint: Any) -> str:
 
 def build_dataclass(cls: type, values: dict[str, Any], where: str):
     """An instance of dataclass `cls` from `values` (its options, pipeline/options.py), refusing
-    unknown keys and wrong types."""
-    hints = {f.name: hint for f, hint in option_fields(cls)}
-    unknown = sorted(set(values) - set(hints))
+    unknown keys, earlier spellings, wrong types and values outside an option's declared range:
+    the one check of what the CLI and a pipeline file give."""
+    fields = {f.name: (f, hint) for f, hint in option_fields(cls)}
+    for old, (name, hint) in replaced_names(cls).items():
+        if old in values:
+            raise ValueError(f"{where}: option {old!r} is now {name!r}: {hint}")
+    unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise ValueError(f"{where}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(sorted(hints))}")
+        raise ValueError(f"{where}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(sorted(fields))}")
     for key, value in values.items():
-        if not _check_type(value, hints[key]):
-            raise ValueError(f"{where}: option {key!r} must be {describe_type(hints[key])}, found {value!r}")
+        field_, hint = fields[key]
+        if not _check_type(value, hint):
+            raise ValueError(f"{where}: option {key!r} must be {describe_type(hint)}, found {value!r}")
+        if problem := bound_problem(field_, value):
+            raise ValueError(f"{where}: option {key!r} {problem}")
     return build_config(cls, values)
 
 
@@ -133,7 +140,12 @@ def load_pipeline(path: str | os.PathLike) -> list[PipelineStep]:
         run_values = {**defaults, **{k: table.pop(k) for k in list(table) if k in RUN_OPTION_KEYS - own}}
         options = build_dataclass(RunOptions, run_values, where)
         config = build_dataclass(cls.Config, table, f"{where} ({cls.name})")
-        steps.append(PipelineStep(name, make_step(use, config), options, inputs))
+        step = make_step(use, config)
+        try:
+            step.check()
+        except (ValueError, FileNotFoundError) as e:
+            raise type(e)(f"{where} ({cls.name}): {e}") from None
+        steps.append(PipelineStep(name, step, options, inputs))
     return steps
 
 

@@ -20,20 +20,28 @@ from collections.abc import Callable
 from typing import Any
 
 NO_DEFAULT = dataclasses.MISSING
+INT64_LIMIT = 1 << 63
 
 
 def option(default: Any = NO_DEFAULT, help: str = "", *, factory: Callable[[], Any] | None = None,
            choices: list[str] | tuple[str, ...] | None = None, identity: bool = True,
            step_ref: bool = False, flag: str | None = None, comma_list: bool = False,
-           existing_file: bool = False, size: bool = False, user: bool = True) -> Any:
+           existing_file: bool = False, size: bool = False, user: bool = True,
+           min: float | None = None, max: float | None = None, required: bool = False,
+           replaces: tuple[str, str] | None = None) -> Any:
     """A Config field. `step_ref`: a directory that a pipeline file may name as @STEP (an earlier
     step's output, the default there); the CLI requires it and checks that it exists. `flag`: the
     CLI flag when it is not the field's name (`--server` for `servers`); `comma_list`: a list given
     on the CLI as one comma-separated value (`--finish-reasons stop,length`); `existing_file`: the
     CLI checks that the file exists; `size`: a byte count, that the CLI also takes as 64GiB.
-    `user=False`: a tuning knob for tests and benchmarks, neither a CLI option nor a pipeline key."""
+    `min`/`max`: the smallest and largest value that makes sense (inclusive), refused otherwise on
+    the CLI and in pipeline files alike (`bound_problem`); `required`: the step cannot run without
+    it (the CLI marks it so). `replaces`: (old name, how to write it now), an earlier spelling of
+    this option that is refused with that hint. `user=False`: a tuning knob for tests and
+    benchmarks, neither a CLI option nor a pipeline key."""
     metadata = {"help": help, "identity": identity, "step_ref": step_ref, "flag": flag, "comma_list": comma_list,
-                "existing_file": existing_file, "size": size, "user": user}
+                "existing_file": existing_file, "size": size, "user": user, "min": min, "max": max,
+                "required": required, "replaces": replaces}
     if choices:
         metadata["choices"] = list(choices)
     if factory is not None:
@@ -44,6 +52,49 @@ def option(default: Any = NO_DEFAULT, help: str = "", *, factory: Callable[[], A
 def group(cls: type, prefix: str = "") -> Any:
     """A field holding another Config's options (`cls`), named `PREFIX + name` among the step's own."""
     return dataclasses.field(default_factory=cls, metadata={"prefix": prefix})
+
+
+def bound_problem(field: dataclasses.Field, value: Any) -> str | None:
+    """Why `value` is outside the range `field` declares (`min`, `max`), or None; None and lists pass."""
+    low, high = field.metadata.get("min"), field.metadata.get("max")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if value != value:  # NaN compares false with every bound
+        return "must be a number, not nan"
+    if isinstance(value, int) and not -INT64_LIMIT <= value < INT64_LIMIT:  # stats.json, numpy, Rust: 64 bits
+        return f"is out of range: {value} does not fit in 64 bits"
+    if (low is not None and value < low) or (high is not None and value > high):
+        return f"must be {bounds_text(field)}, found {value}"
+    return None
+
+
+def check_bounds(config) -> None:
+    """Refuse a field of `config` outside its declared range: for a Config's `__post_init__`, so
+    that a Config built in Python is held to the ranges the CLI and pipeline files are."""
+    for f in dataclasses.fields(config):
+        if (problem := bound_problem(f, getattr(config, f.name))) is not None:
+            raise ValueError(f"{f.name} {problem}")
+
+
+def bounds_text(field: dataclasses.Field) -> str:
+    """The declared range in words ("at least 1", "between 0 and 1"), or ""."""
+    low, high = (_number(field.metadata.get(end)) for end in ("min", "max"))
+    if low is not None and high is not None:
+        return f"between {low} and {high}"
+    return f"at least {low}" if low is not None else f"at most {high}" if high is not None else ""
+
+
+def _number(value: float | None) -> str | None:
+    """1, 2,147,483,647, 0.1: a bound as a user reads it."""
+    if value is None:
+        return None
+    return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
+
+
+def replaced_names(cls: type) -> dict[str, tuple[str, str]]:
+    """{old name: (its option now, how to write it)} of the earlier spellings `cls`'s options replace."""
+    return {f.metadata["replaces"][0]: (f.name, f.metadata["replaces"][1])
+            for f, _ in option_fields(cls) if f.metadata.get("replaces")}
 
 
 def parse_size(text: str) -> int:

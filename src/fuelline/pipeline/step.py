@@ -50,6 +50,10 @@ class Step:
         """The step's output directory with this run's identity (`fuelline.pipeline.workdir`)."""
         return WorkDir(output, self.identity(inputs), defaults=identity_defaults(self.Config))
 
+    def check(self) -> None:
+        """Raise on what is known to be wrong before anything runs (a model that does not exist), so
+        that a pipeline file is refused when it is loaded, not when its step is reached."""
+
     def run(self, inputs: list[str], output: Path, options: RunOptions, steps: dict[str, Path]) -> dict:
         """Write `output` and its stats.json; return the stats. `steps`: the output directory of each
         earlier step by name (for `@NAME` options). `options` change how it runs, never what it writes."""

@@ -19,6 +19,7 @@ from typing import Callable, Protocol, Self, Sequence
 from tqdm import tqdm
 
 from fuelline.pipeline.lifetime import die_with_parent
+from fuelline.pipeline.options import option
 from fuelline.pipeline.ray_executor import RayExecutor  # imports Ray itself only when it is opened
 from fuelline.pipeline.shards import InputShard
 from fuelline.progress import progress_bar
@@ -30,8 +31,8 @@ EXECUTORS = ("local", "ray")
 class RunOptions:
     """How a stage is run; none of these change its output bytes except format and on_error."""
 
-    workers: int | None = None  # None: every core this process may use
-    shard_size: int = 50_000
+    workers: int | None = option(None, "processes (default: all cores)", min=1)
+    shard_size: int = option(50_000, "lines per shard", min=1)
     output_format: str = "jsonl.zst"
     on_error: str = "raise"
     keep_rejects: bool = True

@@ -8,7 +8,7 @@ import time
 
 import click
 
-from fuelline.cli_options import config_params, given
+from fuelline.cli_options import at_least, config_params, given
 from fuelline.serve.launcher import ServeConfig
 
 
@@ -22,7 +22,7 @@ class _StopRequested(Exception):
                  help="one server-PORT.log per server  [default: logs/serve-MODEL_NAME]"),
     click.Option(["--servers-file"], type=click.Path(dir_okay=False), default=None,
                  help="JSON list of the servers for clients  [default: LOG_DIR/servers.json]"),
-    click.Option(["--check-interval"], type=float, default=5.0, show_default=True,
+    click.Option(["--check-interval"], type=float, default=5.0, show_default=True, callback=at_least(0.1),
                  help="seconds between health checks while running"),
     click.Argument(["extra_args"], nargs=-1, type=click.UNPROCESSED, metavar="[-- ENGINE ARGS...]")])
 def serve_command(log_dir, servers_file, check_interval, extra_args, **values):

@@ -109,15 +109,15 @@ class Server:
 class ClientConfig:
     """How requests are sent and retried; none of it changes the answers, so none is part of a step's identity."""
 
-    concurrency: int = option(64, "requests in flight per server", identity=False)
+    concurrency: int = option(64, "requests in flight per server", identity=False, min=1)
     request_timeout: float = option(600.0, "seconds per whole answer of a server that does not stream (a streamed "
-                                    "answer has no time limit: see --stall-timeout)", identity=False)
+                                    "answer has no time limit: see --stall-timeout)", identity=False, min=0.1)
     stall_timeout: float = option(60.0, "seconds without a byte of a streamed answer (before its first or between two) "
                                   "after which the request is a stall: retried, its server rested until it answers "
-                                  "a one-token completion", identity=False)
-    attempts: int = option(5, "tries per request before it fails for good", identity=False)
+                                  "a one-token completion", identity=False, min=0.1)
+    attempts: int = option(5, "tries per request before it fails for good", identity=False, min=1)
     all_down_timeout: float = option(300.0, "seconds without any server answering before the run stops with an "
-                                     "error", identity=False)
+                                     "error", identity=False, min=0.1)
     backoff: float = option(0.5, "seconds before the first retry, doubled each time, at most backoff_max",
                             identity=False, user=False)
     backoff_max: float = option(30.0, "longest wait between retries", identity=False, user=False)

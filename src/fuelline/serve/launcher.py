@@ -51,6 +51,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Self
 
+from fuelline.model_source import CONFIG_ONLY, resolve_model
 from fuelline.pipeline.options import option
 from fuelline.serve import engines
 from fuelline.serve.processes import (describe_exit, exit_status, signal_group, wait_group_gone,
@@ -106,12 +107,13 @@ class ServeConfig:
 
     engine: str = option("transformers", "sglang, vllm, or transformers (`transformers serve`, also on CPU)",
                          choices=list(engines.ENGINES), identity=False)
-    model: str = option("", "model directory or hub id, as the engine takes it")
+    model: str = option("", "model directory or hub id, as the engine takes it", required=True)
     ports: str = option("30000", "one server per port: a range 30000-30007 or a list 30000,30002", identity=False)
     gpus_per_server: int = option(1, "consecutive GPUs per server (tensor parallel when > 1); 0: CPU servers. "
-                                  "Without GPUs, servers run on CPU", identity=False)
+                                  "Without GPUs, servers run on CPU", identity=False, min=0)
     host: str = option("127.0.0.1", "address the servers listen on", identity=False)
-    startup_timeout: float = option(600.0, "seconds for every server to answer GET /v1/models", identity=False)
+    startup_timeout: float = option(600.0, "seconds for every server to answer GET /v1/models", identity=False,
+                                    min=1)
 
 
 class ServerGroup:
@@ -306,10 +308,7 @@ class ServerGroup:
         missing = engines.engine_missing(self.engine)
         if missing:
             raise EngineNotInstalled(missing)
-        model = self.model_path
-        if not os.path.exists(model) and (os.path.isabs(model) or model.startswith(".")):
-            raise FileNotFoundError(f"model {model} does not exist (a local path; a hub model is named "
-                                    f"by its repository id, like org/name)")
+        resolve_model(self.model_path, CONFIG_ONLY)  # a typo: one line now, not an engine retrying the Hub
         for server in self.servers:
             problem = _cannot_listen(self.host, server.port)
             if problem:

@@ -9,19 +9,20 @@ from fuelline.pipeline.options import option
 from fuelline.pipeline.stats import StepStats
 from fuelline.pipeline.step import Step
 from fuelline.pipeline.workers import RunOptions
-from fuelline.tokenizer.train import PRETOKENIZE, train_tokenizer
+from fuelline.tokenizer.train import MIN_VOCAB_SIZE, PRETOKENIZE, train_tokenizer
 
 
 @dataclass
 class TokenizerConfig:
     """The options of `fuelline tokenizer train` and of a pipeline's tokenizer step."""
 
-    vocab_size: int = option(4096, "tokens in the vocabulary, merges included")
+    vocab_size: int = option(4096, "tokens in the vocabulary, merges included", min=MIN_VOCAB_SIZE,
+                             max=(1 << 31) - 1)
     pretokenize: str = option("han-chars", "how text is cut before BPE merges: han-chars, every Han character a "
                               "token of its own (merges only inside other scripts); han-pairs, at most two Han "
                               "characters per token; bytelevel, GPT-2's rule (a whole run of Han characters may "
                               "merge)", choices=list(PRETOKENIZE))
-    min_frequency: int = option(2, "a pair must occur this often to become a merge")
+    min_frequency: int = option(2, "a pair must occur this often to become a merge", min=1)
 
 
 class TokenizerStep(Step):

@@ -23,7 +23,9 @@ import numpy as np
 import orjson
 
 from fuelline.fingerprints import tokenizer_fingerprint
-from fuelline.io import read_records
+from fuelline.records import record_kind
+from fuelline.io import expand_inputs, iter_file_records
+from fuelline.io.readers import RecordError
 from fuelline.io.atomic import write_bytes_atomic
 from fuelline.tokenizer.fast import fast_encoder
 
@@ -35,6 +37,7 @@ SPECIAL_TOKENS = ["<s>", "</s>", "<pad>", "<|title|>", "<|author|>", "<|dynasty|
 # as one regex: splitting Han first and then running ByteLevel's own regex on every piece gives
 # the same pieces but encodes ~40% slower.
 GPT2_REST = r"'s|'t|'re|'ve|'m|'ll|'d| ?[\p{L}&&[^\p{Han}]]+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + 257  # the special tokens, the 256 bytes and one merge
 PRETOKENIZE = {"han-chars": r"\p{Han}|" + GPT2_REST, "han-pairs": r"\p{Han}{1,2}|" + GPT2_REST, "bytelevel": None}
 REPORT_SAMPLE = 50_000
 
@@ -57,10 +60,17 @@ def build_tokenizer(pretokenize: str = "han-chars"):
 
 
 def document_texts(inputs, text_key: str = "text") -> Iterator[str]:
-    for record in read_records(inputs):
-        text = record.get(text_key)
-        if isinstance(text, str) and text:
-            yield text
+    """The non-empty texts of document records; any other record (a chat record, an eval record)
+    is a RecordError naming it, since training on no text would leave a useless tokenizer."""
+    for path in expand_inputs(inputs):
+        for line, record in iter_file_records(path):
+            text = record.get(text_key)
+            if not isinstance(text, str):
+                raise RecordError(path, line, f"expected a document record with a string {text_key!r}, found "
+                                              f"{record_kind(record)}; tokenizer train reads document records "
+                                              f"(the output of ingest or clean)")
+            if text:
+                yield text
 
 
 def save_for_transformers(tokenizer, directory: Path, model_max_length: int = 1 << 20) -> None:
@@ -96,8 +106,8 @@ def train_tokenizer(inputs, output_dir: str | os.PathLike, *, vocab_size: int = 
     """Train on the `text` of document records; write the tokenizer and `training_report.json`."""
     from tokenizers import pre_tokenizers, trainers
 
-    if vocab_size <= len(SPECIAL_TOKENS) + 256:
-        raise ValueError(f"vocab_size must exceed {len(SPECIAL_TOKENS) + 256} (special tokens and the 256 bytes)")
+    if vocab_size < MIN_VOCAB_SIZE:
+        raise ValueError(f"vocab_size must be at least {MIN_VOCAB_SIZE} (special tokens, the 256 bytes, one merge)")
     tokenizer = build_tokenizer(pretokenize)
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
@@ -111,6 +121,9 @@ def train_tokenizer(inputs, output_dir: str | os.PathLike, *, vocab_size: int = 
             yield text
 
     tokenizer.train_from_iterator(counted(), trainer)
+    if not documents:
+        raise ValueError(f"no document of {', '.join(map(str, expand_inputs(inputs)))} has any text: nothing to train "
+                         f"a tokenizer on")
     seconds = time.perf_counter() - started
     output = Path(output_dir)
     save_for_transformers(tokenizer, output)
