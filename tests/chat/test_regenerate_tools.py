@@ -181,7 +181,7 @@ def test_turns_all_refuses_conversations_with_tool_results_and_meta_records_ever
     assert (regenerated["turns"], regenerated["turn_indexes"]) == ("all", [1, 3])
     assert regenerated["options"] == {
         "preset": "qwen3", "temperature": None, "top_p": None, "top_k": 5, "min_p": None, "max_tokens": 4096,
-        "disable_thinking": False, "drop_truncated": False, "keep_empty_answers": False,
+        "thinking": None, "drop_truncated": False, "keep_empty_answers": False,
         "finish_reasons": ["stop", "length"], "turns": "all", "reasoning": "keep"}
     assert regenerated["sampling"] == {"temperature": 0.7, "top_p": 0.8, "top_k": 5, "min_p": 0.0, "max_tokens": 4096}
     stats = orjson.loads((tmp_path / "out.stats.json").read_bytes())
