@@ -494,6 +494,27 @@ def shown(tallies: list[Tally]) -> list[Tally]:
     return tallies
 
 
+class Sections:
+    """Prints each section's title, and its time once the next one starts: where the harness's
+    minutes go (its reduced run is part of CI's budget). `seconds` keeps them for the JSON."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._title, self._started = None, 0.0
+
+    def __call__(self, title: str) -> None:
+        self.end()
+        print(title, flush=True)
+        self._title, self._started = title, time.perf_counter()
+
+    def end(self) -> None:
+        if self._title is not None:
+            seconds = round(time.perf_counter() - self._started, 1)
+            self.seconds[self._title.split(")")[0] + ")"] = seconds
+            print(f"  ({seconds:.0f} s)", flush=True)
+            self._title = None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reduced", action="store_true", help="the CI run: fewer trials, a smaller subset")
@@ -509,20 +530,21 @@ def main() -> None:
     examples = 200 if full else 40
     rng = random.Random(args.seed)
     started = time.perf_counter()
+    section = Sections()
     work = Path(tempfile.mkdtemp(prefix="fuelline-reliability-"))
     os.environ["FUELLINE_CACHE_DIR"] = str(work / "fuelline-cache")
     try:
         raw = poem_subset(work, 60_000 if full else 12_000)
-        print(f"(a) kill -9 at a random moment, then resume ({trials} per command)", flush=True)
+        section(f"(a) kill -9 at a random moment, then resume ({trials} per command)")
         jobs = pipeline_jobs(work, raw, full)
         tallies = kill_scenarios(work, jobs, trials, rng)
-        print(f"(b) fuzzed readers ({examples} cases each)", flush=True)
+        section(f"(b) fuzzed readers ({examples} cases each)")
         tallies += shown([fuzz_token_dataset(work, work / "ref-pack" / "o", examples, args.seed),
                           *fuzz_jsonl_index(work, work / "in-clean", examples, args.seed),
                           *reliability_cache.scenarios(work, full=full, seed=args.seed)])
-        print("(c) bad corpora through clean --on-error skip|raise", flush=True)
+        section("(c) bad corpora through clean --on-error skip|raise")
         tallies += bad_corpus_scenarios(work, raw, full)
-        print("(d) disk full", flush=True)
+        section("(d) disk full")
         if can_mount(work):
             by_name = {job.name: job for job in jobs}
             tallies += disk_full_scenarios(work, [by_name["clean"], by_name["pack"]],
@@ -530,21 +552,21 @@ def main() -> None:
         else:
             print("  skipped: no tmpfs can be mounted here (it needs root and a container that allows it)",
                   flush=True)
-        print("(e) chat template spans fuzzed against transformers' assistant masks", flush=True)
+        section("(e) chat template spans fuzzed against transformers' assistant masks")
         tallies += shown(reliability_templates.scenarios(work, full=full, seed=args.seed))
-        print("(f) chat regenerate against servers that answer wrongly or die", flush=True)
+        section("(f) chat regenerate against servers that answer wrongly or die")
         tallies += shown(reliability_servers.scenarios(work, full=full, seed=args.seed))
-        print("(g) cache exports rerun after damage, vocab-map on damaged caches and pack outputs", flush=True)
+        section("(g) cache exports rerun after damage, vocab-map on damaged caches and pack outputs")
         tallies += shown(reliability_exports.scenarios(work, full=full, seed=args.seed))
-        print("(h) tool arguments and reasoning in every form, through chat prepare and chat regenerate", flush=True)
+        section("(h) tool arguments and reasoning in every form, through chat prepare and chat regenerate")
         tallies += shown(reliability_chat_forms.scenarios(work, full=full, seed=args.seed))
-        print("(i) chat regenerate against stalled, slow and non-streaming servers, and on prompts", flush=True)
+        section("(i) chat regenerate against stalled, slow and non-streaming servers, and on prompts")
         tallies += shown(reliability_stalls.scenarios(work, full=full, seed=args.seed))
-        print("(j) chat records: special-token text, unrenderable records, weight-0 turns, changed policies",
-              flush=True)
+        section("(j) chat records: special-token text, unrenderable records, weight-0 turns, changed policies")
         tallies += shown(reliability_chat_records.scenarios(work, full=full, seed=args.seed))
-        print("(k) the command line: odd values, wrong record types, stopped runs' locks", flush=True)
+        section("(k) the command line: odd values, wrong record types, stopped runs' locks")
         tallies += shown(reliability_cli.scenarios(work, full=full, seed=args.seed))
+        section.end()
     finally:
         for server in SERVERS:
             server.kill()
@@ -553,7 +575,7 @@ def main() -> None:
     rows = [t.row() for t in tallies]
     print(table(rows))
     result = {"reduced": args.reduced, "seed": args.seed, "kill_trials": trials, "fuzz_examples": examples,
-              "seconds": round(time.perf_counter() - started, 1), "scenarios": rows,
+              "seconds": round(time.perf_counter() - started, 1), "section_seconds": section.seconds, "scenarios": rows,
               "totals": {o: sum(r[o] for r in rows) for o in OUTCOMES}}
     print(f"totals: {result['totals']} in {result['seconds']} s")
     if args.json:

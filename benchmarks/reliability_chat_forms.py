@@ -260,9 +260,11 @@ def regenerate_trial(work: Path, form: str, reasoning: str) -> tuple[str, str]:
         return "hang", stderr
     if code < 0 or "Traceback" in stderr:
         return "crash", stderr[-600:]
-    if code != 0:
-        return "crash", f"{form}: exit {code}: {stderr[-600:]}"  # every answer is a record's fate, not the run's
     written = out.read_bytes() if out.exists() else b""
+    if code == 2 and "kept none of its" in stderr and not written:
+        pass  # every answer refused: the run says so (exit 2), and the errors file below must say why
+    elif code != 0:
+        return "crash", f"{form}: exit {code}: {stderr[-600:]}"  # every answer is a record's fate, not the run's
     if b"think>" in written:
         return "silent_wrong", f"{form}: a think tag written: {written[:300]!r}"
     errors_file = out.with_name(out.name + ".errors")
