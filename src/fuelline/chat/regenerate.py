@@ -32,7 +32,7 @@ replaced turn's `weight` stays on its answer. Tool-call arguments are read and w
 
 Output, one line per input id, ever: the input record with its assistant turns replaced and
 `meta.regenerated` = {model, options (every option that decides the answers, as given: preset,
-sampling values, max_tokens, disable_thinking, turns, reasoning, drop_truncated, finish_reasons,
+sampling values, max_tokens, thinking, turns, reasoning, drop_truncated, finish_reasons,
 keep_empty_answers), sampling (the fields sent), turns ("all" or "last", as applied),
 turn_indexes, finish_reasons, answers_added (prompts: answers the data lacked), left_out
 (sampling fields a server refused), tool_results_left_out}. Lines are
