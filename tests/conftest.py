@@ -14,6 +14,16 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("FUELLINE_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 
+def invoke_cli(*args):
+    """`fuelline ARGS` in this process (click's CliRunner): exit_code, stdout and stderr, no Python
+    start, for tests that look only at the exit code and what the command prints."""
+    from click.testing import CliRunner
+
+    from fuelline.cli import main
+
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
 def shared_file(relative: str) -> Path:
     """A file of ../shared/data; the test is skipped, saying why, when the data is not there."""
     path = SHARED_DATA / relative

@@ -8,19 +8,15 @@ import sys
 import click
 import orjson
 import zstandard
-from click.testing import CliRunner
 
 from fuelline.cli import main
+
+from .conftest import invoke_cli as fuelline
 
 
 def fuelline_process(*args):
     """`fuelline ARGS` in a process of its own."""
     return subprocess.run([sys.executable, "-m", "fuelline.cli", *args], capture_output=True, text=True)
-
-
-def fuelline(*args):
-    """`fuelline ARGS` in this process; the result has exit_code, stdout and stderr."""
-    return CliRunner().invoke(main, [str(a) for a in args])
 
 
 def test_help_lists_only_working_commands():

@@ -4,13 +4,8 @@ spelling of thinking, and impossible numbers refused in one line, from the CLI a
 pipeline file alike (the range is declared once, with the option). All in this process."""
 
 import pytest
-from click.testing import CliRunner
 
-from fuelline.cli import main
-
-
-def fuelline(*args):
-    return CliRunner().invoke(main, list(args))
+from .conftest import invoke_cli as fuelline
 
 
 def help_of(*words) -> str:

@@ -6,16 +6,15 @@ from pathlib import Path
 import orjson
 import pytest
 import zstandard
-from click.testing import CliRunner
 
 from fuelline.chat.prepare import SPLIT_SALT, ChatPrepareConfig, ChatPrepareStage
-from fuelline.cli import main
 from fuelline.dedup.stage import DedupConfig, DedupStage
 from fuelline.io import read_records
 from fuelline.pipeline.config import load_pipeline, run_pipeline
 from fuelline.pipeline.executor import RunOptions, run_stage
 from fuelline.records import unit_interval
 
+from ..conftest import invoke_cli as fuelline
 from ..conftest import shared_file
 from ..pipeline.test_executor import data_files
 
@@ -31,11 +30,6 @@ def write_jsonl(path: Path, records: list) -> Path:
 
 def prepare(inputs, out: Path, options: RunOptions = QUIET, **config) -> dict:
     return run_stage(ChatPrepareStage(ChatPrepareConfig(**config)), inputs, out, options)
-
-
-def fuelline(*args):
-    """`fuelline ARGS` in this process (click's CliRunner): exit_code, stdout and stderr, no Python start."""
-    return CliRunner().invoke(main, [str(a) for a in args])
 
 
 def rejects(out: Path) -> list[dict]:

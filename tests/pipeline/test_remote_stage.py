@@ -8,17 +8,17 @@ import uuid
 import orjson
 import pytest
 import zstandard
-from click.testing import CliRunner
 from fsspec.core import url_to_fs
 
 from fuelline.clean.stage import CleanStage
-from fuelline.cli import main
 from fuelline.dedup.stage import DedupStage
 from fuelline.io import expand_inputs, read_records
 from fuelline.io.remote import staging_dir
 from fuelline.pack.packer import pack
 from fuelline.pipeline.workdir import StepOutputMismatch
 from fuelline.pipeline.executor import RunOptions, run_stage
+
+from ..conftest import invoke_cli as fuelline
 
 WORDS = ("river garden morning letter window market bridge silver orchard harbor lantern meadow teacher village "
          "winter the the of and to with that have be travel quiet yellow ancient paper stone music kitchen").split()
@@ -183,11 +183,6 @@ def test_a_url_that_is_not_a_stage_output_or_matches_nothing_is_refused(cache, m
     assert url_files(f"{memory_root}/taken") == {"notes.txt": b"mine"}
     with pytest.raises(ValueError, match="^pack writes to a local directory; s3://bucket/packed is a URL"):
         pack([f"{memory_root}/in"], "tokenizer", "s3://bucket/packed")
-
-
-def fuelline(*args):
-    """The CLI in this process: only its exit code and what it prints are looked at."""
-    return CliRunner().invoke(main, list(args))
 
 
 def test_the_cli_takes_urls_and_names_a_missing_backend_in_one_line(cache, tmp_path):
