@@ -494,6 +494,20 @@ def shown(tallies: list[Tally]) -> list[Tally]:
     return tallies
 
 
+# The families of their own modules, in the order they run: each has `scenarios(work, full=, seed=)`.
+FAMILIES = [
+    ("(e) chat template spans fuzzed against transformers' assistant masks", reliability_templates),
+    ("(f) chat regenerate against servers that answer wrongly or die", reliability_servers),
+    ("(g) cache exports rerun after damage, vocab-map on damaged caches and pack outputs", reliability_exports),
+    ("(h) tool arguments and reasoning in every form, through chat prepare and chat regenerate",
+     reliability_chat_forms),
+    ("(i) chat regenerate against stalled, slow and non-streaming servers, and on prompts", reliability_stalls),
+    ("(j) chat records: special-token text, unrenderable records, weight-0 turns, changed policies",
+     reliability_chat_records),
+    ("(k) the command line: odd values, wrong record types, stopped runs' locks", reliability_cli),
+]
+
+
 class Sections:
     """Prints each section's title, and its time once the next one starts: where the harness's
     minutes go (its reduced run is part of CI's budget). `seconds` keeps them for the JSON."""
@@ -552,20 +566,9 @@ def main() -> None:
         else:
             print("  skipped: no tmpfs can be mounted here (it needs root and a container that allows it)",
                   flush=True)
-        section("(e) chat template spans fuzzed against transformers' assistant masks")
-        tallies += shown(reliability_templates.scenarios(work, full=full, seed=args.seed))
-        section("(f) chat regenerate against servers that answer wrongly or die")
-        tallies += shown(reliability_servers.scenarios(work, full=full, seed=args.seed))
-        section("(g) cache exports rerun after damage, vocab-map on damaged caches and pack outputs")
-        tallies += shown(reliability_exports.scenarios(work, full=full, seed=args.seed))
-        section("(h) tool arguments and reasoning in every form, through chat prepare and chat regenerate")
-        tallies += shown(reliability_chat_forms.scenarios(work, full=full, seed=args.seed))
-        section("(i) chat regenerate against stalled, slow and non-streaming servers, and on prompts")
-        tallies += shown(reliability_stalls.scenarios(work, full=full, seed=args.seed))
-        section("(j) chat records: special-token text, unrenderable records, weight-0 turns, changed policies")
-        tallies += shown(reliability_chat_records.scenarios(work, full=full, seed=args.seed))
-        section("(k) the command line: odd values, wrong record types, stopped runs' locks")
-        tallies += shown(reliability_cli.scenarios(work, full=full, seed=args.seed))
+        for title, family in FAMILIES:
+            section(title)
+            tallies += shown(family.scenarios(work, full=full, seed=args.seed))
         section.end()
     finally:
         for server in SERVERS:
