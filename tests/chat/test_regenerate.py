@@ -168,6 +168,17 @@ def test_fields_a_server_refuses_are_left_out_for_it_and_recorded(conversations,
     assert any(r["meta"]["regenerated"].get("left_out") == ["min_p", "top_k"] for r in out)
 
 
+def write(path: Path, records: list[dict]) -> Path:
+    """`records` as a JSONL file at `path` (the input of a regenerate test)."""
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    return path
+
+
+def read(path: Path) -> dict[str, dict]:
+    """A regenerate output's records by id."""
+    return {r["id"]: r for r in map(orjson.loads, path.read_bytes().splitlines())}
+
+
 def regenerate_args(path: Path, output: Path, urls: list[str], *extra: str) -> list[str]:
     """`fuelline chat regenerate`'s arguments for PATH → OUTPUT on URLS."""
     args = ["chat", "regenerate", "-i", str(path), "-o", str(output), "--model", "echo", "-q", "--concurrency", "4",

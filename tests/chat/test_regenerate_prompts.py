@@ -8,7 +8,7 @@ import orjson
 from fuelline.chat.regenerate import RegenerateConfig, regenerate
 from fuelline.serve.echo import echo_answer
 
-from .test_regenerate import FAST_CLIENT, cli, echo_servers, regenerate_args
+from .test_regenerate import FAST_CLIENT, cli, echo_servers, read, regenerate_args, write
 
 ENDS_WITH_USER = {"id": "open", "conversations": [
     {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "old"}, {"role": "user", "content": "Color?"}]}
@@ -16,15 +16,6 @@ PROMPT = {"id": "prompt", "conversations": [{"role": "system", "content": "Be br
                                             {"role": "user", "content": "Name a river."}]}
 NOTHING = [{"id": "system-only", "conversations": [{"role": "system", "content": "Be brief."}]},
            {"id": "empty", "conversations": []}, {"id": "no-turns", "turns": []}]
-
-
-def write(path, records):
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
-    return path
-
-
-def read(path) -> dict[str, dict]:
-    return {r["id"]: r for r in map(orjson.loads, path.read_bytes().splitlines())}
 
 
 def eval_records(tmp_path):

@@ -13,7 +13,7 @@ from fuelline.chat.regenerate import RegenerateConfig, regenerate
 from fuelline.serve.client import ClientConfig, Completion
 from fuelline.serve.echo import echo_answer, echo_call, echo_reasoning
 
-from .test_regenerate import FAST_CLIENT, cli, echo_servers, regenerate_args
+from .test_regenerate import FAST_CLIENT, cli, echo_servers, read, regenerate_args, write
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
@@ -64,15 +64,6 @@ CALLS = {"id": "calls", "tools": TOOLS, "conversations": [  # tools, no tool res
     {"role": "user", "content": "Weather in Rome?"}, {"role": "assistant", "content": "Sunny"},
     {"role": "user", "content": "And the time?"}, {"role": "assistant", "content": "Noon"},
 ]}
-
-
-def write(path, records):
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
-    return path
-
-
-def read(path) -> dict[str, dict]:
-    return {r["id"]: r for r in map(orjson.loads, path.read_bytes().splitlines())}
 
 
 def logged(path) -> dict[str, list[dict]]:
