@@ -23,14 +23,13 @@ import sys
 import threading
 import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
 import orjson
 from common import SHARED_DATA
-from trials import Tally, cli, failure_outcome, free_port, run
+from trials import Tally, cli, failure_outcome, free_port, run, run_in_parallel
 
 ANSWER_FAULTS = ("empty", "whitespace", "abort", "bad-usage", "two-choices", "no-choices", "no-message",
                  "reasoning-only", "wrong-types", "html", "error-object", "truncated-json")
@@ -50,11 +49,7 @@ def scenarios(work: Path, *, full: bool, seed: int) -> list[Tally]:
     trials += [("servers: all die mid-run (SIGTERM)",
                 partial(all_servers_die, work, many, trial, rng.randint(30, 150)))
                for trial in range(8 if full else 2)]
-    tallies: dict[str, Tally] = {}
-    with ThreadPoolExecutor(4) as pool:
-        for (name, _), (outcome, note) in zip(trials, pool.map(lambda t: t[1](), trials)):
-            tallies.setdefault(name, Tally(name)).add(outcome, note)
-    return list(tallies.values())
+    return run_in_parallel(trials)
 
 
 def faulty_server(work: Path, chats: Path, fault: str, layout: str, every: int) -> tuple[str, str]:

@@ -27,13 +27,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
 import orjson
 from reliability_servers import echo_servers, judge, regenerate_argv
-from trials import Tally, cli, failure_outcome, run, table
+from trials import Tally, cli, failure_outcome, run, run_in_parallel, table
 
 STALL_S = 2  # the trials' --stall-timeout; one full-run trial keeps the default (60 s)
 LIMIT_S = 90  # a trial past this is a hang
@@ -74,11 +73,7 @@ def scenarios(work: Path, *, full: bool, seed: int = 0) -> list[Tally]:  # noqa:
         trials += [(f"stalls: stops in the middle of every {k}th answer, alone", partial(
             server_trial, work, chats, [("--fault", "stall-midway", "--fault-every", str(k))], stall, expect="either"))
             for k in (2, 3)]
-    tallies: dict[str, Tally] = {}
-    with ThreadPoolExecutor(4) as pool:
-        for (name, _), (outcome, note) in zip(trials, pool.map(lambda t: t[1](), trials)):
-            tallies.setdefault(name, Tally(name)).add(outcome, note)
-    return list(tallies.values())
+    return run_in_parallel(trials)
 
 
 def plain_chats(work: Path, count: int) -> Path:

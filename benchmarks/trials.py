@@ -72,6 +72,18 @@ def failure_outcome(returncode: int | None, stderr: str, names: str) -> str:
     return "clear_error"
 
 
+def run_in_parallel(trials: list[tuple[str, Callable[[], tuple[str, str]]]], workers: int = 4) -> list[Tally]:
+    """(scenario, trial) pairs run `workers` at a time (they mostly wait on servers and processes);
+    the outcomes tallied by scenario, in the order the scenarios first appear."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tallies: dict[str, Tally] = {}
+    with ThreadPoolExecutor(workers) as pool:
+        for (name, _), (outcome, note) in zip(trials, pool.map(lambda trial: trial[1](), trials)):
+            tallies.setdefault(name, Tally(name)).add(outcome, note)
+    return list(tallies.values())
+
+
 def free_port() -> int:
     import socket
 
