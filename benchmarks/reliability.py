@@ -61,7 +61,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -83,7 +82,7 @@ import reliability_exports  # noqa: E402
 import reliability_servers  # noqa: E402
 import reliability_stalls  # noqa: E402
 import reliability_templates  # noqa: E402
-from trials import OUTCOMES, Tally, cli, damage_file, failure_outcome, free_port, isolated, judged, run, table  # noqa: E402
+from trials import OUTCOMES, Tally, cli, damage_file, failure_outcome, free_port, isolated, judged, kill_after, run, table  # noqa: E402
 
 BOOKKEEPING = {"stats.json", "_plan.json", "summary.json", "training_report.json"}  # they hold seconds
 
@@ -116,13 +115,7 @@ class Job:
 
 def kill_trial(job: Job, out: Path, reference: dict[str, bytes], duration: float, rng: random.Random,
                tally: Tally) -> None:
-    proc = subprocess.Popen(job.argv(out / "o"), start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    try:
-        proc.wait(timeout=rng.uniform(0.05, 0.95) * duration)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    kill_after(job.argv(out / "o"), rng.uniform(0.05, 0.95) * duration)
     code, stderr = run(job.argv(out / "o") + list(job.resume))
     if code != 0:
         tally.add("hang" if code is None else "crash", f"resume failed ({code}): {stderr}")

@@ -20,9 +20,7 @@ processes. Called by benchmarks/reliability.py; `scenarios()` is its entry point
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -30,7 +28,7 @@ from pathlib import Path
 
 import orjson
 
-from trials import Tally, cli, free_port, isolated, run
+from trials import Tally, cli, free_port, isolated, kill_after, run
 
 CHAT = {"id": "c1", "conversations": [{"role": "user", "content": "床前明月光？"},
                                       {"role": "assistant", "content": "疑是地上霜。"}]}
@@ -244,12 +242,7 @@ def stopped_and_rerun(work: Path, docs: Path, trials: int, rng: random.Random) -
     tally.add(*_left_or_ok(work / "ref", reference, reference))
     for trial in range(trials):
         root = work / f"stopped-{trial}"
-        proc = subprocess.Popen(argv(root), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            proc.wait(timeout=rng.uniform(0.1, 0.9) * duration)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        kill_after(argv(root), rng.uniform(0.1, 0.9) * duration)
         code, stderr = run(argv(root))
         if code != 0:
             tally.add("hang" if code is None else "crash", f"rerun failed ({code}): {stderr[-400:]}")

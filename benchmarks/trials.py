@@ -14,7 +14,9 @@ Outcomes of a trial:
 
 from __future__ import annotations
 
+import os
 import resource
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -70,6 +72,17 @@ def failure_outcome(returncode: int | None, stderr: str, names: str) -> str:
     if returncode < 0 or "Traceback" in stderr or names not in stderr:
         return "crash"
     return "clear_error"
+
+
+def kill_after(argv: list[str], seconds: float) -> None:
+    """Run `argv` in a session of its own and SIGKILL the whole session (children too) if it still runs
+    after `seconds`: a kill at the moment a trial chose."""
+    proc = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def run_in_parallel(trials: list[tuple[str, Callable[[], tuple[str, str]]]], workers: int = 4) -> list[Tally]:
