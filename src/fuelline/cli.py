@@ -18,7 +18,7 @@ from fuelline.io.remote import is_url, refuse_url
 from fuelline.pipeline.options import bounds_text
 from fuelline.pipeline.workers import EXECUTORS, RunOptions
 from fuelline.pipeline.registry import STAGES, step_class
-from fuelline.pipeline.stats import dominant_drop, nothing_kept
+from fuelline.pipeline.stats import dominant_drop, require_kept
 from fuelline.cache.cli import cache as cache_group, cache_numbers
 from fuelline.chat.regenerate import RegenerateConfig
 from fuelline.cli_options import at_least, config_params, given, within_bounds
@@ -127,14 +127,8 @@ def _print_stats(all_stats: list[dict], outputs: list[Path | str | None] | None 
             click.echo(f"  {split}: {_split_summary(numbers, template)}")
         for warning in stats.get("warnings", []) + stats.get("tokenizer", {}).get("warnings", []):
             click.echo(f"  warning: {warning}", err=True)
-        if stats.get("records_out") and (dominant := dominant_drop(stats)):  # nothing kept: _require_kept says it
+        if stats.get("records_out") and (dominant := dominant_drop(stats)):  # nothing kept: require_kept says it
             click.echo(f"  warning: {dominant}", err=True)
-
-
-def _require_kept(stats: dict) -> None:
-    """A stage that kept nothing of a non-empty input failed: its output trains nothing."""
-    if (message := nothing_kept(stats)) is not None:
-        raise ValueError(message)
 
 
 def _rejects_note(stats: dict, output: Path | str | None) -> str:
@@ -260,7 +254,7 @@ def _stage_command(name: str, command_name: str | None = None) -> click.Command:
         stats = _run_from_cli(name, cls, inputs, output, **values)
         if stats is not None:
             _print_stats([stats], [output])
-            _require_kept(stats)
+            require_kept(stats)
 
     output = click.Option(["--output", "-o"], required=True, type=click.Path(file_okay=False),
                           help="output directory: a path, or a URL (s3://…, gs://…; docs/io.md)")
@@ -297,7 +291,7 @@ def _chat_prepare_command() -> click.Command:
                                   **values)
             if stats is not None:
                 _print_stats([stats], [train_output])
-                _require_kept(stats)
+                require_kept(stats)
             return
         train, evals = Path(train_output), Path(eval_output)
         single = {name: path for name, path in (("train", train), ("eval", evals)) if path.suffix == ".jsonl"}
@@ -312,7 +306,7 @@ def _chat_prepare_command() -> click.Command:
         if stats is None:
             return
         _print_stats([stats], [stage_dir])
-        _require_kept(stats)
+        require_kept(stats)
         for name, path in single.items():
             write_jsonl_file(stage_dir if name == "train" else stage_dir / name, path)
         click.echo(f"train  {stats['outputs']['train']:,} conversations → {train}\n"
@@ -368,7 +362,7 @@ def regenerate_command(inputs, output, resume, quiet, **values):
         left_out = f", left out {', '.join(numbers['left_out'])}" if numbers["left_out"] else ""
         click.echo(f"  {url}: {numbers['requests']:,} requests, {numbers['failed']:,} failed, "
                    f"{numbers['tokens']:,} tokens{left_out}")
-    _require_kept(stats)
+    require_kept(stats)
 
 
 chat.add_command(_stage_command("chat-from-poetry", "from-poetry"))
@@ -397,7 +391,7 @@ def pack(inputs, output, workers, restart, quiet, executor, ray_address, **value
         click.echo(f"warning: {warning}", err=True)
     if stats.get("records_out") and (dominant := dominant_drop(stats)):
         click.echo(f"warning: {dominant}", err=True)
-    _require_kept(stats)
+    require_kept(stats)
 
 
 def _split_summary(numbers: dict, template: str | None, width: int = 0) -> str:

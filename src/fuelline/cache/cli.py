@@ -29,7 +29,7 @@ def build(inputs, output, restart, progress, **values):
     from fuelline.cache.build import build_cache
     from fuelline.cache.ranks import Ranks
     from fuelline.pipeline.config import build_dataclass
-    from fuelline.pipeline.stats import nothing_kept
+    from fuelline.pipeline.stats import require_kept
 
     config = build_dataclass(CacheConfig, given(values), "fuelline cache build")
     ranks = Ranks.from_env()  # torchrun's RANK, WORLD_SIZE, LOCAL_RANK: read here, once
@@ -37,8 +37,7 @@ def build(inputs, output, restart, progress, **values):
     if ranks.rank != 0:  # under torchrun, rank 0 reports
         return
     click.echo(summary(stats, output))
-    if (message := nothing_kept(stats)) is not None:  # an empty cache trains nothing
-        raise ValueError(message)
+    require_kept(stats)  # an empty cache trains nothing
 
 
 def summary(stats: dict, output) -> str:

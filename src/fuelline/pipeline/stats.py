@@ -98,3 +98,10 @@ def nothing_kept(stats: dict[str, Any]) -> str | None:
     detail = dominant_drop(stats, share=0)
     return (f"{stats['stage']} kept none of its {stats['records_in']:,} records"
             + (f" (dropped: {reasons}); {detail}" if detail else ""))
+
+
+def require_kept(stats: dict[str, Any]) -> None:
+    """A step that kept nothing of a non-empty input failed: ValueError with `nothing_kept`'s reason
+    (the CLI's one-line error, exit 2)."""
+    if (message := nothing_kept(stats)) is not None:
+        raise ValueError(message)
