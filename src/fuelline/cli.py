@@ -15,13 +15,12 @@ import click
 
 from fuelline import __version__
 from fuelline.io.remote import is_url, refuse_url
-from fuelline.pipeline.options import bounds_text
-from fuelline.pipeline.workers import EXECUTORS, RunOptions
 from fuelline.pipeline.registry import STAGES, step_class
 from fuelline.pipeline.stats import dominant_drop, require_kept
 from fuelline.cache.cli import cache as cache_group, cache_numbers
 from fuelline.chat.regenerate import RegenerateConfig
-from fuelline.cli_options import at_least, config_params, given, within_bounds
+from fuelline.cli_options import (at_least, config_params, given, quiet_option, run_options, run_params,
+                                   workers_option)
 from fuelline.serve.cli import serve_command
 
 # Exceptions that mean a mistake in what the user gave (a path, an option, a file's content) and
@@ -171,28 +170,7 @@ def _step_dirs(run_dir: str, count: int) -> list[Path | None]:
     return (dirs + [None] * count)[:count]
 
 
-def _run_option(name: str, *flags: str, **settings) -> click.Option:
-    """A CLI option of a RunOptions field, with its help and its declared range."""
-    field = next(f for f in dataclasses.fields(RunOptions) if f.name == name)
-    flag = "--" + name.replace("_", "-")
-    help_text = field.metadata["help"] + (f"  [{bounds_text(field)}]" if bounds_text(field) else "")
-    return click.Option([flag, *flags], type=int, callback=within_bounds(field, flag), help=help_text, **settings)
-
-
-def _run_params() -> list[click.Option]:
-    """Options every command that runs stages shares."""
-    return [
-        _run_option("workers", "-w", default=None),
-        click.Option(["--restart"], is_flag=True, help="discard existing output and start over"),
-        click.Option(["--quiet", "-q"], is_flag=True, help="no progress bar"),
-        click.Option(["--executor"], type=click.Choice(EXECUTORS), default=None,
-                     help="local: processes on this machine (default); ray: Ray tasks, same output (docs/ray.md)"),
-        click.Option(["--ray-address"], default=None, metavar="auto|HOST:PORT",
-                     help="--executor ray: the running cluster to use (default: start one here for the run)"),
-    ]
-
-
-@main.command(params=_run_params())
+@main.command(params=run_params("workers", "executor", "ray_address"))
 @click.argument("pipeline_file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--run-dir", "-o", required=True, type=click.Path(file_okay=False), callback=_local_only,
               help="where stage outputs go")
@@ -211,13 +189,7 @@ def _stage_options(cls) -> list[click.Option]:
     """Input, run options, `--config` and the stage's own options (its Config's fields)."""
     params = [
         click.Option(["--input", "-i", "inputs"], multiple=True, required=True, help="files, directories or globs"),
-        *_run_params(),
-        _run_option("shard_size", default=RunOptions.shard_size, show_default=True),
-        click.Option(["--format", "output_format"], type=click.Choice(["jsonl.zst", "parquet"]), default="jsonl.zst",
-                     show_default=True, help="output format"),
-        click.Option(["--on-error"], type=click.Choice(["raise", "skip"]), default="raise", show_default=True,
-                     help="malformed records: stop with FILE:LINE, or count and keep them in _rejects/"),
-        click.Option(["--no-rejects"], is_flag=True, help="count dropped records but do not keep them"),
+        *run_params(),
         click.Option(["--config", "config_file"], type=click.Path(exists=True, dir_okay=False),
                      help="TOML file of this stage's options; options given here override it"),
         *config_params(cls.Config),
@@ -228,21 +200,18 @@ def _stage_options(cls) -> list[click.Option]:
     return params
 
 
-def _run_from_cli(name: str, cls, inputs, output, *, workers, restart, quiet, executor, ray_address, shard_size,
-                  output_format, on_error, no_rejects, config_file, explain=None, output_locations=None,
+def _run_from_cli(name: str, cls, inputs, output, *, config_file, explain=None, output_locations=None,
                   **values) -> dict | None:
     """Build the stage's config (TOML file, then options given) and run it; None after --explain."""
     from fuelline.pipeline.config import build_dataclass, read_toml
-    from fuelline.pipeline.executor import RunOptions, run_stage
+    from fuelline.pipeline.executor import run_stage
 
+    options = run_options(values)
     from_file = read_toml(config_file) if config_file else {}
     config = build_dataclass(cls.Config, {**from_file, **given(values)}, config_file or f"fuelline {name}")
     if explain:
         click.echo(cls.explain_report(list(inputs), config, explain))
         return None
-    options = RunOptions(workers=workers, shard_size=shard_size, output_format=output_format, on_error=on_error,
-                         keep_rejects=not no_rejects, restart=restart, progress=not quiet,
-                         executor=executor or "local", ray_address=ray_address)
     return run_stage(cls(config), list(inputs), output, options, output_locations)
 
 
@@ -372,15 +341,16 @@ chat.add_command(_stage_command("chat-from-poetry", "from-poetry"))
     click.Option(["--input", "-i", "inputs"], multiple=True, required=True, help="document records (files, dirs, globs)"),
     click.Option(["--output", "-o"], required=True, type=click.Path(file_okay=False),
                  help="output directory: train/, val/ and a copy of the tokenizer"),
-    *config_params(step_class("pack").Config), *_run_params()])
-def pack(inputs, output, workers, restart, quiet, executor, ray_address, **values):
+    *config_params(step_class("pack").Config), *run_params("workers", "shard_size", "executor", "ray_address")])
+def pack(inputs, output, workers, shard_size, restart, quiet, executor, ray_address, **values):
     from fuelline.pack.packer import PackConfig
     from fuelline.pack.packer import pack as run_pack
     from fuelline.pipeline.config import build_dataclass
 
     config = build_dataclass(PackConfig, given(values), "fuelline pack")
     stats = run_pack(list(inputs), config.tokenizer, output, config, workers=workers, restart=restart,
-                     progress=not quiet, executor=executor or "local", ray_address=ray_address)
+                     progress=not quiet, executor=executor or "local", ray_address=ray_address,
+                     **given({"shard_size": shard_size}))
     for split, numbers in stats["splits"].items():
         click.echo(f"{split:<6} {_split_summary(numbers, config.template, 9)}")
     if stats["dropped"] or any(stats["counters"].values()):
@@ -417,7 +387,7 @@ def _token_datasets(directory: str) -> dict[str | None, Path]:
     return splits
 
 
-@main.command()
+@main.command(params=[quiet_option(shows_progress=False)])
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 def verify(directory):
     """Check a token dataset (or a pack output's train/ and val/): manifest, sizes, checksums, ids."""
@@ -429,7 +399,7 @@ def verify(directory):
                    f"{manifest['dtype']}, checksums match")
 
 
-@main.command()
+@main.command(params=[quiet_option(shows_progress=False)])
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--doc", "doc", type=int, default=None, callback=at_least(0), help="decode document K, showing masked and trained parts")
 @click.option("--window", type=int, default=None, callback=at_least(0), help="show the inputs and labels of training window I")
@@ -448,7 +418,7 @@ def inspect(directory, doc, window, seq_len, split):
         raise ValueError(str(e)) from e
 
 
-@main.command()
+@main.command(params=[quiet_option(shows_progress=False)])
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="print the funnel as JSON instead of a table")
 def report(run_dir, as_json):
@@ -473,7 +443,7 @@ def tokenizer() -> None:
     click.Option(["--input", "-i", "inputs"], multiple=True, required=True, help="document records (files, dirs, globs)"),
     click.Option(["--output", "-o"], required=True, type=click.Path(file_okay=False), callback=_local_only,
                  help="tokenizer directory to write"),
-    *config_params(step_class("tokenizer").Config)])
+    *config_params(step_class("tokenizer").Config), quiet_option(shows_progress=False)])
 def train(inputs, output, **values):
     from dataclasses import asdict
 
@@ -489,7 +459,7 @@ def train(inputs, output, **values):
         click.echo(f"warning: {warning}", err=True)
 
 
-@tokenizer.command("from-tiktoken")
+@tokenizer.command("from-tiktoken", params=[quiet_option(shows_progress=False)])
 @click.argument("ranks_file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--output", "-o", required=True, type=click.Path(file_okay=False), callback=_local_only,
               help="tokenizer directory to write")
@@ -508,7 +478,7 @@ def export() -> None:
     """Write a token dataset in another framework's format."""
 
 
-@export.command("megatron")
+@export.command("megatron", params=[quiet_option(shows_progress=False)])
 @click.argument("token_dir", metavar="TOKEN_DATASET", type=click.Path(exists=True, file_okay=False))
 @click.option("--output", "-o", "prefix", required=True, callback=_local_only,
               help="output prefix: PREFIX.bin and PREFIX.idx, or PREFIX_train.* and PREFIX_val.* for a pack output")
@@ -536,19 +506,18 @@ main.add_command(serve_command)
 main.add_command(cache_group)
 
 
-@main.command()
+@main.command(params=[workers_option(), quiet_option()])
 @click.argument("kind", type=click.Choice(["poetry", "chat"]), default="poetry")
 @click.option("--dir", "-o", "directory", type=click.Path(file_okay=False), default=None,
               help="where to write the corpus and the run (default: a new temporary directory)")
-@click.option("--workers", "-w", type=int, default=None, callback=at_least(1), help="processes (default: all cores)")
-def demo(kind, directory, workers):
+def demo(kind, directory, workers, quiet):
     """Run a pipeline on a small built-in sample: poetry (pretraining data) or chat (distillation data,
     with a tiny local model served on this machine; extras torch and serve)."""
     if kind == "chat":
         from fuelline.chat.demo import run_chat_demo
         from fuelline.report.funnel import format_funnel, load_funnel
 
-        run_dir, _ = run_chat_demo(directory)
+        run_dir, _ = run_chat_demo(directory, progress=not quiet)
         click.echo(format_funnel(load_funnel(run_dir)))
         cache = next(run_dir.glob("*-cache"))
         click.echo(f"\nreport: {run_dir / 'report' / 'report.html'}")
@@ -556,7 +525,7 @@ def demo(kind, directory, workers):
         return
     from fuelline.demo import run_demo
 
-    run_demo(directory, workers=workers,
+    run_demo(directory, workers=workers, progress=not quiet,
              report=lambda stats, run_dir: _print_stats(stats, _step_dirs(run_dir, len(stats))))
 
 

@@ -39,8 +39,8 @@ def chats(tmp_path_factory):
 def qwen3_pack(chats, qwen_dir, tmp_path_factory):
     """The chats packed with the qwen3 template by two workers: (output directory, stats), read only."""
     out = tmp_path_factory.mktemp("sft") / "out"
-    stats = pack([chats], qwen_dir, out, PackConfig(template="chat", chat_template="qwen3", shard_size=1_000),
-                 workers=2, progress=False)
+    stats = pack([chats], qwen_dir, out, PackConfig(template="chat", chat_template="qwen3"), workers=2,
+                 progress=False, shard_size=1_000)
     return out, stats
 
 

@@ -30,7 +30,7 @@ from fuelline.model_source import resolve_model
 from fuelline.formats.target_cache import MANIFEST, STATS, Layout
 from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import expand_inputs
-from fuelline.pipeline.options import identity_defaults, identity_values
+from fuelline.pipeline.options import identity_history, identity_values
 from fuelline.pipeline.shards import describe_inputs
 from fuelline.pipeline.workdir import WorkDir, not_a_step_output
 
@@ -115,7 +115,7 @@ def _prepare(ranks: Ranks, target: tuple[str, Path], inputs, output: Path, confi
     _, text = model_config(model)
     check_layer_ids(config.layers, text.num_hidden_layers)
     layout = layout_for(config, text.hidden_size)
-    step_dir = WorkDir(output, build_identity(model, inputs, config, name), defaults=identity_defaults(CacheConfig))
+    step_dir = WorkDir(output, build_identity(model, inputs, config, name), **identity_history(CacheConfig))
     if (output / MANIFEST).exists():
         if (finished := step_dir.finished(STATS)) is None:
             raise not_a_step_output(output)  # a cache, but not one built here (no stats.json)

@@ -89,7 +89,6 @@ from functools import lru_cache
 from typing import Any, Callable, Mapping
 
 from fuelline.io.tool_arguments import ArgumentsError, parse_arguments
-from fuelline.pipeline.options import option
 
 ROLES = ("system", "user", "assistant", "tool")
 PREFIX_TURNS = ("all", "last")
@@ -114,32 +113,6 @@ _DIGITS = "".join(map(chr, range(0xFDD4, 0xFDE4)))
 _CONTENT_MARK = re.compile(f"([{_CONTENT_OPEN}{_CONTENT_CLOSE}])([{_DIGITS}]+)")
 _RESERVED = re.compile("[\ufdd0-\ufdef]")
 _GENERATION_TAG = re.compile(r"{%-?\s*generation\s*-?%}")
-
-
-@dataclass
-class Supervision:
-    """What of a conversation is trained on besides what the template decides: the options of
-    `pack --template chat` and `cache build`, passed to `encode_chat(s)` (`render` takes the first two)."""
-
-    reasoning: str = option("last", "reasoning_content: trained on in every assistant turn (keep), removed before "
-                            "rendering (drop), or kept only after the last user turn, as Qwen3 renders history (last)",
-                            choices=list(REASONING))
-    train_turns: str = option("all", "train on every assistant turn (all), or only on the last one (last: agent "
-                              "trajectories whose earlier turns were edited)", choices=list(TRAIN_TURNS))
-    special_text: str = option("refuse", "an assistant turn whose text spells one of the tokenizer's control tokens "
-                               "(\"done<|im_end|>\\n<|im_start|>user…\", a fake turn): drop the conversation as "
-                               "special_token_text (refuse), or keep it, encoded as those control tokens, as "
-                               "apply_chat_template encodes it, and counted (keep)", choices=list(SPECIAL_TEXT))
-
-
-@dataclass
-class RecordErrors:
-    """What `pack` and `cache build` do with a record they cannot use (unreadable, not a chat record,
-    or one the template cannot render): one option, declared once for both."""
-
-    on_error: str = option("raise", "a record that cannot be read or rendered: stop, naming FILE:LINE and its id "
-                           "(raise), or count it under a named reason and keep it in _rejects/ (skip)",
-                           choices=list(ON_ERROR))
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from fuelline.pipeline.registry import make_step, step_class
 from fuelline.pipeline.step import Step, resolve_step
 from fuelline.pipeline.workers import RunOptions
 
-RUN_OPTION_KEYS = {f.name for f in dataclasses.fields(RunOptions)} - {"restart", "progress"}
+RUN_OPTION_KEYS = {f.name for f, _ in option_fields(RunOptions)}  # restart and progress are the command line's
 
 
 def _check_type(value: Any, hint: Any) -> bool:
@@ -136,10 +136,11 @@ def load_pipeline(path: str | os.PathLike) -> list[PipelineStep]:
         names.add(name)
         inputs = table.pop("input", [])
         inputs = [inputs] if isinstance(inputs, str) else list(inputs)
-        own = {f.name for f, _ in option_fields(cls.Config)}  # pack's shard_size is its own, not the run's
+        own = {f.name for f, _ in option_fields(cls.Config)}  # pack's and the cache's on_error are their own
         run_values = {**defaults, **{k: table.pop(k) for k in list(table) if k in RUN_OPTION_KEYS - own}}
         options = build_dataclass(RunOptions, run_values, where)
-        config = build_dataclass(cls.Config, table, f"{where} ({cls.name})")
+        shared = {k: v for k, v in defaults.items() if k in own}  # [defaults] on_error = "skip" reaches them too
+        config = build_dataclass(cls.Config, {**shared, **table}, f"{where} ({cls.name})")
         step = make_step(use, config)
         try:
             step.check()

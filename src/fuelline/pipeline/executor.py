@@ -44,7 +44,7 @@ from fuelline.io.readers import READ_ERROR_REASONS, iter_file_records
 from fuelline.io.rejects import Rejects
 from fuelline.io.stage_layout import DONE_DIR, PREPARE_DIR, REJECTS_DIR, STAGE_PART_PREFIX, STAGE_PLAN_FILE
 from fuelline.io.writers import OUTPUT_FORMATS, RecordWriter, open_writer
-from fuelline.pipeline.options import identity_defaults
+from fuelline.pipeline.options import identity_history
 from fuelline.pipeline.output import OutputStore, open_output
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.pipeline.stage import PrepareContext, ShardContext, Stage
@@ -188,7 +188,7 @@ def _prepare_output(stage: Stage, inputs: list[Path | str], store: OutputStore, 
     outside = _outside_targets(targets, output_dir)
     plan_path = output_dir / STAGE_PLAN_FILE
     existing = _read_json(plan_path) if plan_path.exists() else None
-    step_dir = WorkDir(output_dir, identity, name=str(store), defaults=identity_defaults(type(stage.config)))
+    step_dir = WorkDir(output_dir, identity, name=str(store), **identity_history(type(stage.config)))
     if existing is not None and (options.restart or not step_dir.resumes(
             {k: v for k, v in existing.items() if k != "shards"},
             anything_finished=any((output_dir / DONE_DIR).glob("*.json")))):

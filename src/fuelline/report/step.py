@@ -8,6 +8,7 @@ from pathlib import Path
 import orjson
 
 from fuelline.io.atomic import write_bytes_atomic
+from fuelline.pipeline.options import Options
 from fuelline.pipeline.step import Step
 from fuelline.pipeline.workers import RunOptions
 from fuelline.report.funnel import format_funnel, load_funnel
@@ -26,7 +27,7 @@ def build_report(run_dir: Path, directory: Path) -> dict:
 
 
 @dataclass
-class ReportConfig:
+class ReportConfig(Options):
     """The report has no options: it shows the run as it is."""
 
 

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Self
 
 from fuelline.model_source import CONFIG_ONLY, resolve_model
-from fuelline.pipeline.options import option
+from fuelline.pipeline.options import Options, option
 from fuelline.serve import engines
 from fuelline.serve.processes import (describe_exit, exit_status, signal_group, wait_group_gone,
                                       with_parent_death_signal)
@@ -101,7 +101,7 @@ class _Options:
 
 
 @dataclass
-class ServeConfig:
+class ServeConfig(Options):
     """The options of `fuelline serve`, declared once; a pipeline's regenerate step takes them as
     `serve_*` keys for the servers it starts for itself."""
 
