@@ -162,8 +162,10 @@ def _step_dirs(run_dir: str, count: int) -> list[Path | None]:
     """The stage directories of a run, in order, from RUN/pipeline.json (None where it is unknown)."""
     import orjson
 
+    from fuelline.io.stage_layout import PIPELINE_FILE
+
     try:
-        layout = orjson.loads((Path(run_dir) / "pipeline.json").read_bytes())["stages"]
+        layout = orjson.loads((Path(run_dir) / PIPELINE_FILE).read_bytes())["stages"]
     except (OSError, ValueError, KeyError):
         layout = []
     dirs = [Path(run_dir) / entry["dir"] for entry in layout]

@@ -180,7 +180,7 @@ def _refuse_progress(_ctx, _param, value):
 def old_progress_option() -> click.Option:
     """The earlier `--progress/--no-progress` of the cache commands, refused in one line with its new spelling."""
     return click.Option(["--progress/--no-progress", "old_progress"], default=None, hidden=True,
-                        expose_value=False, callback=_refuse_progress)
+                        expose_value=False, callback=_refuse_progress, help="replaced by --quiet")
 
 
 def given(values: dict) -> dict:

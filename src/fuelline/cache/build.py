@@ -27,9 +27,10 @@ from fuelline.cache.ranks import Ranks
 from fuelline.cache.writer import shard_done
 from fuelline.fingerprints import tokenizer_fingerprint
 from fuelline.model_source import resolve_model
-from fuelline.formats.target_cache import MANIFEST, STATS, Layout
+from fuelline.formats.target_cache import MANIFEST, Layout
 from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import expand_inputs
+from fuelline.io.stage_layout import STATS_FILE
 from fuelline.pipeline.options import identity_history, identity_values
 from fuelline.pipeline.shards import describe_inputs
 from fuelline.pipeline.workdir import WorkDir, not_a_step_output
@@ -117,7 +118,7 @@ def _prepare(ranks: Ranks, target: tuple[str, Path], inputs, output: Path, confi
     layout = layout_for(config, text.hidden_size)
     step_dir = WorkDir(output, build_identity(model, inputs, config, name), **identity_history(CacheConfig))
     if (output / MANIFEST).exists():
-        if (finished := step_dir.finished(STATS)) is None:
+        if (finished := step_dir.finished(STATS_FILE)) is None:
             raise not_a_step_output(output)  # a cache, but not one built here (no stats.json)
         shutil.rmtree(output / BUILD_DIR, ignore_errors=True)  # left by a merge stopped after the manifest
         return {"finished": finished}

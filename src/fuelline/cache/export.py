@@ -55,8 +55,9 @@ import orjson
 
 from fuelline.cache.export_files import JOURNAL, Journal, check_files, digest, journal_bytes, read_journal, strays
 from fuelline.formats.specforge import METHODS
-from fuelline.formats.target_cache import BF16, INDEX, STATS, checksum, manifest_digest
+from fuelline.formats.target_cache import BF16, INDEX, checksum, manifest_digest
 from fuelline.io.atomic import atomic_write, remove_temp_files, write_bytes_atomic
+from fuelline.io.stage_layout import STATS_FILE
 from fuelline.pipeline.options import Options, identity_history, identity_values, option
 from fuelline.pipeline.stats import StepStats, read_stats
 from fuelline.pipeline.step import Step
@@ -98,7 +99,7 @@ def file_path(output: Path, sample: int, extension: str) -> Path:
 def cache_identity(cache) -> dict:
     """What identifies a cache's content without reading its shards: digests of its manifest and of
     its index (a fuelline index holds every record's checksum), and its build's identity."""
-    build = read_stats(cache.path / STATS)
+    build = read_stats(cache.path / STATS_FILE)
     index = (cache.path / INDEX).read_bytes()
     return {"manifest_digest": f"{manifest_digest(cache.manifest):016x}", "index_digest": f"{checksum(index):016x}",
             "build": build.get("identity") if build else None}

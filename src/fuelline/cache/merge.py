@@ -15,10 +15,10 @@ import orjson
 
 from fuelline.cache.plan import REJECTS, CacheConfig, Plan, layout_for
 from fuelline.cache.writer import build_file, shard_done
-from fuelline.formats.target_cache import (FUELLINE, INDEX, STATS, Layout, cache_manifest, manifest_digest,
+from fuelline.formats.target_cache import (FUELLINE, INDEX, Layout, cache_manifest, manifest_digest,
                                            seal_index, shard_name, write_manifest)
 from fuelline.io.atomic import atomic_write, fsync_dir
-from fuelline.io.stage_layout import REJECTS_DIR
+from fuelline.io.stage_layout import REJECTS_DIR, STATS_FILE
 from fuelline.pipeline.stats import StepStats, write_stats
 
 
@@ -47,7 +47,7 @@ def merge(output: Path, plan: Plan, config: CacheConfig, wall_seconds: float) ->
         os.replace(build / REJECTS, output / REJECTS_DIR / REJECTS)
         fsync_dir(output / REJECTS_DIR)
     fsync_dir(output)
-    write_stats(output / STATS, stats)
+    write_stats(output / STATS_FILE, stats)
     write_manifest(output, manifest)
     shutil.rmtree(build)
     return stats

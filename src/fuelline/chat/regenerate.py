@@ -76,6 +76,7 @@ from fuelline.io.atomic import write_bytes_atomic
 from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import expand_inputs
 from fuelline.io.readers import RecordError, count_units, iter_file_records
+from fuelline.io.stage_layout import STATS_FILE
 from fuelline.io.tool_arguments import ArgumentsError, parse_arguments
 from fuelline.io.tool_arguments import to_json as arguments_json
 from fuelline.pipeline.options import Options, group, identity_values, option
@@ -90,7 +91,7 @@ PRESETS: dict[str, dict[str, float]] = {
     "gemma4": {"temperature": 1.0, "top_p": 0.95, "top_k": 64, "min_p": 0.0},
     "none": {},
 }
-RECORDS_FILE, STATS_FILE = "regenerated.jsonl", "stats.json"
+RECORDS_FILE = "regenerated.jsonl"
 NOTHING, STALE_TOOL_RESULTS = "nothing_to_regenerate", "tool_results_under_turns_all"  # records never sent
 FINAL_REASONS = {"truncated", NOTHING, STALE_TOOL_RESULTS}  # decisions a resumed run keeps; others are retried
 TAKEN_FINISH_REASONS = ("stop", "length")

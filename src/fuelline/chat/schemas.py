@@ -59,7 +59,7 @@ from fuelline.records import Drop
 
 SCHEMAS = ("sharegpt", "openai", "alpaca", "qa")
 FUNCTION_CALL = "function_call"  # ShareGPT's turn of tool calls; an assistant turn once read
-ROLES = {
+ROLE_NAMES = {  # what the input schemas call each role of the chat record (`templates.ROLES`)
     "human": "user", "user": "user",
     "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant",
     "assistant": "assistant", "model": "assistant",
@@ -156,9 +156,9 @@ def _turn_list(record: dict, key: str) -> list:
 def _role(value: Any, where: str) -> str:
     name = _text(value, where)
     try:
-        return ROLES[name.strip().lower()]
+        return ROLE_NAMES[name.strip().lower()]
     except KeyError:
-        raise Invalid("unknown_role", f"{where} is {name!r}; known: {', '.join(ROLES)}") from None
+        raise Invalid("unknown_role", f"{where} is {name!r}; known: {', '.join(ROLE_NAMES)}") from None
 
 
 def _openai_content(content: Any, where: str) -> str:

@@ -32,6 +32,7 @@ from fuelline.io.atomic import write_bytes_atomic
 from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import expand_inputs
 from fuelline.io.remote import refuse_url
+from fuelline.io.stage_layout import PIPELINE_FILE
 from fuelline.pipeline.options import bound_problem, build_config, option_fields, replaced_names
 from fuelline.pipeline.ray_executor import RayExecutor
 from fuelline.pipeline.registry import make_step, step_class
@@ -201,7 +202,7 @@ def _run_steps(steps: list[PipelineStep], step_options: list[RunOptions], run_di
             raise ValueError(f"stage {step.name!r} has no input: give --input or set 'input' in the pipeline file")
         out = run_dir / f"{i:02d}-{step.name}"
         layout.append({"name": step.name, "stage": step.step.name, "dir": out.name})
-        write_bytes_atomic(run_dir / "pipeline.json", orjson.dumps({"stages": layout}, option=orjson.OPT_INDENT_2) + b"\n")
+        write_bytes_atomic(run_dir / PIPELINE_FILE, orjson.dumps({"stages": layout}, option=orjson.OPT_INDENT_2) + b"\n")
         stats = step.step.run(inputs, out, options, outputs)
         all_stats.append(stats)
         outputs[step.name] = out
