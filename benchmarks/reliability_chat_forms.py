@@ -255,7 +255,8 @@ def regenerate_trial(work: Path, form: str, reasoning: str) -> tuple[str, str]:
     out = source.with_name(source.stem + "-out.jsonl")
     with echo_servers([("--fault", form)]) as urls:
         code, stderr = run(cli("chat", "regenerate", "-i", source, "-o", out, "--model", "echo", "--server", urls[0],
-                               "--regenerate-turns", "all", "--store-reasoning", reasoning, *CLIENT), timeout=TRIAL_LIMIT_S)
+                               "--regenerate-turns", "all", "--store-reasoning", reasoning, *CLIENT),
+                           timeout=TRIAL_LIMIT_S)
     if code is None:
         return "hang", stderr
     if code < 0 or "Traceback" in stderr:

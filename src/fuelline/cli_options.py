@@ -98,7 +98,8 @@ def option_for(field: dataclasses.Field, hint) -> click.Option:
         return click.Option([f"{flag}/--no-{flag[2:]}", *_names(name)], **common)
     if field.metadata.get("comma_list"):
         (item,) = typing.get_args(hint)
-        return click.Option([flag, *_names(name)], **{**common, "callback": within_bounds(field, flag, _comma_list(item))})
+        return click.Option([flag, *_names(name)],
+                            **{**common, "callback": within_bounds(field, flag, _comma_list(item))})
     if typing.get_origin(hint) is list:
         (item,) = typing.get_args(hint)
         return click.Option([flag, *_names(name)], multiple=True, type=item,

@@ -167,7 +167,8 @@ def test_turns_all_refuses_conversations_with_tool_results_and_meta_records_ever
     assert set(out) == {"calls"}  # tools but no tool results: every turn regenerated
     assert "Weather and time in Paris?" not in logged(tmp_path / "log.jsonl")  # no request for the refused one
     [error] = map(orjson.loads, (tmp_path / "out.jsonl.errors").read_bytes().splitlines())
-    assert error["id"] == "agent" and error["reason"] == "tool_results_under_turns_all" and "--regenerate-turns last" in error["detail"]
+    assert error["id"] == "agent" and error["reason"] == "tool_results_under_turns_all"
+    assert "--regenerate-turns last" in error["detail"]
     regenerated = out["calls"]["meta"]["regenerated"]
     assert (regenerated["turns"], regenerated["turn_indexes"]) == ("all", [1, 3])
     assert regenerated["options"] == {
@@ -182,8 +183,8 @@ def test_turns_all_refuses_conversations_with_tool_results_and_meta_records_ever
 def test_turns_last_on_plain_conversations_keeps_earlier_answers_byte_for_byte(tmp_path):
     source = write(tmp_path / "in.jsonl", [PLAIN])
     with echo_servers((),) as urls:
-        regenerate([source], tmp_path / "out.jsonl", urls, RegenerateConfig("echo", regenerate_turns="last", client=FAST_CLIENT),
-                   progress=False)
+        regenerate([source], tmp_path / "out.jsonl", urls,
+                   RegenerateConfig("echo", regenerate_turns="last", client=FAST_CLIENT), progress=False)
     record = read(tmp_path / "out.jsonl")["plain"]
     assert orjson.dumps(record["conversations"][:3]) == orjson.dumps(PLAIN["conversations"][:3])
     assert record["conversations"][3]["content"] == echo_answer(PLAIN["conversations"][:3])

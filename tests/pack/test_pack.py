@@ -133,6 +133,18 @@ def test_resuming_with_another_tokenizer_is_refused(packed_poems, poems, tokeniz
         packed(poems, other, done)
 
 
+def test_a_pack_of_documents_made_before_the_chat_defaults_changed_is_found_again(packed_poems, poems,
+                                                                                  tokenizer_dir, tmp_path):
+    """An earlier version recorded pack's shard_size (a run option now) and, for documents too, the
+    chat-encoding options with pack's old defaults; neither decides a document's bytes."""
+    done = shutil.copytree(packed_poems, tmp_path / "done")
+    stats = orjson.loads((done / "stats.json").read_bytes())
+    assert not {"shard_size", "chat_template"} & stats["identity"]["config"].keys()
+    stats["identity"]["config"].update(shard_size=1_000, chat_template="chatml", max_length=0, min_loss_tokens=1)
+    (done / "stats.json").write_bytes(orjson.dumps(stats))
+    assert pack(poems[0], tokenizer_dir, done, PackConfig(), workers=1, progress=False)["resumed"]
+
+
 def test_uint16_overflow_is_an_error_before_anything_is_written(poems, tmp_path):
     from tokenizers import Tokenizer, models
 

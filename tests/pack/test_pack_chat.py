@@ -85,8 +85,8 @@ def test_long_conversations_are_truncated_or_dropped_and_counted(chats, qwen_dir
     # the first 300 chats, ShareGPT's (many of several exchanges): enough to cut some and drop some
     source = tmp_path / "sharegpt.jsonl"
     source.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in itertools.islice(read_records(chats), 300)))
-    stats = pack([source], qwen_dir, tmp_path / "short", PackConfig(template="chat", chat_template="chatml", max_length=256),
-                 workers=1, progress=False)
+    stats = pack([source], qwen_dir, tmp_path / "short",
+                 PackConfig(template="chat", chat_template="chatml", max_length=256), workers=1, progress=False)
     assert stats["dropped"]["too_long"] > 0 and stats["counters"]["truncated"] > 0
     assert stats["records_in"] == stats["records_out"] + sum(stats["dropped"].values())
     files = TokenFiles(tmp_path / "short" / "train")

@@ -199,3 +199,29 @@ def test_an_output_made_before_an_option_existed_is_found_again_at_its_default(t
     pipeline.write_text('[[stage]]\nuse = "tokenizer"\nvocab_size = 300\nmin_frequency = 3\n')
     with pytest.raises(StepOutputMismatch, match=r"different config\.min_frequency"):
         run_pipeline(load_pipeline(pipeline), tmp_path / "run", input=[str(docs)], progress=False)
+
+
+def test_an_output_made_before_a_rename_or_a_moved_option_is_found_again_and_a_change_is_refused(tmp_path):
+    """An older identity is read in today's terms: regenerate's `reasoning` and `turns` are now
+    `store_reasoning` and `regenerate_turns`. A pack of chat records made with the old chat-encoding
+    defaults is refused, naming the option."""
+    from fuelline.chat.regenerate_step import RegenerateStep
+    from fuelline.pack.packer import PackConfig
+    from fuelline.pipeline.options import identity_history, identity_values
+    from fuelline.pipeline.stats import StepStats
+    from fuelline.pipeline.workdir import StepOutputMismatch, WorkDir
+
+    step = RegenerateStep()
+    now = step.identity([])
+    renamed = {"store_reasoning": "reasoning", "regenerate_turns": "turns"}
+    old = {**now, "config": {renamed.get(k, k): v for k, v in now["config"].items()}}
+    StepStats("regenerate", 1, 1, identity=old).write(tmp_path / "regenerated")
+    assert step.work_dir(tmp_path / "regenerated", []).finished()["resumed"]
+    kept = RegenerateStep(RegenerateStep.Config(store_reasoning="keep"))  # the same output, asked with another value
+    with pytest.raises(StepOutputMismatch, match=r"different config\.store_reasoning; pass --restart"):
+        kept.work_dir(tmp_path / "regenerated", []).finished()
+
+    chat = {"config": identity_values(PackConfig(template="chat"))}
+    StepStats("pack", 1, 1, identity={"config": {**chat["config"], "chat_template": "chatml"}}).write(tmp_path / "sft")
+    with pytest.raises(StepOutputMismatch, match=r"different config\.chat_template; pass --restart"):
+        WorkDir(tmp_path / "sft", chat, **identity_history(PackConfig)).finished()

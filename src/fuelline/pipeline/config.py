@@ -33,7 +33,7 @@ from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import expand_inputs
 from fuelline.io.remote import refuse_url
 from fuelline.io.stage_layout import PIPELINE_FILE
-from fuelline.pipeline.options import bound_problem, build_config, option_fields, replaced_names
+from fuelline.pipeline.options import build_config, option_fields, option_problem, replaced_names
 from fuelline.pipeline.ray_executor import RayExecutor
 from fuelline.pipeline.registry import make_step, step_class
 from fuelline.pipeline.step import Step, resolve_step
@@ -80,7 +80,7 @@ def describe_type(hint: Any) -> str:
 
 def build_dataclass(cls: type, values: dict[str, Any], where: str):
     """An instance of dataclass `cls` from `values` (its options, pipeline/options.py), refusing
-    unknown keys, earlier spellings, wrong types and values outside an option's declared range:
+    unknown keys, earlier spellings, wrong types, and values outside an option's declared choices or range:
     the one check of what the CLI and a pipeline file give."""
     fields = {f.name: (f, hint) for f, hint in option_fields(cls)}
     for old, (name, hint) in replaced_names(cls).items():
@@ -93,7 +93,7 @@ def build_dataclass(cls: type, values: dict[str, Any], where: str):
         field_, hint = fields[key]
         if not _check_type(value, hint):
             raise ValueError(f"{where}: option {key!r} must be {describe_type(hint)}, found {value!r}")
-        if problem := bound_problem(field_, value):
+        if problem := option_problem(field_, value):
             raise ValueError(f"{where}: option {key!r} {problem}")
     return build_config(cls, values)
 
@@ -202,7 +202,8 @@ def _run_steps(steps: list[PipelineStep], step_options: list[RunOptions], run_di
             raise ValueError(f"stage {step.name!r} has no input: give --input or set 'input' in the pipeline file")
         out = run_dir / f"{i:02d}-{step.name}"
         layout.append({"name": step.name, "stage": step.step.name, "dir": out.name})
-        write_bytes_atomic(run_dir / PIPELINE_FILE, orjson.dumps({"stages": layout}, option=orjson.OPT_INDENT_2) + b"\n")
+        write_bytes_atomic(run_dir / PIPELINE_FILE,
+                           orjson.dumps({"stages": layout}, option=orjson.OPT_INDENT_2) + b"\n")
         stats = step.step.run(inputs, out, options, outputs)
         all_stats.append(stats)
         outputs[step.name] = out
