@@ -95,7 +95,10 @@ def build_dataclass(cls: type, values: dict[str, Any], where: str):
             raise ValueError(f"{where}: option {key!r} must be {describe_type(hint)}, found {value!r}")
         if problem := option_problem(field_, value):
             raise ValueError(f"{where}: option {key!r} {problem}")
-    return build_config(cls, values)
+    try:
+        return build_config(cls, values)
+    except ValueError as e:  # a check across options (`bands` with `rows`), or a chat template that does not exist
+        raise ValueError(f"{where}: {e}") from None
 
 
 @dataclass
