@@ -175,8 +175,8 @@ def _step_dirs(run_dir: str, count: int) -> list[Path | None]:
 @main.command(params=run_params("workers", "executor", "ray_address"))
 @click.argument("pipeline_file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--run-dir", "-o", required=True, type=click.Path(file_okay=False), callback=_local_only,
-              help="where stage outputs go")
-@click.option("--input", "-i", "inputs", multiple=True, help="input of the first stage (files, dirs, globs)")
+              help="where the steps' outputs go")
+@click.option("--input", "-i", "inputs", multiple=True, help="input of the first step (files, dirs, globs)")
 def run(pipeline_file, run_dir, inputs, workers, restart, quiet, executor, ray_address):
     """Run a pipeline file (TOML); running it again resumes."""
     from fuelline.pipeline.config import load_pipeline, run_pipeline
@@ -193,7 +193,7 @@ def _stage_options(cls) -> list[click.Option]:
         click.Option(["--input", "-i", "inputs"], multiple=True, required=True, help="files, directories or globs"),
         *run_params(),
         click.Option(["--config", "config_file"], type=click.Path(exists=True, dir_okay=False),
-                     help="TOML file of this stage's options; options given here override it"),
+                     help="TOML file of this step's options; options given here override it"),
         *config_params(cls.Config),
     ]
     if hasattr(cls, "explain_report"):  # stages that can show why they would remove what they remove
@@ -256,7 +256,7 @@ def _chat_prepare_command() -> click.Command:
                     raise ValueError(f"{output}: a single .jsonl output is written locally; with URLs, give "
                                      "directories (--train-output URL --eval-output URL/eval)")
             if work_dir:
-                raise ValueError("--work-dir is for a .jsonl --train-output; with URLs the stage directory is "
+                raise ValueError("--work-dir is for a .jsonl --train-output; with URLs the step's directory is "
                                  "--train-output itself")
             stats = _run_from_cli("chat prepare", cls, inputs, train_output, output_locations={"eval": eval_output},
                                   **values)
@@ -268,7 +268,7 @@ def _chat_prepare_command() -> click.Command:
         single = {name: path for name, path in (("train", train), ("eval", evals)) if path.suffix == ".jsonl"}
         if "train" not in single:  # the train directory is the stage directory
             if work_dir:
-                raise ValueError(f"--work-dir is for a .jsonl --train-output; {train} is the stage directory itself")
+                raise ValueError(f"--work-dir is for a .jsonl --train-output; {train} is the step's directory itself")
             stage_dir = train
         else:
             stage_dir = Path(work_dir) if work_dir else train.with_name(train.name + ".parts")
@@ -285,11 +285,11 @@ def _chat_prepare_command() -> click.Command:
 
     outputs = [
         click.Option(["--train-output"], required=True, type=click.Path(),
-                     help="train chat records: a stage directory, or one plain file when it ends in .jsonl"),
+                     help="train chat records: a step's directory, or one plain file when it ends in .jsonl"),
         click.Option(["--eval-output"], required=True, type=click.Path(),
                      help="eval records {id, turns}: a directory, or one plain file when it ends in .jsonl"),
         click.Option(["--work-dir"], type=click.Path(file_okay=False), default=None,
-                     help="stage directory (resume state, stats.json, rejects) when --train-output is a .jsonl "
+                     help="the step's directory (resume state, stats.json, rejects) when --train-output is a .jsonl "
                           "(default: TRAIN_OUTPUT.parts)"),
     ]
     return click.Command("prepare", callback=callback, params=[*outputs, *_stage_options(cls)],

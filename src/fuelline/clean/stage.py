@@ -29,7 +29,7 @@ class CleanConfig(StageConfig):
     min_chars: int = option(WebRules.min_chars, "web profile: shortest text kept", min=0)
     min_words: int = option(WebRules.min_words, "web profile: fewest words (CJK: characters)", min=0)
     boilerplate: bool | None = option(None, "strip boilerplate lines (default: on for web, off for poetry; see the "
-                                      "boilerplate stage)")
+                                      "boilerplate step)")
 
 
 class CleanStage(Stage):

@@ -131,12 +131,12 @@ def load_pipeline(path: str | os.PathLike) -> list[PipelineStep]:
         where = f"{path} [[stage]] #{i}"
         table = dict(table)
         if "use" not in table:
-            raise ValueError(f"{where}: missing key 'use' (the stage to run)")
+            raise ValueError(f"{where}: missing key 'use' (the step to run)")
         use = table.pop("use")
         cls = step_class(use)
         name = table.pop("name", cls.name)
         if name in names:
-            raise ValueError(f"{where}: stage name {name!r} is used twice; give one a distinct 'name'")
+            raise ValueError(f"{where}: step name {name!r} is used twice; give one a distinct 'name'")
         names.add(name)
         inputs = table.pop("input", [])
         inputs = [inputs] if isinstance(inputs, str) else list(inputs)
@@ -202,7 +202,7 @@ def _run_steps(steps: list[PipelineStep], step_options: list[RunOptions], run_di
         else:
             inputs = last_records
         if not inputs and step.step.needs_input:
-            raise ValueError(f"stage {step.name!r} has no input: give --input or set 'input' in the pipeline file")
+            raise ValueError(f"step {step.name!r} has no input: give --input or set 'input' in the pipeline file")
         out = run_dir / f"{i:02d}-{step.name}"
         layout.append({"name": step.name, "stage": step.step.name, "dir": out.name})
         write_bytes_atomic(run_dir / PIPELINE_FILE,
