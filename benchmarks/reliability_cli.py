@@ -227,7 +227,7 @@ def _wrong_record_trials(work: Path, docs: Path, chats: Path, tokenizer: Path, m
     cases = [
         (["tokenizer", "train"], chats, []),
         (["pack"], chats, ["--tokenizer", str(tokenizer)]),
-        (["pack"], docs, ["--tokenizer", str(tokenizer), "--template", "chat"]),
+        (["pack"], docs, ["--tokenizer", str(tokenizer), "--template", "chat", "--chat-template", "chatml"]),
         (["clean", "--profile", "web"], chats, []),
         (["dedup"], chats, []),
         (["chat", "prepare"], docs, []),
