@@ -1,8 +1,8 @@
 """Typed stage options, and pipeline files: an ordered list of stages in TOML.
 
-    [defaults]              # run options for every stage (each may override them)
+    [defaults]              # run options for every step (each may override them)
     workers = 2
-    on_error = "skip"
+    on_error = "skip"       # also pack's and the cache's own on_error, unless their table sets it
     executor = "ray"        # optional: Ray tasks instead of local processes (docs/ray.md)
     ray_address = "auto"    #   on the cluster at this address (none: one started for the run)
 
