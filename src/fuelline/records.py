@@ -1,4 +1,4 @@
-"""The records that flow between stages (see DESIGN.md, "Stage contract").
+"""The records that flow between stages (docs/design.md, "Record contracts").
 
 Records stay plain dicts (they are read and written as JSON at every stage boundary), and this
 module owns their shape: how a document, chat or eval record is built, how its stable id is

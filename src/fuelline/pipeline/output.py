@@ -109,12 +109,12 @@ class RemoteOutput(OutputStore):
         if STAGE_PLAN_FILE not in listing:
             if any(not is_temp_name(n.rsplit("/", 1)[-1]) for n in listing):
                 raise not_a_step_output(self.url)
-            shutil.rmtree(self.directory, ignore_errors=True)
+            _remove(self.directory)
             return
         plan = self.remote.read([STAGE_PLAN_FILE])[STAGE_PLAN_FILE]
         local_plan = self.directory / STAGE_PLAN_FILE
         if not local_plan.is_file() or local_plan.read_bytes() != plan:
-            shutil.rmtree(self.directory, ignore_errors=True)
+            _remove(self.directory)
             write_bytes_atomic(local_plan, plan)
         self._mirror_markers(listing)
 
@@ -141,7 +141,7 @@ class RemoteOutput(OutputStore):
                 (self.directory / name).unlink()
 
     def discard(self) -> None:
-        shutil.rmtree(self.directory, ignore_errors=True)
+        _remove(self.directory)
         self.remote.clear()
 
     def finish(self) -> None:
@@ -162,3 +162,10 @@ class RemoteOutput(OutputStore):
 def open_output(output: str | os.PathLike) -> OutputStore:
     """The store of a stage's output: a local directory, or a URL (`RemoteOutput`)."""
     return RemoteOutput(output) if is_url(output) else OutputStore(Path(output))
+
+
+def _remove(directory: Path) -> None:
+    """Remove the local staging copy. One that cannot be removed is an error, not passed over: what it
+    still held would be taken for this run's."""
+    if directory.exists():
+        shutil.rmtree(directory)

@@ -17,7 +17,7 @@ STAGES: dict[str, str] = {
     "chat-from-poetry": "fuelline.chat.from_poetry:ChatFromPoetryStage",
 }
 
-# Steps that read their inputs whole (they have commands of their own).
+# Steps that run over their inputs themselves, not shard by shard (they have commands of their own).
 STEPS: dict[str, str] = {
     "tokenizer": "fuelline.tokenizer.step:TokenizerStep",
     "pack": "fuelline.pack.step:PackStep",

@@ -29,7 +29,8 @@ EXECUTORS = ("local", "ray")
 
 @dataclass
 class RunOptions:
-    """How a stage is run; none of these change its output bytes except format and on_error."""
+    """How a stage is run. output_format, shard_size, on_error and keep_rejects decide its output (its
+    encoding, its shard files, what becomes of a bad record); the others only how it is made."""
 
     workers: int | None = option(None, "processes (default: all cores)", min=1)
     shard_size: int = option(50_000, "lines per shard", min=1)
