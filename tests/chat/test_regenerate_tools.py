@@ -265,8 +265,9 @@ def test_a_tool_call_finish_reason_is_taken_only_for_a_request_with_tools():
                                                                             "found int"),
     ({"role": "function", "content": "09:00"}, "unknown_role", "turn 1: role 'function' is not one of system, user"),
     # issue 35: these were regenerated (server time spent), then refused by pack and cache build
-    ({"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "", "arguments": {}}}]},
-     "tool_call_without_name", "turn 1: tool_calls[0].function.name must be a non-empty string, found ''"),
+    ({"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+        "name": "", "arguments": {}}}]}, "tool_call_without_name",
+     "turn 1: tool_calls[0].function.name must be a non-empty string, found ''"),
     ({"role": "user", "content": "And now?", "tool_calls": [{"type": "function", "function": {
         "name": "get_time", "arguments": {}}}]}, "misplaced_field",
      "turn 1: tool_calls belongs on an assistant turn, not on a user turn"),

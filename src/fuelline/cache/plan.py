@@ -192,7 +192,7 @@ def encode_inputs(inputs: list[str], model: str | os.PathLike, config: CacheConf
                 if problem is not None and on_error == "raise":
                     raise ChatRecordError(problem.reason, problem.detail, f"{path}:{line}")
                 if problem is not None:
-                    rejects.add(problem.reason, record, source=path, line=line, detail=problem.detail)
+                    rejects.add(problem.reason, record, source=os.fspath(path), line=line, detail=problem.detail)
                     continue
                 batch.append((os.fspath(path), line, record))
                 if len(batch) == ENCODE_BATCH:

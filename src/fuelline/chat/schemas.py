@@ -235,13 +235,15 @@ def _structured(obj: dict, turn: dict[str, Any], where: str, forms: set[str]) ->
     if "weight" in obj and turn["role"] == "assistant":
         weight = obj["weight"]
         if type(weight) is not int or weight not in chat_record.WEIGHTS:
-            raise ChatRecordError("bad_weight", f"{where}.weight is {weight!r}; OpenAI's weight is 0 (not trained on) or 1")
+            raise ChatRecordError("bad_weight", f"{where}.weight is {weight!r}; OpenAI's weight is 0 (not trained "
+                                                "on) or 1")
         turn["weight"] = weight
     if turn["role"] == "assistant":
         for key in REASONING_KEYS:
             if obj.get(key) not in (None, ""):
                 if "reasoning_content" in turn:
-                    raise ChatRecordError("conflicting_reasoning", f"{where} has both {REASONING_KEYS[0]!r} and {key!r}")
+                    raise ChatRecordError("conflicting_reasoning",
+                                          f"{where} has both {REASONING_KEYS[0]!r} and {key!r}")
                 turn["reasoning_content"] = _text(obj[key], f"{where}.{key}")
                 forms.add(key)
         calls = obj.get("tool_calls")
@@ -335,7 +337,8 @@ def _hermes_calls(content: str, where: str) -> tuple[str, list[dict[str, Any]]]:
 def _tool_responses(content: str, where: str) -> list[str]:
     """The texts, stripped, of a content made of `<tool_response>` blocks only."""
     if TOOL_RESPONSE.sub("", content).strip():
-        raise ChatRecordError("bad_tool_response", f"{where} has text outside its <tool_response>…</tool_response> blocks")
+        raise ChatRecordError("bad_tool_response",
+                              f"{where} has text outside its <tool_response>…</tool_response> blocks")
     return [m.group(1).strip() for m in TOOL_RESPONSE.finditer(content)]
 
 

@@ -59,14 +59,12 @@ AUDIT_FILE = "clusters.jsonl.zst"
 
 
 def compared_text(record: dict, compare: str, where: str) -> str | None:
-    """The text dedup compares: a document's text, or a chat record's user turns joined by newlines
-    (None for a record of another kind; a chat record that breaks the contract of
-    `fuelline.formats.chat_record` is a `ChatRecordError` located at `where`, FILE:LINE)."""
+    """The text dedup compares: a document's text (None for a record without one), or a chat record's
+    user turns joined by newlines (a record that breaks the contract of `fuelline.formats.chat_record`,
+    another kind of record included, is a `ChatRecordError` located at `where`, FILE:LINE)."""
     if compare == "text":
         text = record.get("text")
         return text if isinstance(text, str) else None
-    if not isinstance(record.get("conversations"), list):
-        return None
     chat_record.require(record, where)
     return "\n".join(user_turns(record["conversations"]))
 
@@ -81,9 +79,8 @@ def hash_shard(shard: InputShard, config: DedupConfig, workdir: Path) -> int:
         for line, record in iter_file_records(shard.source, start=shard.start, stop=shard.stop, on_error="skip"):
             text = compared_text(record, config.compare, f"{shard.source}:{line}")
             if text is None:
-                what = ('no string field "text": dedup reads document records' if config.compare == "text" else
-                        'no "conversations" list of {"role", "content"} turns: compare = user_turns reads chat records')
-                raise RecordError(shard.source, line, what)
+                raise RecordError(shard.source, line, 'no string field "text": dedup reads document records '
+                                                      '(compare = user_turns reads chat records)')
             ids.append(str(record.get("id", f"{shard.source}:{line}")))
             texts.append(text)
             lengths.append(len(text))

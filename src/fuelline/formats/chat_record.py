@@ -106,7 +106,8 @@ def check_prompts(record: Any) -> Drop | None:
         return Drop("empty_conversation", "the eval record has no turn")
     wrong = next((t for t in record["turns"] if not isinstance(t, str)), None)
     if wrong is not None:
-        return Drop("wrong_type", f"an eval record's turns are the user contents, strings; found {type(wrong).__name__}")
+        return Drop("wrong_type", f"an eval record's turns are the user contents, strings; found "
+                                  f"{type(wrong).__name__}")
     return None
 
 
@@ -190,8 +191,8 @@ def require_tools(tools: Any) -> None:
     if tools is None:
         return
     if not isinstance(tools, list):
-        raise ChatRecordError("bad_tools", f"tools must be a list of {{'type': 'function', 'function': {{'name', ...}}}}, "
-                                           f"found {type(tools).__name__}")
+        raise ChatRecordError("bad_tools", f"tools must be a list of {{'type': 'function', 'function': "
+                                           f"{{'name', ...}}}}, found {type(tools).__name__}")
     for j, tool in enumerate(tools):
         function = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(function, dict) or tool.get("type", "function") != "function":
@@ -211,7 +212,8 @@ def require_order(turns: list[dict]) -> None:
     """The order of turns whose shape `require_turns` has checked (see the module doc)."""
     start = 1 if turns and turns[0]["role"] == "system" else 0
     if start < len(turns) and turns[start]["role"] != "user":
-        raise ChatRecordError("first_turn_not_user", f"the first turn after the system prompt is {turns[start]['role']}")
+        raise ChatRecordError("first_turn_not_user", f"the first turn after the system prompt is "
+                                                     f"{turns[start]['role']}")
     calls: list[dict] = []  # of the round in progress: results may follow
     results = 0
     for i in range(start + 1, len(turns)):
@@ -227,8 +229,9 @@ def require_order(turns: list[dict]) -> None:
                                                                f"{len(calls)} call(s)")
             ids = [call["id"] for call in calls if "id" in call]
             if ids and "tool_call_id" in turn and turn["tool_call_id"] not in ids:
-                raise ChatRecordError("unknown_tool_call_id", f"turn {i} answers tool_call_id {turn['tool_call_id']!r}, "
-                                                              f"not a call of its round ({', '.join(ids)})")
+                raise ChatRecordError("unknown_tool_call_id", f"turn {i} answers tool_call_id "
+                                                              f"{turn['tool_call_id']!r}, not a call of its round "
+                                                              f"({', '.join(ids)})")
             continue
         if before.get("tool_calls"):
             raise ChatRecordError("missing_tool_result", f"turn {i} ({role}) follows tool calls without a tool result")
