@@ -4,8 +4,8 @@ The plan encodes every conversation once (chat template, assistant-only mask, `m
 `min_loss_tokens`), stores the token ids in `CACHE/.build/` and fixes the whole cache (a record
 it cannot use, by the chat record contract of `fuelline.formats.chat_record` or because the
 template cannot render it, stops it, naming FILE:LINE and the id, or with on_error="skip" is
-dropped under its reason; every dropped record goes to `.build/rejects.jsonl.zst`, `_rejects/` once merged): which
-samples go to which shard, in which order, in which forward batches. Every sample's bytes are
+dropped under its reason; every dropped record goes to `.build/rejects.jsonl.zst`, `_rejects/`
+once merged): which samples go to which shard, in which order, in which forward batches. Every sample's bytes are
 known from its length alone, so shard sizes, offsets and the total are exact before the target
 runs (`fuelline cache estimate` prints them; `build` checks the disk with them).
 

@@ -9,10 +9,10 @@ Prompts. A conversation that ends with a user turn gets the answer to it, append
 of `chat prepare` (`{"id", "turns": [user contents]}`) becomes the chat record of its user turns,
 each answered in order on the answers before it (as DeepSpec regenerates its prompts). A record
 with nothing to answer (no assistant turn, no user turn at its end) is never written: it goes to
-the errors file as `nothing_to_regenerate`, a final decision like `truncated`. A record that breaks the chat
-record contract (`fuelline.formats.chat_record`; an empty conversation, a tool call without a
-name, tool calls on a user turn …) stops the run at its line before it is sent, under the reason
-pack and cache build would give it.
+the errors file as `nothing_to_regenerate`, a final decision like `truncated`. A record that
+breaks the chat record contract (`fuelline.formats.chat_record`; an empty conversation, a tool
+call without a name, tool calls on a user turn …) stops the run at its line before it is sent,
+under the reason pack and cache build would give it.
 
 Tools. A record's `tools` go with each of its requests, and its turns as OpenAI messages: a tool
 call's arguments as a JSON string, each call an id (its own, else `call_{turn}_{k}`), each tool
