@@ -37,7 +37,8 @@ It adds (i) servers that stall, are slow or do not stream, and prompt records, u
 
 It adds (j) chat records a template should not train on as given: answers spelling control
 tokens, records a template cannot render under `--on-error raise|skip` (pack and the cache build's
-plan), weight-0 assistant turns, and a pack resumed with a changed policy
+plan), records the chat record contract refuses (refused alike by regenerate, before any request,
+by pack and by the plan), weight-0 assistant turns, and a pack resumed with a changed policy
 (reliability_chat_records.py).
 
 It adds (k) the command line as a new user meets it (reliability_cli.py): numeric options
@@ -495,7 +496,8 @@ FAMILIES = [
     ("(h) tool arguments and reasoning in every form, through chat prepare and chat regenerate",
      reliability_chat_forms),
     ("(i) chat regenerate against stalled, slow and non-streaming servers, and on prompts", reliability_stalls),
-    ("(j) chat records: special-token text, unrenderable records, weight-0 turns, changed policies",
+    ("(j) chat records: special-token text, unrenderable records, contract refusals, weight-0 turns, changed "
+     "policies",
      reliability_chat_records),
     ("(k) the command line: odd values, wrong record types, stopped runs' locks", reliability_cli),
 ]

@@ -9,7 +9,10 @@ Prompts. A conversation that ends with a user turn gets the answer to it, append
 of `chat prepare` (`{"id", "turns": [user contents]}`) becomes the chat record of its user turns,
 each answered in order on the answers before it (as DeepSpec regenerates its prompts). A record
 with nothing to answer (no assistant turn, no user turn at its end) is never written: it goes to
-the errors file as `nothing_to_regenerate`, a final decision like `truncated`.
+the errors file as `nothing_to_regenerate`, a final decision like `truncated`. A record that
+breaks the chat record contract (`fuelline.formats.chat_record`; an empty conversation, a tool
+call without a name, tool calls on a user turn …) stops the run at its line before it is sent,
+under the reason pack and cache build would give it.
 
 Tools. A record's `tools` go with each of its requests, and its turns as OpenAI messages: a tool
 call's arguments as a JSON string, each call an id (its own, else `call_{turn}_{k}`), each tool
@@ -71,12 +74,12 @@ from typing import Any, Iterator
 import orjson
 
 from fuelline.chat.reasoning import ReasoningError, split_reasoning
+from fuelline.formats.chat_record import ChatRecordError, check, check_prompts
 from fuelline.io import json_exact
 from fuelline.io.atomic import write_bytes_atomic
 from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import expand_inputs
-from fuelline.io.readers import RecordError, count_units, iter_file_records
-from fuelline.io.tool_arguments import ArgumentsError, parse_arguments
+from fuelline.io.readers import count_units, iter_file_records
 from fuelline.io.tool_arguments import to_json as arguments_json
 from fuelline.pipeline.options import check_bounds, identity_values, option
 from fuelline.pipeline.stats import StepStats, write_stats
@@ -306,50 +309,12 @@ class _Appender:
 
 
 def _check_record(record: dict, source: Path, line: int) -> None:
-    """The chat record contract, as far as requests need it, and the eval record's (`{"id", "turns"}`,
-    prepare's prompts); the error names the turn and what is wrong."""
-    turns = record.get("conversations")
-    if isinstance(record.get("id"), str) and turns is None and isinstance(record.get("turns"), list):
-        if not all(isinstance(t, str) for t in record["turns"]):
-            raise RecordError(source, line, 'an eval record\'s "turns" must be the user contents, strings')
-        return
-    if not isinstance(record.get("id"), str) or not isinstance(turns, list):
-        raise RecordError(source, line, 'expected a chat record with a string "id" and a "conversations" list, '
-                                        'or an eval record {"id", "turns": [str]} (see `fuelline chat prepare`)')
-    tools = record.get("tools", [])
-    if not isinstance(tools, list) or not all(isinstance(t, dict) and t.get("type", "function") == "function"
-                                              and isinstance(t.get("function"), dict)
-                                              and isinstance(t["function"].get("name"), str) for t in tools):
-        raise RecordError(source, line, 'tools is not a list of {"type": "function", "function": {"name": str, ...}}')
-    for i, turn in enumerate(turns):
-        if not (isinstance(turn, dict) and turn.get("role") in ("system", "user", "assistant", "tool")
-                and isinstance(turn.get("content"), str)):
-            raise RecordError(source, line, f"turn {i} is not a {{role: system|user|assistant|tool, content: str}} "
-                                            "turn")
-        for key in {"assistant": ("reasoning_content",), "tool": ("tool_call_id", "name")}.get(turn["role"], ()):
-            if key in turn and not isinstance(turn[key], str):
-                raise RecordError(source, line, f"turn {i}: {key} is a {type(turn[key]).__name__}, not a string")
-        if turn["role"] == "assistant" and "tool_calls" in turn:
-            _check_tool_calls(turn["tool_calls"], f"turn {i}", source, line)
-
-
-def _check_tool_calls(calls, where: str, source: Path, line: int) -> None:
-    if not isinstance(calls, list):
-        raise RecordError(source, line, f"{where}: tool_calls is a {type(calls).__name__}, not a list")
-    for k, call in enumerate(calls):
-        function = call.get("function") if isinstance(call, dict) else None
-        if not (isinstance(function, dict) and isinstance(function.get("name"), str)
-                and call.get("type", "function") == "function" and isinstance(call.get("id", ""), str)):
-            raise RecordError(source, line, f'{where} tool call {k} is not a {{"id"?: str, "type": "function", '
-                                            '"function": {"name": str, "arguments": object}}')
-        if not isinstance(function.get("arguments"), dict):
-            raise RecordError(source, line, f"{where} tool call {k} ({function['name']}): arguments is a "
-                                            f"{type(function.get('arguments')).__name__}, expected a JSON object "
-                                            "(a dict; the JSON string form is the API's, not the record's)")
-        try:
-            parse_arguments(function["arguments"], f"{where} tool call {k} ({function['name']})")
-        except ArgumentsError as e:
-            raise RecordError(source, line, f"{e.detail} ({e.reason})") from None
+    """The chat record contract (`fuelline.formats.chat_record`), or the eval record's (`{"id", "turns"}`,
+    prepare's prompts), before any request: a `ChatRecordError` names FILE:LINE, the turn and the rule."""
+    prompts = isinstance(record, dict) and "conversations" not in record and "turns" in record
+    problem = check_prompts(record) if prompts else check(record)
+    if problem is not None:
+        raise ChatRecordError(problem.reason, problem.detail, f"{source}:{line}")
 
 
 def openai_messages(turns: list[dict]) -> list[dict]:

@@ -171,10 +171,10 @@ def _render_shard(shard: InputShard, template, on_error: str, rejects: Rejects):
     for line, record in iter_file_records(shard.source, start=shard.start, stop=shard.stop, on_error=on_error,
                                           rejects=rejects):
         problem = template.record_problem(record)
-        if problem and on_error == "raise":
-            raise RecordError(shard.source, line, problem)
-        if problem:
-            rejects.add(template.wrong_record, record, source=shard.source, line=line, detail=problem)
+        if problem is not None and on_error == "raise":
+            raise RecordError(shard.source, line, f"{problem.detail} ({problem.reason})")
+        if problem is not None:
+            rejects.add(problem.reason, record, source=shard.source, line=line, detail=problem.detail)
             continue
         batch.append((line, record))
         if len(batch) == BATCH_SIZE:
