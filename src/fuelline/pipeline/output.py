@@ -64,8 +64,8 @@ class OutputStore:
         """Make files written under `directory` (names relative to it) part of the store, in order."""
 
     def discard(self) -> None:
-        """Delete everything the output holds (`restart`, or other options before any shard finished)."""
-        shutil.rmtree(self.directory)
+        """Delete what the store holds beyond `directory`, which the run's `WorkDir` deletes (`restart`,
+        or other options before any shard finished)."""
 
     def finish(self) -> None:
         """Publish what the stage wrote beside its shards (e.g. dedup's audit), then stats.json."""
@@ -141,7 +141,6 @@ class RemoteOutput(OutputStore):
                 (self.directory / name).unlink()
 
     def discard(self) -> None:
-        shutil.rmtree(self.directory, ignore_errors=True)
         self.remote.clear()
 
     def finish(self) -> None:
