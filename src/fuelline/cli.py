@@ -333,22 +333,30 @@ chat.add_command(_chat_prepare_command())
     click.Option(["--output", "-o"], required=True, type=click.Path(), callback=_local_only,
                  help="OUT.jsonl (errors in OUT.jsonl.errors, stats in OUT.stats.json), or a directory for all three"),
     *config_params(RegenerateConfig),
-    click.Option(["--resume"], is_flag=True, help="continue OUT: skip the ids it holds (a torn last line is cut off)"),
+    click.Option(["--resume"], is_flag=True, help="accepted for older scripts, does nothing: a run resumes OUT by "
+                                                  "default (skips the ids it holds, retries what failed)"),
+    click.Option(["--restart"], is_flag=True, help="delete OUT (its errors and stats too) and start over"),
     click.Option(["--quiet", "-q"], is_flag=True, help="no progress bar")])
-def regenerate_command(inputs, output, resume, quiet, **values):
+def regenerate_command(inputs, output, resume, restart, quiet, **values):
     from dataclasses import replace
 
-    from fuelline.chat.regenerate import regenerate, resolve_servers
+    from fuelline.chat.regenerate import resolve_servers
     from fuelline.pipeline.config import build_dataclass
 
-    config = build_dataclass(RegenerateConfig, given(values), "fuelline chat regenerate")
-    model, urls = resolve_servers(config.model, config.servers, config.servers_file)
-    config = replace(config, model=model)
+    step = step_class("regenerate")
+    config = build_dataclass(step.Config, given(values), "fuelline chat regenerate")
+    model, _ = resolve_servers(config.model, config.servers, config.servers_file)
+    step = step(replace(config, model=model))  # the model the servers serve is part of what a resume checks
+    step.warn = lambda message: click.echo(message, err=True)
     try:
-        stats = regenerate(list(inputs), output, urls, config, resume=resume, progress=not quiet,
-                           warn=lambda message: click.echo(message, err=True))
+        stats = step.run(list(inputs), Path(output), RunOptions(restart=restart, progress=not quiet), {})
     except KeyboardInterrupt:
-        raise Interrupted(f"what was written to {output} is kept: rerun with --resume to continue") from None
+        raise Interrupted(f"what was written to {output} is kept: run the same command again to continue") from None
+    if stats.get("resumed"):
+        click.echo(f"regenerate in {stats['records_in']:,}  out {stats['records_out']:,}: finished in an earlier "
+                   f"run, nothing left to do ({output}; --restart to regenerate again)")
+        require_kept(stats)
+        return
     c = stats["counters"]
     dropped = ", ".join(f"{k} {v:,}" for k, v in stats["dropped"].items()) or "none"
     click.echo(f"regenerate in {stats['records_in']:,}  out {stats['records_out']:,} ({c['resumed']:,} resumed)  "
@@ -356,7 +364,7 @@ def regenerate_command(inputs, output, resume, quiet, **values):
                f"{c['tokens_generated']:,} tokens in {stats['wall_seconds']:.1f}s"
                + (f" ({c['tokens_unknown']:,} answers without a token count)" if c["tokens_unknown"] else ""))
     if stats["failures"]:
-        click.echo("  failed for good (in the errors file; --resume retries them): "
+        click.echo("  failed for good (in the errors file; running the same command again retries them): "
                    + ", ".join(f"{k} {v:,}" for k, v in stats["failures"].items()))
     for url, numbers in stats["servers"].items():
         left_out = f", left out {', '.join(numbers['left_out'])}" if numbers["left_out"] else ""

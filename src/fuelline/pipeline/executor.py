@@ -42,7 +42,7 @@ from fuelline.io.atomic import remove_temp_files, write_bytes_atomic
 from fuelline.io.paths import expand_inputs
 from fuelline.io.readers import READ_ERROR_REASONS, iter_file_records
 from fuelline.io.rejects import Rejects
-from fuelline.io.stage_layout import DONE_DIR, PREPARE_DIR, REJECTS_DIR, STAGE_PART_PREFIX, STAGE_PLAN_FILE
+from fuelline.io.stage_layout import DONE_DIR, PREPARE_DIR, REJECTS_DIR, STAGE_PART_PREFIX, PLAN_FILE
 from fuelline.io.writers import OUTPUT_FORMATS, RecordWriter, open_writer
 from fuelline.pipeline.options import identity_defaults
 from fuelline.pipeline.output import OutputStore, open_output
@@ -209,7 +209,7 @@ def _prepare_output(step_dir: _StageDir, inputs: list[Path | str], options: RunO
         if step_dir.resumed:
             remove_temp_files(directory)
     if not step_dir.resumed:
-        store.publish([STAGE_PLAN_FILE])
+        store.publish([PLAN_FILE])
     return [InputShard(**s) for s in plan["shards"]]
 
 

@@ -38,7 +38,7 @@ import orjson
 
 from fuelline.io.atomic import write_bytes_atomic
 from fuelline.io.lock import exclusive_output
-from fuelline.io.stage_layout import STAGE_PLAN_FILE, STATS_FILE
+from fuelline.io.stage_layout import PLAN_FILE, STATS_FILE
 from fuelline.pipeline.stats import StepStats, read_stats, resumed
 
 RESTART_HINT = "pass --restart to delete it and run again, or choose another output directory"
@@ -108,7 +108,7 @@ class WorkDir:
             self.stats_path = self.path.with_name(f"{stem}.{STATS_FILE}")
             self.members = [self.path, *beside, self.stats_path, self.plan_path]
         else:
-            self.plan_path, self.stats_path = self.path / STAGE_PLAN_FILE, self.path / STATS_FILE
+            self.plan_path, self.stats_path = self.path / PLAN_FILE, self.path / STATS_FILE
         self.resumed = False  # set by `begin`: the plan found was this run's
 
     def lock(self):
