@@ -197,13 +197,15 @@ def _run_params() -> list[click.Option]:
 @click.option("--run-dir", "-o", required=True, type=click.Path(file_okay=False), callback=_local_only,
               help="where stage outputs go")
 @click.option("--input", "-i", "inputs", multiple=True, help="input of the first stage (files, dirs, globs)")
-def run(pipeline_file, run_dir, inputs, workers, restart, quiet, executor, ray_address):
+@click.option("--restart-from", metavar="STEP", default=None,
+              help="redo the step of this name and those after it; the steps before it resume (--restart: every step)")
+def run(pipeline_file, run_dir, inputs, workers, restart, quiet, executor, ray_address, restart_from):
     """Run a pipeline file (TOML); running it again resumes."""
     from fuelline.pipeline.config import load_pipeline, run_pipeline
 
     steps = load_pipeline(pipeline_file)
     all_stats = run_pipeline(steps, run_dir, input=list(inputs), workers=workers, executor=executor,
-                             ray_address=ray_address, restart=restart, progress=not quiet)
+                             ray_address=ray_address, restart=restart, restart_from=restart_from, progress=not quiet)
     _print_stats(all_stats, _step_dirs(run_dir, len(all_stats)))
 
 
@@ -481,17 +483,18 @@ def tokenizer() -> None:
     click.Option(["--input", "-i", "inputs"], multiple=True, required=True, help="document records (files, dirs, globs)"),
     click.Option(["--output", "-o"], required=True, type=click.Path(file_okay=False), callback=_local_only,
                  help="tokenizer directory to write"),
-    *config_params(step_class("tokenizer").Config)])
-def train(inputs, output, **values):
-    from dataclasses import asdict
-
+    *config_params(step_class("tokenizer").Config),
+    click.Option(["--restart"], is_flag=True, help="delete what OUTPUT holds and train again")])
+def train(inputs, output, restart, **values):
     from fuelline.pipeline.config import build_dataclass
-    from fuelline.tokenizer.train import train_tokenizer
 
-    config = build_dataclass(step_class("tokenizer").Config, given(values), "fuelline tokenizer train")
-    report = train_tokenizer(list(inputs), output, **asdict(config))
-    click.echo(f"trained on {report['documents']:,} documents in {report['train_seconds']} s: "
-               f"{report['vocab_size']:,} tokens, {report['tokens_per_char']} tokens per character, "
+    step = step_class("tokenizer")
+    config = build_dataclass(step.Config, given(values), "fuelline tokenizer train")
+    stats = step(config).run(list(inputs), Path(output), RunOptions(restart=restart), {})
+    report = stats["tokenizer"]
+    done = f"trained in an earlier run ({output}; --restart to train again)" if stats.get("resumed") else \
+        f"trained on {stats['records_in']:,} documents in {report['train_seconds']} s"
+    click.echo(f"{done}: {report['vocab_size']:,} tokens, {report['tokens_per_char']} tokens per character, "
                f"{report['isolated_share']:.1%} of punctuation marks are tokens of their own; wrote {output}")
     for warning in report["warnings"]:
         click.echo(f"warning: {warning}", err=True)

@@ -222,5 +222,12 @@ class WorkDir:
                 if not derived:
                     raise
                 self.discard()
+            fresh = self.is_empty()
             self.begin(anything_finished=lambda: False)
-            return self.finish(work())
+            try:
+                stats = work()
+            except BaseException:
+                if fresh:  # nothing of a failed run is worth keeping, and nothing was there before it
+                    self.discard()
+                raise
+            return self.finish(stats)
