@@ -466,9 +466,10 @@ def report(run_dir, as_json):
     import orjson
 
     from fuelline.report.funnel import format_funnel
-    from fuelline.report.step import build_report
+    from fuelline.report.step import report_run
 
-    funnel = build_report(Path(run_dir), Path(run_dir) / "report")
+    stats = report_run(Path(run_dir))
+    funnel = orjson.loads((Path(stats["report"]).parent / "funnel.json").read_bytes())
     click.echo(orjson.dumps(funnel, option=orjson.OPT_INDENT_2).decode() if as_json else format_funnel(funnel))
     if not as_json:
         click.echo(f"\nHTML report: {Path(run_dir) / 'report' / 'report.html'}")

@@ -228,7 +228,8 @@ def _listed(items: list) -> str:
               help="check every record's checksum (a token dataset: every file's sha256) before trusting it; "
                    "--no-verify reads only the ids and masks, checking what opening checks")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="progress bar")
-def vocab_map(source, draft_vocab, output, target_vocab, workers, verify, progress):
+@click.option("--restart", is_flag=True, help="delete the mapping, its counts and stats, and count again")
+def vocab_map(source, draft_vocab, output, target_vocab, workers, verify, progress, restart):
     """SpecForge's draft vocabulary (vocab_mapping.pt: d2t, t2d) from the supervised tokens of a cache or a
     `pack --template chat` token dataset, with the share of supervised tokens it covers."""
     import os
@@ -236,5 +237,6 @@ def vocab_map(source, draft_vocab, output, target_vocab, workers, verify, progre
     from fuelline.cache.vocab_map import build_vocab_mapping, format_summary
 
     stats = build_vocab_mapping(source, output, draft_vocab_size=draft_vocab, target_vocab_size=target_vocab,
-                                workers=workers or len(os.sched_getaffinity(0)), progress=progress, verify=verify)
+                                workers=workers or len(os.sched_getaffinity(0)), progress=progress, verify=verify,
+                                restart=restart)
     click.echo(format_summary(stats))

@@ -211,7 +211,8 @@ class WorkDir:
     def run_once(self, work: Callable[[], StepStats], *, restart: bool, derived: bool = False) -> dict[str, Any]:
         """For a step done in one go (nothing to resume inside it): its stats when it finished here
         with this identity, else `work()` run into the output and its stats written. `derived`: an
-        output made from the run's other outputs (the report), replaced when they changed, never refused."""
+        output fuelline names and makes from a run's other outputs (RUN/report), rewritten when they
+        changed, whatever it holds, never refused."""
         with self.lock():
             if restart:
                 self.restart()
@@ -221,6 +222,7 @@ class WorkDir:
             except StepOutputMismatch:
                 if not derived:
                     raise
+            if derived:
                 self.discard()
             fresh = self.is_empty()
             self.begin(anything_finished=lambda: False)
