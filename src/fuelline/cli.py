@@ -384,13 +384,12 @@ chat.add_command(_stage_command("chat-from-poetry", "from-poetry"))
                  help="output directory: train/, val/ and a copy of the tokenizer"),
     *config_params(step_class("pack").Config), *_run_params()])
 def pack(inputs, output, workers, restart, quiet, executor, ray_address, **values):
-    from fuelline.pack.packer import PackConfig
-    from fuelline.pack.packer import pack as run_pack
     from fuelline.pipeline.config import build_dataclass
 
-    config = build_dataclass(PackConfig, given(values), "fuelline pack")
-    stats = run_pack(list(inputs), config.tokenizer, output, config, workers=workers, restart=restart,
-                     progress=not quiet, executor=executor or "local", ray_address=ray_address)
+    step = step_class("pack")
+    config = build_dataclass(step.Config, given(values), "fuelline pack")
+    stats = step(config).run(list(inputs), output, RunOptions(  # a URL stays one, for pack to refuse
+        workers=workers, restart=restart, progress=not quiet, executor=executor or "local", ray_address=ray_address), {})
     for split, numbers in stats["splits"].items():
         click.echo(f"{split:<6} {_split_summary(numbers, config.template, 9)}")
     if stats["dropped"] or any(stats["counters"].values()):

@@ -354,9 +354,10 @@ class ExportStep(Step):
     """Export a target cache (the step's one input) as SpecForge's offline hidden-state files."""
 
     name, Config = "specforge-export", ExportConfig
+    verify = True  # a rerun checks every file's checksum; `fuelline cache export --no-verify`: sizes only
 
     def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:
         if len(inputs) != 1:
             raise ValueError(f"{self.name} exports one target cache; it was given {len(inputs)} inputs")
         return export_specforge(inputs[0], output, self.config, workers=options.workers, progress=options.progress,
-                                restart=options.restart)
+                                restart=options.restart, verify=self.verify)
