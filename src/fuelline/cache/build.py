@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 
 
@@ -27,7 +26,7 @@ from fuelline.cache.ranks import Ranks
 from fuelline.cache.writer import shard_done
 from fuelline.fingerprints import tokenizer_fingerprint
 from fuelline.model_source import resolve_model
-from fuelline.formats.target_cache import MANIFEST, STATS, Layout
+from fuelline.formats.target_cache import MANIFEST, Layout
 from fuelline.io.paths import expand_inputs
 from fuelline.pipeline.options import identity_defaults, identity_values
 from fuelline.pipeline.shards import describe_inputs
@@ -88,7 +87,6 @@ def _on_rank_zero(ranks: Ranks, work):
 def _run(ranks: Ranks, target: tuple[str, Path], inputs, output: Path, config: CacheConfig, progress: bool,
          step_dir: WorkDir | None = None) -> dict:
     """The build on every rank; `step_dir`: rank 0's, its lock held."""
-    started = time.perf_counter()
     state = _on_rank_zero(ranks, lambda: _prepare(ranks, step_dir, target[1], inputs, config, progress))
     if state.get("finished"):
         return state["finished"]
@@ -108,7 +106,7 @@ def _run(ranks: Ranks, target: tuple[str, Path], inputs, output: Path, config: C
     failed = [(r, e) for r, e in enumerate(errors) if e]
     if failed:
         raise RuntimeError("; ".join(f"rank {r} failed: {e}" for r, e in failed) + f"; {resumable}")
-    return _on_rank_zero(ranks, lambda: merge(output, plan, config, time.perf_counter() - started))
+    return _on_rank_zero(ranks, lambda: merge(output, plan, config, step_dir.finish))
 
 
 def _prepare(ranks: Ranks, step_dir: WorkDir, model: Path, inputs, config: CacheConfig, progress: bool) -> dict:
