@@ -46,6 +46,9 @@ given zero, negatives, huge numbers, NaN, infinity or the wrong type, on the com
 pipeline files; records of the other pipeline to each command; `fuelline run` killed and rerun,
 leaving no lock or temp file.
 
+It adds (l) `chat regenerate` resumed with another model, option or input (reliability_resume.py):
+refused, naming what differs, the output untouched; other request settings resume.
+
 Outcomes of a trial are those of benchmarks/trials.py (ok, clear_error, silent_wrong, crash, hang,
 leftover).
 
@@ -80,6 +83,7 @@ import reliability_chat_forms  # noqa: E402
 import reliability_chat_records  # noqa: E402
 import reliability_cli  # noqa: E402
 import reliability_exports  # noqa: E402
+import reliability_resume  # noqa: E402
 import reliability_servers  # noqa: E402
 import reliability_stalls  # noqa: E402
 import reliability_templates  # noqa: E402
@@ -500,6 +504,7 @@ FAMILIES = [
      "policies",
      reliability_chat_records),
     ("(k) the command line: odd values, wrong record types, stopped runs' locks", reliability_cli),
+    ("(l) chat regenerate resumed with another model, option or input", reliability_resume),
 ]
 
 

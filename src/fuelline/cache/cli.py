@@ -26,14 +26,15 @@ def cache() -> None:
     click.Option(["--progress/--no-progress"], default=True, show_default=True, help="progress bars")])
 def build(inputs, output, restart, progress, **values):
     """Run the target over the conversations once and store its hidden states (resumable; torchrun for ranks)."""
-    from fuelline.cache.build import build_cache
     from fuelline.cache.ranks import Ranks
+    from fuelline.cache.step import CacheStep
     from fuelline.pipeline.config import build_dataclass
     from fuelline.pipeline.stats import require_kept
+    from fuelline.pipeline.workers import RunOptions
 
-    config = build_dataclass(CacheConfig, given(values), "fuelline cache build")
-    ranks = Ranks.from_env()  # torchrun's RANK, WORLD_SIZE, LOCAL_RANK: read here, once
-    stats = build_cache(config.model, list(inputs), output, config, progress=progress, ranks=ranks, restart=restart)
+    step = CacheStep(build_dataclass(CacheConfig, given(values), "fuelline cache build"))
+    step.ranks = ranks = Ranks.from_env()  # torchrun's RANK, WORLD_SIZE, LOCAL_RANK: read here, once
+    stats = step.run(list(inputs), output, RunOptions(restart=restart, progress=progress), {})
     if ranks.rank != 0:  # under torchrun, rank 0 reports
         return
     click.echo(summary(stats, output))
@@ -175,12 +176,13 @@ def compare(first, second):
 def export(to, cache_dir, output, workers, restart, verify, progress, **values):
     """Write a cache as a trainer's offline data: SpecForge's rows_*/data_*.ckpt files (resumable; a rerun
     checks every file and repairs what it finds)."""
-    from fuelline.cache.export import export_specforge
+    from fuelline.cache.export import ExportStep
     from fuelline.pipeline.config import build_dataclass
+    from fuelline.pipeline.workers import RunOptions
 
-    config = build_dataclass(ExportConfig, given(values), "fuelline cache export")
-    stats = export_specforge(cache_dir, output, config, workers=workers, progress=progress, restart=restart,
-                             verify=verify)
+    step = ExportStep(build_dataclass(ExportConfig, given(values), "fuelline cache export"))
+    step.verify = verify
+    stats = step.run([cache_dir], output, RunOptions(workers=workers, restart=restart, progress=progress), {})
     click.echo(export_summary(stats, output))
 
 
@@ -228,7 +230,8 @@ def _listed(items: list) -> str:
               help="check every record's checksum (a token dataset: every file's sha256) before trusting it; "
                    "--no-verify reads only the ids and masks, checking what opening checks")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="progress bar")
-def vocab_map(source, draft_vocab, output, target_vocab, workers, verify, progress):
+@click.option("--restart", is_flag=True, help="delete the mapping, its counts and stats, and count again")
+def vocab_map(source, draft_vocab, output, target_vocab, workers, verify, progress, restart):
     """SpecForge's draft vocabulary (vocab_mapping.pt: d2t, t2d) from the supervised tokens of a cache or a
     `pack --template chat` token dataset, with the share of supervised tokens it covers."""
     import os
@@ -236,5 +239,6 @@ def vocab_map(source, draft_vocab, output, target_vocab, workers, verify, progre
     from fuelline.cache.vocab_map import build_vocab_mapping, format_summary
 
     stats = build_vocab_mapping(source, output, draft_vocab_size=draft_vocab, target_vocab_size=target_vocab,
-                                workers=workers or len(os.sched_getaffinity(0)), progress=progress, verify=verify)
+                                workers=workers or len(os.sched_getaffinity(0)), progress=progress, verify=verify,
+                                restart=restart)
     click.echo(format_summary(stats))

@@ -25,6 +25,7 @@ STEPS: dict[str, str] = {
     "regenerate": "fuelline.chat.regenerate_step:RegenerateStep",
     "cache": "fuelline.cache.step:CacheStep",
     "specforge-export": "fuelline.cache.export:ExportStep",
+    "vocab-map": "fuelline.cache.vocab_map:VocabMapStep",
 }
 
 
