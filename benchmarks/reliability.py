@@ -37,13 +37,17 @@ It adds (i) servers that stall, are slow or do not stream, and prompt records, u
 
 It adds (j) chat records a template should not train on as given: answers spelling control
 tokens, records a template cannot render under `--on-error raise|skip` (pack and the cache build's
-plan), weight-0 assistant turns, and a pack resumed with a changed policy
+plan), records the chat record contract refuses (refused alike by regenerate, before any request,
+by pack and by the plan), weight-0 assistant turns, and a pack resumed with a changed policy
 (reliability_chat_records.py).
 
 It adds (k) the command line as a new user meets it (reliability_cli.py): numeric options
 given zero, negatives, huge numbers, NaN, infinity or the wrong type, on the command line and in
 pipeline files; records of the other pipeline to each command; `fuelline run` killed and rerun,
 leaving no lock or temp file.
+
+It adds (l) `chat regenerate` resumed with another model, option or input (reliability_resume.py):
+refused, naming what differs, the output untouched; other request settings resume.
 
 Outcomes of a trial are those of benchmarks/trials.py (ok, clear_error, silent_wrong, crash, hang,
 leftover).
@@ -79,6 +83,7 @@ import reliability_chat_forms  # noqa: E402
 import reliability_chat_records  # noqa: E402
 import reliability_cli  # noqa: E402
 import reliability_exports  # noqa: E402
+import reliability_resume  # noqa: E402
 import reliability_servers  # noqa: E402
 import reliability_stalls  # noqa: E402
 import reliability_templates  # noqa: E402
@@ -495,9 +500,11 @@ FAMILIES = [
     ("(h) tool arguments and reasoning in every form, through chat prepare and chat regenerate",
      reliability_chat_forms),
     ("(i) chat regenerate against stalled, slow and non-streaming servers, and on prompts", reliability_stalls),
-    ("(j) chat records: special-token text, unrenderable records, weight-0 turns, changed policies",
+    ("(j) chat records: special-token text, unrenderable records, contract refusals, weight-0 turns, changed "
+     "policies",
      reliability_chat_records),
     ("(k) the command line: odd values, wrong record types, stopped runs' locks", reliability_cli),
+    ("(l) chat regenerate resumed with another model, option or input", reliability_resume),
 ]
 
 

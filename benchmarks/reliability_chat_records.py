@@ -16,6 +16,12 @@ Scenarios:
   with generation blocks and Qwen3's own. ok: the ids equal those without weights and the mask is
   exactly the unweighted mask less the tokens trained on for the weight-0 turns alone (the mask
   with the weights inverted); clear_error: a refusal naming the turn, or nothing left to train.
+- records the chat record contract refuses (issue 35: an empty conversation, a tool call without a
+  name, tool calls on a user turn, an id that is no string), each after a good record: `chat
+  regenerate` (against an echo server), `pack --on-error skip` and the cache plan (skip). ok: every
+  step refuses each under the contract's reason (`fuelline.formats.chat_record.check`), regenerate
+  before sending it (its output holds the good record alone, the stop names FILE:LINE); silent_wrong:
+  a step that takes one, or names another reason.
 - resume with a changed policy: a pack stopped by a bad record (some shards done) or finished
   with `--on-error skip`, run again with the other policy or `--special-text`: clear_error when
   refused naming the option, its output untouched; then `--restart` must give the fresh bytes (ok;
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import random
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import orjson
@@ -45,7 +52,8 @@ def scenarios(work: Path, *, full: bool, seed: int) -> list[Tally]:
     rng = random.Random(seed)
     examples = 200 if full else 40
     return [special_text(tokenizer_dir, examples, rng), *unrenderable(work, tokenizer_dir, 3 if full else 1),
-            weights(tokenizer_dir, examples, rng), changed_policy(work, tokenizer_dir, full)]
+            refused_alike(work, tokenizer_dir), weights(tokenizer_dir, examples, rng),
+            changed_policy(work, tokenizer_dir, full)]
 
 
 def qwen_tokenizer(directory: Path) -> Path:
@@ -189,11 +197,71 @@ def _judge_plan(work: Path, tokenizer_dir: Path, source: Path, lines: dict[str, 
         return "clear_error" if policy == "raise" and named else "crash" if not named else "silent_wrong"
     if policy == "raise":
         return "silent_wrong"
-    # a plan reads no `not_a_chat_record`: a record without conversations is an invalid conversation there
-    expected = {"unrenderable": 1, "invalid_conversation": 1, "malformed_json": 1}
+    expected = {"unrenderable": 1, "not_a_chat_record": 1, "malformed_json": 1}  # pack's reasons, the contract's
     right = len(encoded.samples) == 6 and encoded.dropped == expected and encoded.records_in == 9
     right &= all(f"{source}:" in example for example in encoded.drop_examples.values())
     return "ok" if right else "silent_wrong"
+
+
+# --- records the contract refuses, at every step ----------------------------------------------------
+
+CONTRACT_BREAKS = [  # records regeneration used to send, which pack and cache build refused
+    {"id": "empty", "conversations": []},
+    {"id": "nameless", "conversations": [GOOD[0], {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "", "arguments": {}}}]}]},
+    {"id": "user-calls", "conversations": [{**GOOD[0], "tool_calls": [
+        {"type": "function", "function": {"name": "now", "arguments": {}}}]}, GOOD[1]]},
+    {"id": 7, "conversations": list(GOOD)},
+]
+
+
+def refused_alike(work: Path, tokenizer_dir: Path) -> Tally:
+    from fuelline.chat.regenerate import RegenerateConfig, regenerate
+    from fuelline.formats.chat_record import ChatRecordError, check
+    from fuelline.io import read_records
+    from fuelline.serve.client import ClientConfig
+    from reliability_servers import echo_servers
+
+    tally = Tally("chat records: contract refusals alike at regenerate, pack and the cache plan")
+    good = {"id": "good", "conversations": list(GOOD)}
+    reasons = [check(bad).reason for bad in CONTRACT_BREAKS]
+    with echo_servers([()]) as urls:
+        for k, (bad, reason) in enumerate(zip(CONTRACT_BREAKS, reasons)):
+            source = work / f"contract-{k}.jsonl"
+            source.write_bytes(orjson.dumps(good) + b"\n" + orjson.dumps(bad) + b"\n")
+            out = work / f"contract-{k}-regenerated.jsonl"
+            try:
+                regenerate([source], out, urls, RegenerateConfig("echo", client=ClientConfig(attempts=2)),
+                           progress=False)
+                tally.add("silent_wrong", f"regenerate took {bad!r}")
+            except ChatRecordError as e:
+                written = [r["id"] for r in map(orjson.loads, out.read_bytes().splitlines())]
+                right = e.reason == reason and e.where == f"{source}:2" and written in ([], ["good"])
+                tally.add("clear_error" if right else "silent_wrong", f"regenerate: {e} (wrote {written})")
+    source = work / "contract-all.jsonl"  # the good record, then each break: pack and the plan read them all
+    source.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in [good, *CONTRACT_BREAKS]))
+    expected = sorted((reason, line) for line, reason in enumerate(reasons, start=2))
+    code, stderr = run(cli("pack", "-i", source, "--tokenizer", tokenizer_dir, "-o", work / "contract-pack",
+                           "--template", "chat", "-w", "1", "-q", "--on-error", "skip"), timeout=TRIAL_LIMIT_S)
+    rejects = sorted((r["reason"], r["line"]) for r in read_records(work / "contract-pack" / "_rejects")) \
+        if code == 0 else stderr[-300:]
+    tally.add("ok" if rejects == expected else "silent_wrong", f"pack: {rejects}, expected {expected}")
+    tally.add(*isolated(lambda: _plan_refuses(tokenizer_dir, source, Counter(reasons)), TRIAL_LIMIT_S))
+    return tally
+
+
+def _plan_refuses(tokenizer_dir: Path, source: Path, reasons: Counter) -> str:
+    from fuelline.cache.plan import CacheConfig, encode_inputs
+    from fuelline.io.rejects import Rejects
+
+    class Discard:
+        def write(self, data):
+            return len(data)
+
+    config = CacheConfig(layers=[0], chat_template="chatml", min_loss_tokens=1)
+    config.errors.on_error = "skip"
+    encoded = encode_inputs([str(source)], tokenizer_dir, config, Discard(), Discard(), Rejects(), progress=False)
+    return "ok" if encoded.dropped == dict(reasons) and len(encoded.samples) == 1 else "silent_wrong"
 
 
 # --- weight-0 turns ----------------------------------------------------------------------------------

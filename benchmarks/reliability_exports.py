@@ -4,7 +4,7 @@
   `fuelline cache build` from a tiny local model, reliability_cache.py's), then one damage per
   trial to the export: a file deleted, truncated at a random byte or with a byte flipped (every
   data file drawn from, `record_ids.txt`, `fuelline_export.json`, the journal, stats.json,
-  `_started.json`), a data file replaced by another's or by a directory, and strays
+  `_plan.json`), a data file replaced by another's or by a directory, and strays
   (`data_500.ckpt`, a `.ckpt.gz` beside a `.ckpt`, a file in a `rows_*` folder of no sample, a
   `.ckpt` at the top); and a record of the cache changed after the export (its id, its
   states) with the export's file of it deleted. The same command again: ok when it ends with
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from trials import Tally, damage_file, isolated, judged
 
-BOOKKEEPING = ("stats.json", "_started.json")  # the seconds of the run that wrote it; the identity it began with
+BOOKKEEPING = ("stats.json", "_plan.json")  # the seconds of the run that wrote it; the identity it began with
 DRAFT_VOCAB = 64
 
 
@@ -145,7 +145,7 @@ def rerun_outcome(cache: Path, directory: Path, options: list[str], expected: di
 def damages(export: Path, rng: random.Random, full: bool) -> list[tuple[str, object]]:
     """(label, apply(directory)) for the damages of the module docstring."""
     data = sorted(p.relative_to(export).as_posix() for p in export.glob("rows_*/data_*"))
-    small = ["record_ids.txt", "fuelline_export.json", "fuelline_export_files.jsonl", "stats.json", "_started.json"]
+    small = ["record_ids.txt", "fuelline_export.json", "fuelline_export_files.jsonl", "stats.json", "_plan.json"]
     targets = (data if full else rng.sample(data, 3)) + small
     found = []
     for name in targets:
@@ -176,8 +176,8 @@ def damages(export: Path, rng: random.Random, full: bool) -> list[tuple[str, obj
               ("stray rows_2000-4000/data_2001", lambda d: (d / "rows_2000-4000").mkdir() or
                shutil.copy(d / first, d / "rows_2000-4000" / f"data_2001{suffix}")),
               ("stray top-level .ckpt", lambda d: shutil.copy(d / first, d / "extra.ckpt")),
-              ("stats.json and _started.json deleted", lambda d: [(d / n).unlink() for n in ("stats.json",
-                                                                                           "_started.json")])]
+              ("stats.json and _plan.json deleted", lambda d: [(d / n).unlink() for n in ("stats.json",
+                                                                                           "_plan.json")])]
     return found
 
 

@@ -29,6 +29,6 @@ def test_the_reduced_harness_finds_no_silent_wrong_result_no_crash_and_no_leftov
     scenarios = {row["scenario"].split(":")[0] for row in result["scenarios"]}
     assert {"kill -9 and resume", "fuzz", "bad corpus", "templates", "servers", "export reruns", "vocab-map",
             "chat forms", "stalls", "prompts", "chat records", "odd values of numeric options",
-            "wrong record type per command"} <= scenarios
+            "wrong record type per command", "chat regenerate resumed with another option or input"} <= scenarios
     fuzzed = sum(row["trials"] for row in result["scenarios"] if row["scenario"].startswith("fuzz"))
     assert fuzzed >= 100 and result["totals"]["clear_error"] > 0  # the damage was real, and was caught

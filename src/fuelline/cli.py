@@ -17,10 +17,11 @@ from fuelline import __version__
 from fuelline.io.remote import is_url, refuse_url
 from fuelline.pipeline.registry import STAGES, step_class
 from fuelline.pipeline.stats import dominant_drop, require_kept
+from fuelline.pipeline.workers import RunOptions
 from fuelline.cache.cli import cache as cache_group, cache_numbers
 from fuelline.chat.regenerate import RegenerateConfig
-from fuelline.cli_options import (at_least, config_params, given, quiet_option, run_options, run_params,
-                                   workers_option)
+from fuelline.cli_options import (at_least, config_params, given, quiet_option, restart_option, run_options,
+                                   run_params, workers_option)
 from fuelline.serve.cli import serve_command
 
 # Exceptions that mean a mistake in what the user gave (a path, an option, a file's content) and
@@ -177,13 +178,15 @@ def _step_dirs(run_dir: str, count: int) -> list[Path | None]:
 @click.option("--run-dir", "-o", required=True, type=click.Path(file_okay=False), callback=_local_only,
               help="where the steps' outputs go")
 @click.option("--input", "-i", "inputs", multiple=True, help="input of the first step (files, dirs, globs)")
-def run(pipeline_file, run_dir, inputs, workers, restart, quiet, executor, ray_address):
+@click.option("--restart-from", metavar="STEP", default=None,
+              help="redo the step of this name and those after it; the steps before it resume (--restart: every step)")
+def run(pipeline_file, run_dir, inputs, workers, restart, quiet, executor, ray_address, restart_from):
     """Run a pipeline file (TOML); running it again resumes."""
     from fuelline.pipeline.config import load_pipeline, run_pipeline
 
     steps = load_pipeline(pipeline_file)
     all_stats = run_pipeline(steps, run_dir, input=list(inputs), workers=workers, executor=executor,
-                             ray_address=ray_address, restart=restart, progress=not quiet)
+                             ray_address=ray_address, restart=restart, restart_from=restart_from, progress=not quiet)
     _print_stats(all_stats, _step_dirs(run_dir, len(all_stats)))
 
 
@@ -304,22 +307,29 @@ chat.add_command(_chat_prepare_command())
     click.Option(["--output", "-o"], required=True, type=click.Path(), callback=_local_only,
                  help="OUT.jsonl (errors in OUT.jsonl.errors, stats in OUT.stats.json), or a directory for all three"),
     *config_params(RegenerateConfig),
-    click.Option(["--resume"], is_flag=True, help="continue OUT: skip the ids it holds (a torn last line is cut off)"),
-    click.Option(["--quiet", "-q"], is_flag=True, help="no progress bar")])
-def regenerate_command(inputs, output, resume, quiet, **values):
+    click.Option(["--resume"], is_flag=True, help="accepted for older scripts, does nothing: a run resumes OUT by "
+                                                  "default (skips the ids it holds, retries what failed)"),
+    restart_option("delete OUT (its errors and stats too) and start over"), quiet_option()])
+def regenerate_command(inputs, output, resume, restart, quiet, **values):
     from dataclasses import replace
 
-    from fuelline.chat.regenerate import regenerate, resolve_servers
+    from fuelline.chat.regenerate import resolve_servers
     from fuelline.pipeline.config import build_dataclass
 
-    config = build_dataclass(RegenerateConfig, given(values), "fuelline chat regenerate")
-    model, urls = resolve_servers(config.model, config.servers, config.servers_file)
-    config = replace(config, model=model)
+    step = step_class("regenerate")
+    config = build_dataclass(step.Config, given(values), "fuelline chat regenerate")
+    model, _ = resolve_servers(config.model, config.servers, config.servers_file)
+    step = step(replace(config, model=model))  # the model the servers serve is part of what a resume checks
+    step.warn = lambda message: click.echo(message, err=True)
     try:
-        stats = regenerate(list(inputs), output, urls, config, resume=resume, progress=not quiet,
-                           warn=lambda message: click.echo(message, err=True))
+        stats = step.run(list(inputs), Path(output), RunOptions(restart=restart, progress=not quiet), {})
     except KeyboardInterrupt:
-        raise Interrupted(f"what was written to {output} is kept: rerun with --resume to continue") from None
+        raise Interrupted(f"what was written to {output} is kept: run the same command again to continue") from None
+    if stats.get("resumed"):
+        click.echo(f"regenerate in {stats['records_in']:,}  out {stats['records_out']:,}: finished in an earlier "
+                   f"run, nothing left to do ({output}; --restart to regenerate again)")
+        require_kept(stats)
+        return
     c = stats["counters"]
     dropped = ", ".join(f"{k} {v:,}" for k, v in stats["dropped"].items()) or "none"
     click.echo(f"regenerate in {stats['records_in']:,}  out {stats['records_out']:,} ({c['resumed']:,} resumed)  "
@@ -327,7 +337,7 @@ def regenerate_command(inputs, output, resume, quiet, **values):
                f"{c['tokens_generated']:,} tokens in {stats['wall_seconds']:.1f}s"
                + (f" ({c['tokens_unknown']:,} answers without a token count)" if c["tokens_unknown"] else ""))
     if stats["failures"]:
-        click.echo("  failed for good (in the errors file; --resume retries them): "
+        click.echo("  failed for good (in the errors file; running the same command again retries them): "
                    + ", ".join(f"{k} {v:,}" for k, v in stats["failures"].items()))
     for url, numbers in stats["servers"].items():
         left_out = f", left out {', '.join(numbers['left_out'])}" if numbers["left_out"] else ""
@@ -345,14 +355,13 @@ chat.add_command(_stage_command("chat-from-poetry", "from-poetry"))
                  help="output directory: train/, val/ and a copy of the tokenizer"),
     *config_params(step_class("pack").Config), *run_params("workers", "shard_size", "executor", "ray_address")])
 def pack(inputs, output, workers, shard_size, restart, quiet, executor, ray_address, **values):
-    from fuelline.pack.packer import PackConfig
-    from fuelline.pack.packer import pack as run_pack
     from fuelline.pipeline.config import build_dataclass
 
-    config = build_dataclass(PackConfig, given(values), "fuelline pack")
-    stats = run_pack(list(inputs), config.tokenizer, output, config, workers=workers, restart=restart,
-                     progress=not quiet, executor=executor or "local", ray_address=ray_address,
-                     **given({"shard_size": shard_size}))
+    step = step_class("pack")
+    config = build_dataclass(step.Config, given(values), "fuelline pack")
+    options = RunOptions(**given({"workers": workers, "shard_size": shard_size, "executor": executor,
+                                  "ray_address": ray_address}), restart=restart, progress=not quiet)
+    stats = step(config).run(list(inputs), output, options, {})  # a URL stays one, for pack to refuse
     for split, numbers in stats["splits"].items():
         click.echo(f"{split:<6} {_split_summary(numbers, config.template, 9)}")
     if stats["dropped"] or any(stats["counters"].values()):
@@ -428,9 +437,10 @@ def report(run_dir, as_json):
     import orjson
 
     from fuelline.report.funnel import format_funnel
-    from fuelline.report.step import build_report
+    from fuelline.report.step import report_run
 
-    funnel = build_report(Path(run_dir), Path(run_dir) / "report")
+    stats = report_run(Path(run_dir))
+    funnel = orjson.loads((Path(stats["report"]).parent / "funnel.json").read_bytes())
     click.echo(orjson.dumps(funnel, option=orjson.OPT_INDENT_2).decode() if as_json else format_funnel(funnel))
     if not as_json:
         click.echo(f"\nHTML report: {Path(run_dir) / 'report' / 'report.html'}")
@@ -445,17 +455,18 @@ def tokenizer() -> None:
     click.Option(["--input", "-i", "inputs"], multiple=True, required=True, help="document records (files, dirs, globs)"),
     click.Option(["--output", "-o"], required=True, type=click.Path(file_okay=False), callback=_local_only,
                  help="tokenizer directory to write"),
-    *config_params(step_class("tokenizer").Config), quiet_option(shows_progress=False)])
-def train(inputs, output, **values):
-    from dataclasses import asdict
-
+    *config_params(step_class("tokenizer").Config), restart_option("delete what OUTPUT holds and train again"),
+    quiet_option(shows_progress=False)])
+def train(inputs, output, restart, **values):
     from fuelline.pipeline.config import build_dataclass
-    from fuelline.tokenizer.train import train_tokenizer
 
-    config = build_dataclass(step_class("tokenizer").Config, given(values), "fuelline tokenizer train")
-    report = train_tokenizer(list(inputs), output, **asdict(config))
-    click.echo(f"trained on {report['documents']:,} documents in {report['train_seconds']} s: "
-               f"{report['vocab_size']:,} tokens, {report['tokens_per_char']} tokens per character, "
+    step = step_class("tokenizer")
+    config = build_dataclass(step.Config, given(values), "fuelline tokenizer train")
+    stats = step(config).run(list(inputs), Path(output), RunOptions(restart=restart), {})
+    report = stats["tokenizer"]
+    done = f"trained in an earlier run ({output}; --restart to train again)" if stats.get("resumed") else \
+        f"trained on {stats['records_in']:,} documents in {report['train_seconds']} s"
+    click.echo(f"{done}: {report['vocab_size']:,} tokens, {report['tokens_per_char']} tokens per character, "
                f"{report['isolated_share']:.1%} of punctuation marks are tokens of their own; wrote {output}")
     for warning in report["warnings"]:
         click.echo(f"warning: {warning}", err=True)

@@ -173,12 +173,13 @@ def smollm2(directory: str | os.PathLike) -> Path:
     built = models_cache_dir() / f"{SMOLLM2_PACKAGE.replace('==', '-')}-model"
     if not _complete(built):
         staging = built.with_name(f".{built.name}.tmp-{os.getpid()}")
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging.exists():  # left by a killed build of a process with this pid; not removable: an error
+            shutil.rmtree(staging)
         _build_smollm2(staging)
         try:
             os.replace(staging, built)
         except OSError:  # another process finished the same build first
-            shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(staging, ignore_errors=True)  # not needed: a leftover costs disk, never a wrong model
     directory.mkdir(parents=True, exist_ok=True)
     for path in sorted(built.iterdir()):
         if path.name == _DONE:

@@ -1,4 +1,4 @@
-"""The records that flow between stages (see DESIGN.md, "Stage contract").
+"""The records that flow between stages (docs/design.md, "Record contracts").
 
 Records stay plain dicts (they are read and written as JSON at every stage boundary), and this
 module owns their shape: how a document, chat or eval record is built, how its stable id is
@@ -42,18 +42,11 @@ def chat(id: str, conversations: list[dict[str, Any]], meta: dict[str, Any] | No
          tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """`{"id", "conversations": [turn, …], "tools"?, "meta"?}`: a training conversation.
 
-    A turn is `{"role": "system"|"user"|"assistant"|"tool", "content": str}`, plus, only when used
-    (so a plain conversation is just role and content):
-    - on an assistant turn, `"reasoning_content": str` and `"tool_calls": [{"id"?: str, "type":
-      "function", "function": {"name": str, "arguments": {…}}}]` (arguments an object, never a
-      JSON string; the content may then be "");
-    - on a tool turn (a tool result in `content`), `"tool_call_id": str` and `"name": str`.
-    - on an assistant turn, `"weight": 0 | 1` (OpenAI fine-tuning's: 0 means context, not trained on).
-    Arguments' integers may exceed 64 bits: `fuelline.io.json_exact` reads and writes them exactly.
-    `tools` are the function schemas the conversation may call, OpenAI style: `{"type":
-    "function", "function": {"name", "description"?, "parameters"?}}`. Supervised in training:
-    assistant contents, tool-call text and end-of-turn tokens, reasoning only when kept; never
-    tool results, tool schemas, role headers or generation prompts.
+    Its contract (turns, tool calls and results, reasoning, weights, ids, the order of turns) is
+    `fuelline.formats.chat_record`'s, which every step reading chat records checks. Arguments'
+    integers may exceed 64 bits: `fuelline.io.json_exact` reads and writes them exactly.
+    Supervised in training: assistant contents, tool-call text and end-of-turn tokens, reasoning
+    only when kept; never tool results, tool schemas, role headers or generation prompts.
     """
     record: dict[str, Any] = {"id": id, "conversations": conversations}
     if tools:

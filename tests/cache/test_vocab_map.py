@@ -172,8 +172,8 @@ def test_build_writes_torch_saves_bytes_counts_and_stats(cache, tmp_path):
     assert output.read_bytes() == first
     loaded = torch.load(output)
     assert set(loaded) == {"d2t", "t2d"} and torch.equal(loaded["d2t"], expected["d2t"])
-    assert sorted(p.name for p in output.parent.iterdir()) == [
-        "vocab_mapping.counts.npy", "vocab_mapping.pt", "vocab_mapping.stats.json"]  # no temp left
+    assert sorted(p.name for p in output.parent.iterdir()) == [  # no temp left; the hidden plan marker
+        ".vocab_mapping.pt.plan.json", "vocab_mapping.counts.npy", "vocab_mapping.pt", "vocab_mapping.stats.json"]
     samples = cache_samples(cache)
     counts = np.load(companion_paths(output)["counts"])
     direct_counts = np.zeros(TARGET, np.int64)

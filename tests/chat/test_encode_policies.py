@@ -3,7 +3,7 @@ and conversations a template cannot render (issue 36: classes 6, 8's weight and 
 
 import pytest
 
-from fuelline.chat.encode import (INVALID_CONVERSATION, SPECIAL_TOKEN_TEXT, TOO_FEW_LOSS_TOKENS, UNRENDERABLE,
+from fuelline.chat.encode import (SPECIAL_TOKEN_TEXT, TOO_FEW_LOSS_TOKENS, UNRENDERABLE,
                                   ChatTokenizer, ConversationError, EncodedChat, encode_chat, encode_chats)
 from fuelline.chat.templates import ChatTemplate
 from fuelline.records import Drop
@@ -97,7 +97,7 @@ def test_an_unrenderable_conversation_stops_the_batch_naming_it_or_is_skipped_un
         encode_chats([good, tool, good], qwen, "chatml")
     assert stopped.value.index == 1 and stopped.value.reason == UNRENDERABLE
     skipped = encode_chats(batch, qwen, "chatml", on_error="skip")
-    assert [getattr(r, "reason", "kept") for r in skipped] == ["kept", UNRENDERABLE, INVALID_CONVERSATION, "kept"]
+    assert [getattr(r, "reason", "kept") for r in skipped] == ["kept", UNRENDERABLE, "not_a_chat_record", "kept"]
     assert skipped[0].input_ids.tolist() == skipped[3].input_ids.tolist() == encode_chat(good, qwen,
                                                                                          "chatml").input_ids.tolist()
     assert "has no syntax for tools" in skipped[1].detail

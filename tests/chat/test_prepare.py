@@ -9,6 +9,7 @@ import zstandard
 
 from fuelline.chat.prepare import SPLIT_SALT, ChatPrepareConfig, ChatPrepareStage
 from fuelline.dedup.stage import DedupConfig, DedupStage
+from fuelline.formats.chat_record import ChatRecordError
 from fuelline.io import read_records
 from fuelline.pipeline.config import load_pipeline, run_pipeline
 from fuelline.pipeline.executor import RunOptions, run_stage
@@ -266,7 +267,8 @@ def test_pipeline_prepares_then_dedups_user_turns(tmp_path):
 
 def test_dedup_of_user_turns_refuses_document_records(tmp_path):
     source = write_jsonl(tmp_path / "docs.jsonl", [{"id": "d", "text": "a document"}])
-    with pytest.raises(ValueError, match="docs.jsonl:1: .*compare = user_turns reads chat records"):
+    with pytest.raises(ChatRecordError, match=r"docs.jsonl:1: expected a chat record .* found a document record "
+                                              r"\(text\) \(not_a_chat_record\)"):
         run_stage(DedupStage(DedupConfig(compare="user_turns")), [source], tmp_path / "out", QUIET)
 
 

@@ -264,12 +264,13 @@ def test_sigkill_mid_run_then_resume_gives_every_id_exactly_once(conversations, 
     assert_regenerated(output, records)
 
 
-def test_existing_output_needs_resume(conversations, tmp_path):
+def test_an_output_regenerate_did_not_begin_is_refused_and_kept(conversations, tmp_path):
     path, records = conversations
     output = tmp_path / "out.jsonl"
     output.write_text('{"id": "x"}\n')
     result = cli(*regenerate_args(path, output, ["127.0.0.1:9"]))
-    assert result.exit_code == 2 and "pass --resume" in result.stderr and "Traceback" not in result.stderr
+    assert result.exit_code == 2 and "is not a fuelline stage output" in result.stderr and "Traceback" not in result.stderr
+    assert output.read_text() == '{"id": "x"}\n'
 
 
 def test_damaged_output_is_refused_on_resume(conversations, tmp_path):

@@ -103,7 +103,7 @@ def test_every_server_stopped_mid_run_ends_with_the_documented_error(tmp_path):
         urls = [servers_running.enter_context(echo_thread("--delay", "0.01")) for _ in range(2)]
         started = time.monotonic()
         with after_lines(output, 100, servers_running.close):
-            with pytest.raises(RuntimeError, match="no server has answered for 2 s.*rerun with --resume"):
+            with pytest.raises(RuntimeError, match="no server has answered for 2 s.*run the same command again"):
                 regenerate([source], output, urls, config, progress=False, warn=lambda m: None)
     assert time.monotonic() - started < 60
     assert 100 <= lines(output) < 600
@@ -191,7 +191,7 @@ def whole_input(stats: dict) -> dict:
 
 def test_stats_after_a_resume_equal_those_of_an_uninterrupted_run(tmp_path):
     """Issue 25 class 5: 120 lines with 20 duplicate ids said `dropped: duplicate_id 20`, and
-    `dropped: none`, records in 100, after --resume."""
+    `dropped: none`, records in 100, after a resume."""
     records = chats(100)
     lines_in = records + [{**r, "conversations": r["conversations"][:2]} for r in records[:20]]
     source = write_jsonl(tmp_path / "in.jsonl", lines_in)

@@ -15,7 +15,9 @@ ENDS_WITH_USER = {"id": "open", "conversations": [
 PROMPT = {"id": "prompt", "conversations": [{"role": "system", "content": "Be brief."},
                                             {"role": "user", "content": "Name a river."}]}
 NOTHING = [{"id": "system-only", "conversations": [{"role": "system", "content": "Be brief."}]},
-           {"id": "empty", "conversations": []}, {"id": "no-turns", "turns": []}]
+           {"id": "system-only-2", "conversations": [{"role": "system", "content": "Answer in French."}]}]
+# Not records at all under the chat record contract: refused before any request (issue 35).
+EMPTY = [{"id": "empty", "conversations": []}, {"id": "no-turns", "turns": []}]
 
 
 def eval_records(tmp_path):
@@ -56,9 +58,9 @@ def test_prompts_get_their_answers_and_records_with_nothing_to_answer_are_droppe
     assert {e["reason"] for e in errors.values()} == {"nothing_to_regenerate"}
     assert "(system)" in errors["system-only"]["detail"]
     stats = orjson.loads((tmp_path / "out.stats.json").read_bytes())
-    assert (stats["records_in"], stats["records_out"], stats["dropped"]) == (6, 3, {"nothing_to_regenerate": 3})
+    assert (stats["records_in"], stats["records_out"], stats["dropped"]) == (5, 3, {"nothing_to_regenerate": 2})
     assert stats["counters"]["requests"] == 2 + 1 + 2
-    assert "nothing_to_regenerate 3" in result.stdout
+    assert "nothing_to_regenerate 2" in result.stdout
 
 
 def test_a_resumed_run_keeps_the_decision_and_counts_it_again(tmp_path):
@@ -67,8 +69,8 @@ def test_a_resumed_run_keeps_the_decision_and_counts_it_again(tmp_path):
     with echo_servers((),) as urls:
         first = regenerate([source], tmp_path / "out.jsonl", urls, config, progress=False)
         again = regenerate([source], tmp_path / "out.jsonl", urls, config, resume=True, progress=False)
-    assert again["counters"]["requests"] == 0 and again["dropped"] == first["dropped"] == {"nothing_to_regenerate": 3}
-    assert again["records_in"] == first["records_in"] == 4 and len(read(tmp_path / "out.jsonl")) == 1
+    assert again["counters"]["requests"] == 0 and again["dropped"] == first["dropped"] == {"nothing_to_regenerate": 2}
+    assert again["records_in"] == first["records_in"] == 3 and len(read(tmp_path / "out.jsonl")) == 1
 
 
 def test_a_run_that_keeps_nothing_exits_2_with_the_reason(tmp_path):
@@ -76,6 +78,18 @@ def test_a_run_that_keeps_nothing_exits_2_with_the_reason(tmp_path):
     with echo_servers((),) as urls:
         result = cli(*regenerate_args(source, tmp_path / "out.jsonl", urls))
     assert result.exit_code == 2, result.output
-    assert "regenerate kept none of its 3 records (dropped: nothing_to_regenerate 3)" in result.stderr
+    assert "regenerate kept none of its 2 records (dropped: nothing_to_regenerate 2)" in result.stderr
     assert "id system-only: no assistant turn" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "out.jsonl").read_bytes()
+
+
+def test_an_empty_conversation_is_refused_before_any_request(tmp_path):
+    """Regeneration let an empty `conversations` list (or eval `turns`) through, which every later step refuses:
+    now it stops the run at its line, under the record contract's reason, before the records after it are sent."""
+    for k, empty in enumerate(EMPTY):
+        source = write(tmp_path / f"in-{k}.jsonl", [empty, PROMPT])
+        with echo_servers((),) as urls:
+            result = cli(*regenerate_args(source, tmp_path / f"out-{k}.jsonl", urls))
+        assert result.exit_code == 2 and "Traceback" not in result.stderr
+        assert f"in-{k}.jsonl:1: " in result.stderr and "has no turn (empty_conversation)" in result.stderr
+        assert not (tmp_path / f"out-{k}.jsonl").read_bytes()

@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from fuelline.chat.regenerate import RegenerateConfig, regenerate
+from fuelline.formats.chat_record import ChatRecordError
 from fuelline.serve.client import ClientConfig, Completion
 from fuelline.serve.echo import echo_answer, echo_call, echo_reasoning
 
@@ -255,17 +256,31 @@ def test_a_tool_call_finish_reason_is_taken_only_for_a_request_with_tools():
     assert config.answer_problem(Completion("", "stop", 1, "http://s"), tools=True)[0] == "empty_answer"
 
 
-@pytest.mark.parametrize("turn, message", [
+@pytest.mark.parametrize("turn, reason, message", [
     ({"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
-        "name": "get_time", "arguments": '{"tz": "CET"}'}}]}, "turn 1 tool call 0 (get_time): arguments is a str"),
-    ({"role": "assistant", "content": "", "tool_calls": {"name": "get_time"}}, "turn 1: tool_calls is a dict"),
-    ({"role": "tool", "content": "09:00", "tool_call_id": 7}, "turn 1: tool_call_id is a int"),
-    ({"role": "function", "content": "09:00"}, "turn 1 is not a {role: system|user|assistant|tool"),
+        "name": "get_time", "arguments": '{"tz": "CET"}'}}]}, "bad_tool_arguments",
+     "turn 1: tool_calls[0].function.arguments must be a JSON object (a dict), found str"),
+    ({"role": "assistant", "content": "", "tool_calls": {"name": "get_time"}}, "bad_tool_call",
+     "turn 1: tool_calls must be a list"),
+    ({"role": "tool", "content": "09:00", "tool_call_id": 7}, "wrong_type", "turn 1: tool_call_id must be a string, "
+                                                                            "found int"),
+    ({"role": "function", "content": "09:00"}, "unknown_role", "turn 1: role 'function' is not one of system, user"),
+    # issue 35: these were regenerated (server time spent), then refused by pack and cache build
+    ({"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+        "name": "", "arguments": {}}}]}, "tool_call_without_name",
+     "turn 1: tool_calls[0].function.name must be a non-empty string, found ''"),
+    ({"role": "user", "content": "And now?", "tool_calls": [{"type": "function", "function": {
+        "name": "get_time", "arguments": {}}}]}, "misplaced_field",
+     "turn 1: tool_calls belongs on an assistant turn, not on a user turn"),
 ])
-def test_malformed_tool_turns_name_the_line_and_the_turn(tmp_path, turn, message):
+def test_malformed_tool_turns_are_refused_before_any_request_naming_the_line_turn_and_reason(tmp_path, turn, reason,
+                                                                                               message):
+    good = {"id": "b", "conversations": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}
     source = write(tmp_path / "bad.jsonl", [{"id": "a", "tools": TOOLS, "conversations": [
-        {"role": "user", "content": "Time?"}, turn]}])
+        {"role": "user", "content": "Time?"}, turn]}, good])
     with echo_servers((),) as urls:
-        with pytest.raises(ValueError, match=re.escape(f"bad.jsonl:1: {message}")):
+        with pytest.raises(ChatRecordError, match=re.escape(f"bad.jsonl:1: {message}")) as error:
             regenerate([source], tmp_path / "out.jsonl", urls, RegenerateConfig("echo", client=FAST_CLIENT),
                        progress=False)
+    assert error.value.reason == reason and str(error.value).endswith(f"({reason})")
+    assert (tmp_path / "out.jsonl").read_bytes() == b""  # refused up front: nothing was regenerated

@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 
 from fuelline.chat.templates import ChatTemplate, get_template, load_templates, register_template, render
+from fuelline.formats.chat_record import ChatRecordError
 
 SYSTEM = {"role": "system", "content": "Be brief."}
 CHAT = [
@@ -198,18 +199,20 @@ def test_bad_toml_names_file_table_and_key(tmp_path, text, message):
     assert str(error.value).startswith(f"{path}") and message in str(error.value)
 
 
-@pytest.mark.parametrize("conversation, message", [
-    ([{"role": "user", "content": "a"}, {"role": "gpt", "content": "b"}], "turn 1: role 'gpt' is not one of system, "
-                                                                          "user, assistant"),
-    ([{"role": "user", "content": 3}], "turn 0: content must be a string, found int"),
-    ([{"role": "user"}], "turn 0: content must be a string, found NoneType"),
-    ([("user", "a")], "turn 0: expected a dict with 'role' and 'content', found tuple"),
-    ([], "a conversation is a non-empty list"),
-    ({"messages": []}, "a chat record needs a 'conversations' list"),
+@pytest.mark.parametrize("conversation, reason, message", [
+    ([{"role": "user", "content": "a"}, {"role": "gpt", "content": "b"}], "unknown_role",
+     "turn 1: role 'gpt' is not one of system, user, assistant"),
+    ([{"role": "user", "content": 3}], "wrong_type", "turn 0: content must be a string, found int"),
+    ([{"role": "user"}], "wrong_type", "turn 0: content must be a string, found NoneType"),
+    ([("user", "a")], "wrong_type", "turn 0: expected an object with role and content, found tuple"),
+    ([], "empty_conversation", "the conversation has no turn"),
+    ({"messages": []}, "not_a_chat_record", "a chat record needs a 'conversations' list"),
 ])
-def test_bad_turns_are_named(conversation, message):
-    with pytest.raises(ValueError, match=message):
+def test_bad_turns_are_named(conversation, reason, message):
+    """The record contract's error, under its reason, whatever the template."""
+    with pytest.raises(ChatRecordError, match=message) as error:
         render(conversation, "chatml")
+    assert error.value.reason == reason and str(error.value).endswith(f"({reason})")
 
 
 def test_a_chat_record_is_accepted():

@@ -16,7 +16,8 @@ import zstandard
 from hypothesis import given, settings, strategies as st
 
 from fuelline.io import RecordError, Rejects, iter_file_records, read_records
-from fuelline.io.readers import MAX_NESTING_DEPTH, MAX_RECORD_BYTES, READ_ERROR_REASONS, count_units
+from fuelline.io.bad_records import MAX_NESTING_DEPTH, MAX_RECORD_BYTES, READ_ERROR_REASONS
+from fuelline.io.readers import count_units
 
 GOOD = [{"id": str(i), "text": f"record {i}"} for i in range(3)]
 
@@ -169,7 +170,7 @@ def test_a_json_array_cut_in_the_middle_keeps_the_elements_before_the_cut(tmp_pa
 
 
 def test_a_cut_compressed_json_array_stays_a_damaged_file_error(tmp_path):
-    from fuelline.io.readers import DamagedInput
+    from fuelline.io.streams import DamagedInput
 
     whole = zstandard.ZstdCompressor().compress(orjson.dumps([{"n": i} for i in range(20_000)]))
     path = tmp_path / "cut.json.zst"
@@ -251,7 +252,7 @@ def test_clean_refuses_a_100_mb_line_by_name_in_bounded_memory(huge_line_file, t
 
 
 def test_record_size_limit_is_exact_across_read_blocks(tmp_path, monkeypatch):
-    monkeypatch.setattr("fuelline.io.readers.CHUNK_BYTES", 64)
+    monkeypatch.setattr("fuelline.io.streams.CHUNK_BYTES", 64)
     records = [{"n": i, "text": "y" * (i * 7 % 130)} for i in range(60)]
     lines = [orjson.dumps(r) for r in records]
     path = tmp_path / "mixed.jsonl"
@@ -321,7 +322,7 @@ def test_every_lone_escape_is_charged_to_its_own_element_whatever_the_read_sizes
     elements = [b'{"text": "' + text.encode() + b'"}' for text in texts]
     expected = [i + 1 for i, e in enumerate(elements) if not _has_lone_surrogate(json.loads(e)["text"])]
     with tempfile.TemporaryDirectory() as tmp, mock.patch("fuelline.io.json_escapes.READ_BYTES", read_bytes), \
-            mock.patch("fuelline.io.readers.CHUNK_BYTES", read_bytes):
+            mock.patch("fuelline.io.streams.CHUNK_BYTES", read_bytes):
         path = Path(tmp) / "a.json"
         path.write_bytes(b"[" + b",\n".join(elements) + b"]")
         got = list(iter_file_records(path, on_error="skip"))

@@ -188,10 +188,15 @@ def test_a_damaged_cache_falls_back_to_a_full_index(tmp_path, monkeypatch, how):
     assert len(JsonlIndex(path, cache_dir=cache_dir)) == 300
     cache = jsonl_index._cache_path(path, cache_dir)
     _corrupt(cache, how)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the fallback is silent
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         index = JsonlIndex(path, cache_dir=cache_dir)
     assert len(scans) == 2  # the damaged cache was not used
+    if how == "a directory":  # the fallback is silent, but a cache that cannot be written again is said
+        assert [w.category for w in caught] == [jsonl_index.IndexCacheWarning]
+        assert str(caught[0].message).startswith(f"{cache}: cannot cache a JSONL line index here (its path is taken")
+    else:
+        assert not caught, [str(w.message) for w in caught]  # the fallback is silent
     assert len(index) == 300 and [index[k] for k in range(300)] == expected
     assert [p.name for p in cache_dir.iterdir()] == [cache.name]  # no temp file left behind
     if how == "a directory":
@@ -206,3 +211,18 @@ def test_an_unusable_cache_directory_only_costs_a_rescan(tmp_path):
     not_a_directory.write_bytes(b"a file where the cache directory should be")
     assert [JsonlIndex(path, cache_dir=not_a_directory)[k]["k"] for k in range(10)] == list(range(10))
     assert [JsonlIndex(path, cache_dir=not_a_directory / "sub")[k]["k"] for k in range(10)] == list(range(10))
+
+
+def test_a_cache_that_cannot_be_written_is_said_once_with_its_reason(tmp_path):
+    path, not_a_directory = tmp_path / "d.jsonl", tmp_path / "cache"
+    path.write_bytes(_records(10))
+    not_a_directory.write_bytes(b"a file where the cache directory should be")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        indexes = [JsonlIndex(path, cache_dir=not_a_directory) for _ in range(3)]
+    assert all([index[k]["k"] for k in range(10)] == list(range(10)) for index in indexes)
+    (warning,) = caught  # once for the directory, not once per open
+    assert warning.category is jsonl_index.IndexCacheWarning
+    message = str(warning.message)
+    assert message.startswith(f"{jsonl_index._cache_path(path, not_a_directory)}: cannot cache a JSONL line index")
+    assert f"(File exists: {not_a_directory})" in message and "scans it again" in message

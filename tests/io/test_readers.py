@@ -102,7 +102,7 @@ def test_line_ranges_select_the_same_records_as_slicing(tmp_path, shard):
 
 
 def test_line_ranges_cross_read_blocks(tmp_path, monkeypatch):
-    monkeypatch.setattr("fuelline.io.readers.CHUNK_BYTES", 64)  # many records span two blocks
+    monkeypatch.setattr("fuelline.io.streams.CHUNK_BYTES", 64)  # many records span two blocks
     path = tmp_path / "d.jsonl"
     path.write_bytes(jsonl_bytes(RECORDS))
     assert [r for _, r in iter_file_records(path, start=17, stop=33)] == RECORDS[17:33]
@@ -163,7 +163,7 @@ JSONL = b"".join(b'{"n": %d, "text": "%s"}\n' % (i, b"x" * (i % 50)) for i in ra
 
 @pytest.mark.parametrize("kind", ["zst", "gz", "bz2", "xz"])
 def test_a_truncated_compressed_file_is_an_error_never_a_short_read(kind, tmp_path):
-    from fuelline.io.readers import DamagedInput
+    from fuelline.io.streams import DamagedInput
 
     whole = _compressed(kind, JSONL)
     path = tmp_path / f"cut.jsonl.{kind}"
@@ -185,7 +185,7 @@ def test_a_zstd_file_cut_at_a_frame_boundary_reads_its_whole_frames(tmp_path):
 
 @pytest.mark.parametrize("kind", ["zst", "gz", "bz2", "xz"])
 def test_a_mislabelled_file_names_itself_and_the_suffix(kind, tmp_path):
-    from fuelline.io.readers import DamagedInput
+    from fuelline.io.streams import DamagedInput
 
     path = tmp_path / f"plain.jsonl.{kind}"
     path.write_bytes(JSONL[:1000])
@@ -198,7 +198,7 @@ def test_line_ranges_and_size_limits_agree_with_a_plain_split(tmp_path, monkeypa
     """The block reader (lines over many blocks, long lines read past) against splitting the whole file."""
     import random
 
-    monkeypatch.setattr("fuelline.io.readers.CHUNK_BYTES", chunk)
+    monkeypatch.setattr("fuelline.io.streams.CHUNK_BYTES", chunk)
     rng = random.Random(chunk)
     lines = []
     for i in range(120):

@@ -127,7 +127,7 @@ def test_url_input_and_output_give_the_local_bytes_and_resume(scheme, stage_name
     assert {k: stats[k] for k in COUNTS} == {k: local_stats[k] for k in COUNTS}
     assert orjson.loads(written["stats.json"]) == stats
     assert {n for n in written if n.startswith("_done/")} == {n for n in expected if n.startswith("_done/")}
-    named = [i["path"] for i in orjson.loads(written["_plan.json"])["inputs"]]  # the URLs, not the cached copies
+    named = [i["path"] for i in orjson.loads(written["_plan.json"])["identity"]["inputs"]]  # the URLs, not the cached copies
     assert named == expand_inputs(f"{base}/in") and all(n.startswith(f"{scheme}://") for n in named)
     staging = staging_dir(f"{base}/out")
     assert not list(staging.glob("part-*")), "uploaded parts are not kept in the staging directory"

@@ -151,7 +151,8 @@ def test_the_report_has_no_options_but_its_run_directory():
 def test_a_step_resumes_refuses_other_options_naming_them_and_restarts(tmp_path):
     """The one resume contract, on the tokenizer step: done is found again, other options are refused
     naming the option, --restart redoes it; an unfinished run of other options is replaced."""
-    from fuelline.pipeline.workdir import STARTED_FILE, StepOutputMismatch
+    from fuelline.io.stage_layout import PLAN_FILE
+    from fuelline.pipeline.workdir import StepOutputMismatch
 
     docs = tmp_path / "docs.jsonl"
     docs.write_bytes(b"".join(orjson.dumps({"id": f"d{i}", "text": f"春眠不觉晓 {i}"}) + b"\n" for i in range(7)))
@@ -167,7 +168,7 @@ def test_a_step_resumes_refuses_other_options_naming_them_and_restarts(tmp_path)
     assert redone["identity"]["config"]["vocab_size"] == 320 and "resumed" not in redone
     step_dir = tmp_path / "run" / "01-tokenizer"
     (step_dir / "stats.json").unlink()  # stopped before its end: nothing of it is kept
-    assert (step_dir / STARTED_FILE).exists()
+    assert (step_dir / PLAN_FILE).exists()
     replaced = run_pipeline(load_pipeline(pipeline), tmp_path / "run", input=[str(docs)], progress=False)[0]
     assert replaced["identity"] == first["identity"] and "resumed" not in replaced
     stranger = tmp_path / "mine"

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 
 
@@ -28,9 +27,7 @@ from fuelline.cache.writer import shard_done
 from fuelline.fingerprints import tokenizer_fingerprint
 from fuelline.model_source import resolve_model
 from fuelline.formats.target_cache import MANIFEST, Layout
-from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import expand_inputs
-from fuelline.io.stage_layout import STATS_FILE
 from fuelline.pipeline.options import identity_history, identity_values
 from fuelline.pipeline.shards import describe_inputs
 from fuelline.pipeline.workdir import WorkDir, not_a_step_output
@@ -56,10 +53,11 @@ def build_cache(model: str | os.PathLike, inputs: list[str], output: str | os.Pa
     output = Path(output)
     try:
         if ranks.rank == 0:
-            with exclusive_output(output):
+            step_dir = WorkDir(output, build_identity(model, inputs, config, name), **identity_history(CacheConfig))
+            with step_dir.lock():
                 if restart:
-                    shutil.rmtree(output, ignore_errors=True)
-                return _run(ranks, (name, model), inputs, output, config, progress)
+                    step_dir.restart()
+                return _run(ranks, (name, model), inputs, output, config, progress, step_dir)
         return _run(ranks, (name, model), inputs, output, config, progress)
     finally:
         ranks.close()
@@ -85,9 +83,10 @@ def _on_rank_zero(ranks: Ranks, work):
     return result
 
 
-def _run(ranks: Ranks, target: tuple[str, Path], inputs, output: Path, config: CacheConfig, progress: bool) -> dict:
-    started = time.perf_counter()
-    state = _on_rank_zero(ranks, lambda: _prepare(ranks, target, inputs, output, config, progress))
+def _run(ranks: Ranks, target: tuple[str, Path], inputs, output: Path, config: CacheConfig, progress: bool,
+         step_dir: WorkDir | None = None) -> dict:
+    """The build on every rank; `step_dir`: rank 0's, its lock held."""
+    state = _on_rank_zero(ranks, lambda: _prepare(ranks, step_dir, target[1], inputs, config, progress))
     if state.get("finished"):
         return state["finished"]
     plan = Plan.load(output)
@@ -106,47 +105,47 @@ def _run(ranks: Ranks, target: tuple[str, Path], inputs, output: Path, config: C
     failed = [(r, e) for r, e in enumerate(errors) if e]
     if failed:
         raise RuntimeError("; ".join(f"rank {r} failed: {e}" for r, e in failed) + f"; {resumable}")
-    return _on_rank_zero(ranks, lambda: merge(output, plan, config, time.perf_counter() - started))
+    return _on_rank_zero(ranks, lambda: merge(output, plan, config, step_dir.finish))
 
 
-def _prepare(ranks: Ranks, target: tuple[str, Path], inputs, output: Path, config: CacheConfig,
-             progress: bool) -> dict:
+def _prepare(ranks: Ranks, step_dir: WorkDir, model: Path, inputs, config: CacheConfig, progress: bool) -> dict:
     """Rank 0: the finished cache's stats, or the plan made or found and each rank's shards."""
-    name, model = target
+    output = step_dir.path
+    created = not output.exists()
     _, text = model_config(model)
     check_layer_ids(config.layers, text.num_hidden_layers)
     layout = layout_for(config, text.hidden_size)
-    step_dir = WorkDir(output, build_identity(model, inputs, config, name), **identity_history(CacheConfig))
     if (output / MANIFEST).exists():
-        if (finished := step_dir.finished(STATS_FILE)) is None:
+        if (finished := step_dir.finished()) is None:
             raise not_a_step_output(output)  # a cache, but not one built here (no stats.json)
-        shutil.rmtree(output / BUILD_DIR, ignore_errors=True)  # left by a merge stopped after the manifest
+        if (output / BUILD_DIR).exists():
+            shutil.rmtree(output / BUILD_DIR)  # left by a merge stopped after the manifest
         return {"finished": finished}
-    if not (output / BUILD_DIR).exists() and not step_dir.is_empty():
-        raise not_a_step_output(output)
-    plan = Plan.load(output)
-    if plan is not None and not step_dir.resumes(
-            plan.identity, anything_finished=any(shard_done(plan.build_dir, s.shard_id) for s in plan.shards)):
-        shutil.rmtree(output / BUILD_DIR)  # nothing of it finished: the new options replace it
-        plan = None
-    identity = step_dir.identity
+    if not step_dir.plan_path.exists() and (begun := Plan.load(output)) is not None:
+        step_dir.begin(lambda: False, lambda: {"identity": begun.identity})  # a build begun before plan markers
+    step_dir.begin(lambda: (plan := Plan.load(output)) is not None
+                   and any(shard_done(plan.build_dir, s.shard_id) for s in plan.shards))
+    plan = Plan.load(output) if step_dir.resumed else None
     if plan is None:
-        plan = _make_plan_or_leave_nothing(output, inputs, model, config, identity, text.hidden_size, progress)
+        if (output / BUILD_DIR).exists():
+            shutil.rmtree(output / BUILD_DIR)  # a plan never finished: nothing of it resumes
+        plan = _make_plan_or_leave_nothing(step_dir, created, inputs, model, config, text.hidden_size, progress)
     _check_disk(output, plan, layout, config.force)
     remaining = [s for s in plan.shards if not shard_done(plan.build_dir, s.shard_id)]
     work = assign(remaining, ranks.world_size)
     return {"assignment": work}
 
 
-def _make_plan_or_leave_nothing(output: Path, inputs, model, config: CacheConfig, identity: dict, hidden_size: int,
-                                progress: bool) -> Plan:
+def _make_plan_or_leave_nothing(step_dir: WorkDir, created: bool, inputs, model, config: CacheConfig,
+                                hidden_size: int, progress: bool) -> Plan:
     """make_plan; when it fails (a bad record, an interrupt), nothing it began stays: without its plan a
     `.build/` resumes nothing, and an output directory the build created goes too."""
-    created = not output.exists()
+    output = step_dir.path
     try:
-        return make_plan(output, inputs, model, config, identity, hidden_size, progress)
+        return make_plan(output, inputs, model, config, step_dir.identity, hidden_size, progress)
     except BaseException:
         shutil.rmtree(output / BUILD_DIR, ignore_errors=True)
+        step_dir.plan_path.unlink(missing_ok=True)
         if created and output.is_dir() and not any(output.iterdir()):
             output.rmdir()
         raise

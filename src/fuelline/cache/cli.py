@@ -26,14 +26,15 @@ def cache() -> None:
     quiet_option(), old_progress_option()])
 def build(inputs, output, restart, quiet, **values):
     """Run the target over the conversations once and store its hidden states (resumable; torchrun for ranks)."""
-    from fuelline.cache.build import build_cache
     from fuelline.cache.ranks import Ranks
+    from fuelline.cache.step import CacheStep
     from fuelline.pipeline.config import build_dataclass
     from fuelline.pipeline.stats import require_kept
+    from fuelline.pipeline.workers import RunOptions
 
-    config = build_dataclass(CacheConfig, given(values), "fuelline cache build")
-    ranks = Ranks.from_env()  # torchrun's RANK, WORLD_SIZE, LOCAL_RANK: read here, once
-    stats = build_cache(config.model, list(inputs), output, config, progress=not quiet, ranks=ranks, restart=restart)
+    step = CacheStep(build_dataclass(CacheConfig, given(values), "fuelline cache build"))
+    step.ranks = ranks = Ranks.from_env()  # torchrun's RANK, WORLD_SIZE, LOCAL_RANK: read here, once
+    stats = step.run(list(inputs), output, RunOptions(restart=restart, progress=not quiet), {})
     if ranks.rank != 0:  # under torchrun, rank 0 reports
         return
     click.echo(summary(stats, output))
@@ -174,12 +175,13 @@ def compare(first, second):
 def export(to, cache_dir, output, workers, restart, verify, quiet, **values):
     """Write a cache as a trainer's offline data: SpecForge's rows_*/data_*.ckpt files (resumable; a rerun
     checks every file and repairs what it finds)."""
-    from fuelline.cache.export import export_specforge
+    from fuelline.cache.export import ExportStep
     from fuelline.pipeline.config import build_dataclass
+    from fuelline.pipeline.workers import RunOptions
 
-    config = build_dataclass(ExportConfig, given(values), "fuelline cache export")
-    stats = export_specforge(cache_dir, output, config, workers=workers, progress=not quiet, restart=restart,
-                             verify=verify)
+    step = ExportStep(build_dataclass(ExportConfig, given(values), "fuelline cache export"))
+    step.verify = verify
+    stats = step.run([cache_dir], output, RunOptions(workers=workers, restart=restart, progress=not quiet), {})
     click.echo(export_summary(stats, output))
 
 
@@ -213,7 +215,8 @@ def _listed(items: list) -> str:
     return ", ".join(f"data_{i}" if isinstance(i, int) else str(i) for i in items)
 
 
-@cache.command("vocab-map", params=[workers_option(), quiet_option(), old_progress_option()])
+@cache.command("vocab-map", params=[workers_option(), restart_option("delete the mapping, its counts and stats, and count again"),
+                                    quiet_option(), old_progress_option()])
 @click.argument("source", metavar="CACHE_OR_PACK", type=click.Path(exists=True, file_okay=False))
 @click.option("--draft-vocab", "draft_vocab", required=True, type=click.IntRange(min=1),
               help="the draft model's vocabulary size (SpecForge's draft_vocab_size)")
@@ -225,7 +228,7 @@ def _listed(items: list) -> str:
 @click.option("--verify/--no-verify", default=True, show_default=True,
               help="check every record's checksum (a token dataset: every file's sha256) before trusting it; "
                    "--no-verify reads only the ids and masks, checking what opening checks")
-def vocab_map(source, draft_vocab, output, target_vocab, workers, verify, quiet):
+def vocab_map(source, draft_vocab, output, target_vocab, workers, verify, quiet, restart):
     """SpecForge's draft vocabulary (vocab_mapping.pt: d2t, t2d) from the supervised tokens of a cache or a
     `pack --template chat` token dataset, with the share of supervised tokens it covers."""
     import os
@@ -233,5 +236,6 @@ def vocab_map(source, draft_vocab, output, target_vocab, workers, verify, quiet)
     from fuelline.cache.vocab_map import build_vocab_mapping, format_summary
 
     stats = build_vocab_mapping(source, output, draft_vocab_size=draft_vocab, target_vocab_size=target_vocab,
-                                workers=workers or len(os.sched_getaffinity(0)), progress=not quiet, verify=verify)
+                                workers=workers or len(os.sched_getaffinity(0)), progress=not quiet, verify=verify,
+                                restart=restart)
     click.echo(format_summary(stats))

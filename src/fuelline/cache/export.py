@@ -61,7 +61,7 @@ from fuelline.io.stage_layout import STATS_FILE
 from fuelline.pipeline.options import Options, identity_history, identity_values, option
 from fuelline.pipeline.stats import StepStats, read_stats
 from fuelline.pipeline.step import Step
-from fuelline.pipeline.workdir import STARTED_FILE, WorkDir, not_a_step_output
+from fuelline.pipeline.workdir import WorkDir
 from fuelline.pipeline.workers import RunOptions
 from fuelline.progress import progress_bar
 
@@ -122,16 +122,10 @@ def export_specforge(cache: str | os.PathLike, output: str | os.PathLike, config
     step_dir = WorkDir(output, identity, **identity_history(ExportConfig))
     with step_dir.lock():
         if restart:
-            step_dir.discard()
+            step_dir.restart()
         done = step_dir.finished()
         if done is None:
-            started = read_stats(output / STARTED_FILE)
-            if started is None and not step_dir.is_empty():
-                raise not_a_step_output(output)
-            if started is not None and not step_dir.resumes(started, anything_finished=any(output.glob("rows_*/data_*"))):
-                step_dir.discard()
-            output.mkdir(parents=True, exist_ok=True)
-            write_bytes_atomic(output / STARTED_FILE, orjson.dumps(identity, option=orjson.OPT_SORT_KEYS))
+            step_dir.begin(anything_finished=lambda: any(output.glob("rows_*/data_*")))
         remove_temp_files(output)  # of files a killed export left half written (we hold the lock)
         return _export(dataset, step_dir, config, workers or len(os.sched_getaffinity(0)), progress, verify, done)
 
@@ -171,10 +165,9 @@ def _export(dataset, step_dir: WorkDir, config: ExportConfig, workers: int, prog
     written_bytes = sum(sizes[i] for i in pending if i in sizes)
     written = [i for i in pending if i in sizes]
     first = min(skipped, default=None)
-    return StepStats(
+    return step_dir.finish(StepStats(
         ExportStep.name, count, len(sizes), {"nonfinite": len(skipped)} if skipped else {},
-        {"nonfinite": f"sample {first}: {skipped[first]}"} if skipped else {}, identity=step_dir.identity,
-        wall_seconds=time.perf_counter() - step_dir.started, details={"export": {
+        {"nonfinite": f"sample {first}: {skipped[first]}"} if skipped else {}, details={"export": {
             "method": config.method, "compressed": config.compress, "files": len(sizes),
             "bytes": sum(sizes.values()), "workers": workers, "widened_from_fp8": dataset.manifest["hidden_dtype"] != BF16,
             "record_ids": RECORD_IDS_FILE if ids is not None else None, "journal": JOURNAL,
@@ -182,8 +175,7 @@ def _export(dataset, step_dir: WorkDir, config: ExportConfig, workers: int, prog
             "written_files": len(written), "written_bytes": written_bytes, "seconds": round(seconds, 3),
             "files_per_second": round(len(written) / seconds, 2) if seconds else 0.0,
             "gb_per_second": round(written_bytes / seconds / 1e9, 4) if seconds else 0.0,
-            "repaired": repairs, "checked": "checksums" if verify else "sizes"}},
-    ).write(output)
+            "repaired": repairs, "checked": "checksums" if verify else "sizes"}}))
 
 
 def _write(writer: _Writer, pending: list[int], entries: dict[int, dict], count: int, workers: int,
@@ -356,9 +348,10 @@ class ExportStep(Step):
     """Export a target cache (the step's one input) as SpecForge's offline hidden-state files."""
 
     name, Config = "specforge-export", ExportConfig
+    verify = True  # a rerun checks every file's checksum; `fuelline cache export --no-verify`: sizes only
 
     def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:
         if len(inputs) != 1:
             raise ValueError(f"{self.name} exports one target cache; it was given {len(inputs)} inputs")
         return export_specforge(inputs[0], output, self.config, workers=options.workers, progress=options.progress,
-                                restart=options.restart)
+                                restart=options.restart, verify=self.verify)

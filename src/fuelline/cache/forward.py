@@ -95,7 +95,8 @@ def _write_shard(plan: Plan, shard: Shard, writer: ShardWriter, capture: HiddenS
             queue.put(records_of, sum(t.numel() * t.element_size() for t in tensors.values()))
         queue.close()
     except BaseException:
-        with contextlib.suppress(Exception):  # the batches already queued are still committed
+        # The batches already queued are still committed; a second error while closing would hide the first.
+        with contextlib.suppress(Exception):
             queue.close()
         raise
     finally:

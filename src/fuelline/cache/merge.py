@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import orjson
@@ -18,20 +19,21 @@ from fuelline.cache.writer import build_file, shard_done
 from fuelline.formats.target_cache import (FUELLINE, INDEX, Layout, cache_manifest, manifest_digest,
                                            seal_index, shard_name, write_manifest)
 from fuelline.io.atomic import atomic_write, fsync_dir
-from fuelline.io.stage_layout import REJECTS_DIR, STATS_FILE
-from fuelline.pipeline.stats import StepStats, write_stats
+from fuelline.io.stage_layout import REJECTS_DIR
+from fuelline.pipeline.stats import StepStats
 
 
-def merge(output: Path, plan: Plan, config: CacheConfig, wall_seconds: float) -> dict:
-    """Every shard done: shards into place, samples.idx, stats.json, then manifest.json; returns the stats."""
+def merge(output: Path, plan: Plan, config: CacheConfig, finish: Callable[[StepStats], dict]) -> dict:
+    """Every shard done: shards into place, samples.idx, stats.json (`finish`: the step's `WorkDir.finish`),
+    then manifest.json; returns the stats."""
     build = plan.build_dir
     layout = layout_for(config, plan.hidden_size)
     missing = [s.shard_id for s in plan.shards if not shard_done(build, s.shard_id)]
     if missing:
         raise RuntimeError(f"shard(s) {missing} are not finished; run the build again to finish them")
-    stats = _stats(plan, layout, config, wall_seconds)
-    manifest = _manifest(plan, layout, config, stats)
-    stats["manifest_digest"] = f"{manifest_digest(manifest):016x}"  # what verify and readers check it against
+    stats = _stats(plan, layout, config)
+    manifest = _manifest(plan, layout, config, stats.details["cache"])
+    stats.details["manifest_digest"] = f"{manifest_digest(manifest):016x}"  # what verify and readers check it against
     index = np.concatenate([np.fromfile(build_file(build, s.shard_id, ".idx"), dtype=layout.index_dtype())
                             for s in plan.shards]) if plan.shards else np.zeros(0, layout.index_dtype())
     if layout.format == FUELLINE:
@@ -47,13 +49,13 @@ def merge(output: Path, plan: Plan, config: CacheConfig, wall_seconds: float) ->
         os.replace(build / REJECTS, output / REJECTS_DIR / REJECTS)
         fsync_dir(output / REJECTS_DIR)
     fsync_dir(output)
-    write_stats(output / STATS_FILE, stats)
+    written = finish(stats)
     write_manifest(output, manifest)
     shutil.rmtree(build)
-    return stats
+    return written
 
 
-def _stats(plan: Plan, layout: Layout, config: CacheConfig, wall_seconds: float) -> dict:
+def _stats(plan: Plan, layout: Layout, config: CacheConfig) -> StepStats:
     samples, _, _ = plan.tokens()
     timing = {"forward_seconds": 0.0, "wait_seconds": 0.0, "write_seconds": 0.0, "wall_seconds": 0.0}
     for shard in plan.shards:
@@ -78,16 +80,15 @@ def _stats(plan: Plan, layout: Layout, config: CacheConfig, wall_seconds: float)
         "forward_share": round(timing["forward_seconds"] / timing["wall_seconds"], 4) if timing["wall_seconds"] else 0.0,
     }
     return StepStats("cache", plan.records_in, len(samples), dict(plan.dropped), dict(plan.drop_examples),
-                     counters={"truncated": plan.truncated},
-                     identity=plan.identity, wall_seconds=wall_seconds, details={"cache": cache}).to_json()
+                     counters={"truncated": plan.truncated}, details={"cache": cache})
 
 
-def _manifest(plan: Plan, layout: Layout, config: CacheConfig, stats: dict) -> dict:
+def _manifest(plan: Plan, layout: Layout, config: CacheConfig, cache: dict) -> dict:
     """The format's manifest, of what this build records of itself."""
     identity = plan.identity
     build = {"target_model_name_or_path": identity["model"], "chat_template": config.chat_template,
              "max_length": config.max_length, "min_loss_tokens": config.min_loss_tokens,
-             "num_tokens": stats["cache"]["tokens"], "num_loss_tokens": stats["cache"]["loss_tokens"],
+             "num_tokens": cache["tokens"], "num_loss_tokens": cache["loss_tokens"],
              "model_fingerprint": identity["model_fingerprint"],
              "tokenizer_fingerprint": identity["tokenizer_fingerprint"], "sources": identity["inputs"]}
     return cache_manifest(layout, config.layers, [(s.nbytes, len(s.samples)) for s in plan.shards], build)

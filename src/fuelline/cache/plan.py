@@ -2,9 +2,10 @@
 
 The plan encodes every conversation once (chat template, assistant-only mask, `max_length`,
 `min_loss_tokens`), stores the token ids in `CACHE/.build/` and fixes the whole cache (a record
-it cannot use stops it, naming FILE:LINE and the id, or with on_error="skip" is dropped under its
-reason; every dropped record goes to `.build/rejects.jsonl.zst`, `_rejects/` once merged): which
-samples go to which shard, in which order, in which forward batches. Every sample's bytes are
+it cannot use, by the chat record contract of `fuelline.formats.chat_record` or because the
+template cannot render it, stops it, naming FILE:LINE and the id, or with on_error="skip" is
+dropped under its reason; every dropped record goes to `.build/rejects.jsonl.zst`, `_rejects/`
+once merged): which samples go to which shard, in which order, in which forward batches. Every sample's bytes are
 known from its length alone, so shard sizes, offsets and the total are exact before the target
 runs (`fuelline cache estimate` prints them; `build` checks the disk with them).
 
@@ -28,6 +29,8 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from fuelline.formats import chat_record
+from fuelline.formats.chat_record import ChatRecordError
 from fuelline.formats.target_cache import FORMATS, FUELLINE, HIDDEN_DTYPES, Layout
 from fuelline.io.atomic import AtomicFile, atomic_write, write_bytes_atomic
 from fuelline.chat.encoding_options import ChatEncoding, RecordErrors
@@ -133,7 +136,8 @@ def encode_inputs(inputs: list[str], model: str | os.PathLike, config: CacheConf
                   rejects: Rejects, progress: bool = True) -> Encoded:
     """Encode every chat record of `inputs` with the model's tokenizer, writing ids (int32) and loss
     mask (uint8) to the open files and every record left out to `rejects`; with on_error="raise" a
-    record that cannot be read or rendered is an error naming its file, line and id."""
+    record that cannot be read, breaks the record contract or cannot be rendered is an error naming
+    its file and line (and id)."""
     from fuelline.chat.encode import ConversationError, load_tokenizer
     from fuelline.io import expand_inputs, iter_file_records
     from fuelline.progress import progress_bar
@@ -149,16 +153,16 @@ def encode_inputs(inputs: list[str], model: str | os.PathLike, config: CacheConf
             results = config.encode([r for _, _, r in batch], tokenizer, on_error=on_error)
         except ConversationError as e:  # an index in the batch: name the file, line and id instead
             path, line, record = batch[e.index]
-            raise ValueError(f"{path}:{line}: {_record_name(record)}{e.message}") from None
+            raise ValueError(f"{path}:{line}: record {record['id']!r}: {e.message}") from None
         for (path, line, record), result in zip(batch, results):
             if not hasattr(result, "input_ids"):
                 rejects.add(result.reason, record, source=path, line=line,
-                            detail=f"{_record_name(record)}{result.detail}")
+                            detail=f"record {record['id']!r}: {result.detail}")
                 continue
             ids_file.write(result.input_ids.astype("<i4").tobytes())
             mask_file.write(result.loss_mask.astype("u1").tobytes())
             rows.append((at, len(result.input_ids), int(result.loss_mask.sum())))
-            record_ids.append(str(record.get("id") or f"{path}:{line}"))
+            record_ids.append(record["id"])
             truncated += result.truncated
             at += len(result.input_ids)
         batch.clear()
@@ -170,6 +174,12 @@ def encode_inputs(inputs: list[str], model: str | os.PathLike, config: CacheConf
         for path in files:
             for line, record in iter_file_records(path, on_error=on_error, rejects=rejects):
                 records_in += 1
+                problem = chat_record.check(record)
+                if problem is not None and on_error == "raise":
+                    raise ChatRecordError(problem.reason, problem.detail, f"{path}:{line}")
+                if problem is not None:
+                    rejects.add(problem.reason, record, source=os.fspath(path), line=line, detail=problem.detail)
+                    continue
                 batch.append((os.fspath(path), line, record))
                 if len(batch) == ENCODE_BATCH:
                     flush()
@@ -180,10 +190,6 @@ def encode_inputs(inputs: list[str], model: str | os.PathLike, config: CacheConf
     records_in += sum(n for reason, n in rejects.counts.items() if reason in READ_ERROR_REASONS)
     return Encoded(np.array(rows, dtype=SAMPLES), record_ids, records_in, dict(sorted(rejects.counts.items())),
                    dict(sorted(rejects.examples.items())), truncated)
-
-
-def _record_name(record: dict) -> str:
-    return f"record {record['id']!r}: " if isinstance(record.get("id"), str) else ""
 
 
 @dataclass

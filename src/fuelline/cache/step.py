@@ -20,6 +20,7 @@ class CacheStep(Step):
     """Run the target model once over the conversations and store its hidden states."""
 
     name, Config = "cache", CacheConfig  # the options of `fuelline cache build` too
+    ranks = None  # under torchrun, `fuelline cache build` sets this process's (`fuelline.cache.ranks.Ranks`)
 
     def check(self) -> None:
         resolve_model(self.config.model, CONFIG_ONLY)
@@ -28,4 +29,4 @@ class CacheStep(Step):
         from fuelline.cache.build import build_cache
 
         return build_cache(self.config.model, inputs, output, self.config, progress=options.progress,
-                           restart=options.restart)
+                           restart=options.restart, ranks=self.ranks)

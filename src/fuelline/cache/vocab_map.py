@@ -26,7 +26,8 @@ counts its shuffled dataset, so on equal counts its order, not ours, decides.
 `build_vocab_mapping` writes the mapping (the bytes `torch.save` writes straight to the path),
 the counts beside it (`<stem>.counts.npy`, int64, one per target id) and `<stem>.stats.json`
 (what was counted, the sizes, and the coverage: the share of supervised tokens the draft
-vocabulary holds).
+vocabulary holds), as the step `VocabMapStep` (in a pipeline: `vocab_mapping.pt` and
+`stats.json` in the step's directory) under the one resume contract (`fuelline.pipeline.workdir`).
 
 What is counted is checked as its readers check it (`verify`, on by default): every record of a
 fuelline cache against its index checksum as it is read (`verify_record_checksum`, CacheDataset's
@@ -56,7 +57,13 @@ from fuelline.formats.target_cache import (FUELLINE, MANIFEST, CacheFormatError,
 from fuelline.formats.target_cache_checks import opened, verify_record_checksum
 from fuelline.formats.tokens import FORMAT as TOKENS_FORMAT
 from fuelline.formats.tokens import TokenFiles, TokenFormatError, verify_token_dataset
-from fuelline.io.atomic import TEMP_MARK, atomic_write, fsync_dir, naming_disk_full, write_bytes_atomic
+from fuelline.io.atomic import TEMP_MARK, atomic_write, fsync_dir, naming_disk_full
+from fuelline.pipeline.options import Options, identity_values, option
+from fuelline.pipeline.shards import describe_inputs
+from fuelline.pipeline.stats import StepStats
+from fuelline.pipeline.step import Step
+from fuelline.pipeline.workdir import WorkDir
+from fuelline.pipeline.workers import RunOptions
 from fuelline.progress import progress_bar
 
 CHUNK_TOKENS = 1 << 22  # tokens of one pass (its arrays: ~40 bytes a token)
@@ -307,31 +314,88 @@ def companion_paths(output: str | os.PathLike) -> dict[str, Path]:
             "stats": output.with_name(f"{stem}.stats.json")}
 
 
+@dataclass
+class VocabMapConfig(Options):
+    """The options of `fuelline cache vocab-map` and of a pipeline's vocab-map step."""
+
+    draft_vocab_size: int | None = option(None, "the draft model's vocabulary size (SpecForge's draft_vocab_size)",
+                                          min=1, required=True)
+    target_vocab_size: int | None = option(None, "the target model's config vocab_size (default: the cache's model "
+                                                 "config.json; a token dataset's tokenizer size)", min=1)
+    verify: bool = option(True, "check every record's checksum (a token dataset: every file's sha256) before "
+                                "trusting it", identity=False)
+
+
+class VocabMapStep(Step):
+    """SpecForge's draft vocabulary (vocab_mapping.pt) from the supervised tokens of a cache or a pack output."""
+
+    name, Config = "vocab-map", VocabMapConfig
+    MAPPING = "vocab_mapping.pt"  # in a pipeline step's directory
+
+    def check(self) -> None:
+        if self.config.draft_vocab_size is None:
+            raise ValueError("draft_vocab_size is required: the draft model's vocabulary size")
+
+    def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:
+        if len(inputs) != 1:
+            raise ValueError(f"{self.name} counts one cache or pack output; it was given {len(inputs)} inputs")
+        step_dir = self.output_dir(inputs[0], output)
+        return step_dir.run_once(lambda: self._map(inputs[0], step_dir, options), restart=options.restart)
+
+    def output_dir(self, source: str | os.PathLike, output: Path, single_file: bool = False) -> WorkDir:
+        """The output (a directory; `single_file`: the mapping file itself, its counts and stats beside
+        it), recognized by the options and the source's manifests and index (their sizes and times)."""
+        path = Path(source)
+        described = [p for p in sorted(path.rglob(MANIFEST)) if p.is_file()] + \
+            [p for p in (path / "samples.idx",) if p.is_file()]
+        identity = {"task": self.name, "config": identity_values(self.config), "inputs": describe_inputs(described)}
+        if single_file:
+            return WorkDir(output, identity, beside=[companion_paths(output)["counts"]])
+        return WorkDir(output, identity)
+
+    def _map(self, source, step_dir: WorkDir, options: RunOptions) -> StepStats:
+        mapping = step_dir.path if step_dir.is_file else step_dir.path / self.MAPPING
+        stats = _write_mapping(source, mapping, step_dir.stats_path, self.config,
+                               options.resolved_workers(1 << 30), options.progress)
+        return StepStats(self.name, stats["samples"], stats["samples"], details=stats)
+
+
 def build_vocab_mapping(source: str | os.PathLike, output: str | os.PathLike, *, draft_vocab_size: int,
                         target_vocab_size: int | None = None, workers: int = 1, progress: bool = False,
-                        verify: bool = True) -> dict:
+                        verify: bool = True, restart: bool = False) -> dict:
     """Count `source` (`count_supervised`), map (`vocab_mapping`) and write the mapping, the counts
-    and the stats (`companion_paths`); returns the stats. The target vocabulary size: the one
+    and the stats (`companion_paths`), under the step's resume contract (`VocabMapStep`,
+    `fuelline.pipeline.workdir`: a finished mapping of the same options and source is found again,
+    one of others refused unless `restart`); returns the stats. The target vocabulary size: the one
     given, else the source's (a token dataset's manifest; a cache's target model config.json,
     when the cache names a local directory). `seconds` in the stats: the counting, opening
     included; `tokens_per_second`: all tokens of the counted samples, supervised or not, over it.
     A source with no supervised token is refused: it has no draft vocabulary."""
-    paths = companion_paths(output)
-    if paths["mapping"].is_dir():
+    if Path(output).is_dir():
         raise IsADirectoryError(f"{output}: a directory; -o names the mapping file to write (e.g. vocab_mapping.pt)")
-    counted = count_supervised(source, workers=workers, progress=progress, verify=verify)
+    step = VocabMapStep(VocabMapConfig(draft_vocab_size, target_vocab_size, verify))
+    step_dir = step.output_dir(source, Path(output), single_file=True)
+    options = RunOptions(workers=workers, restart=restart, progress=progress)
+    return step_dir.run_once(lambda: step._map(source, step_dir, options), restart=restart)
+
+
+def _write_mapping(source, output: Path, stats_path: Path, config: VocabMapConfig, workers: int,
+                   progress: bool) -> dict:
+    """Count, map, write the mapping and the counts; the numbers for the stats."""
+    counts_path = companion_paths(output)["counts"]
+    counted = count_supervised(source, workers=workers, progress=progress, verify=config.verify)
     if not counted.supervised:
         raise ValueError(f"{source}: no supervised token in its {counted.samples:,} samples ({counted.tokens:,} "
                          "tokens, every loss mask 0): there is nothing to choose a draft vocabulary from; nothing "
                          "was written")
+    target_vocab_size, vocab_from = config.target_vocab_size, "given"
     if target_vocab_size is None:
         if counted.vocab_size is None:
             raise ValueError(f"{source}: the target vocabulary size is not known from the {counted.source['kind']} "
                              "(its target model is not a local directory with a config.json): pass --target-vocab, "
                              "the target model's config vocab_size")
         target_vocab_size, vocab_from = counted.vocab_size, counted.vocab_size_from
-    else:
-        vocab_from = "given"
+    draft_vocab_size = config.draft_vocab_size
     d2t, t2d = vocab_mapping(counted.counts, counted.first_sample, draft_vocab_size, target_vocab_size)
     counts = np.zeros(target_vocab_size, np.int64)
     counts[: len(counted.counts)] = counted.counts
@@ -343,12 +407,11 @@ def build_vocab_mapping(source: str | os.PathLike, output: str | os.PathLike, *,
              "coverage": int(counts[t2d.numpy()].sum()) / supervised if supervised else None,
              "seconds": round(counted.seconds, 3),
              "tokens_per_second": round(counted.tokens / counted.seconds) if counted.seconds else None,
-             "files": {key: str(path) for key, path in paths.items()}}
-    paths["mapping"].parent.mkdir(parents=True, exist_ok=True)
-    with atomic_write(paths["counts"]) as f:
+             "files": {"mapping": str(output), "counts": str(counts_path), "stats": str(stats_path)}}
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(counts_path) as f:
         np.save(f, counts)
-    save_vocab_mapping(paths["mapping"], d2t, t2d)
-    write_bytes_atomic(paths["stats"], orjson.dumps(stats, option=orjson.OPT_INDENT_2) + b"\n")
+    save_vocab_mapping(output, d2t, t2d)
     return stats
 
 

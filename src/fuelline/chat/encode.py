@@ -36,9 +36,10 @@ answer "done<|im_end|>\n<|im_start|>user\nfake turn" would be encoded as the end
 a user turn that nobody wrote, and be trained on. Such a conversation is dropped as
 `special_token_text` (`special_text="refuse"`, the default), or kept as transformers' own
 `apply_chat_template` would encode it, the text as those control tokens (`"keep"`), and counted
-(`EncodedChat.special_text`). A conversation that is not one (`invalid_conversation`) or that
-the template cannot render (`unrenderable`) stops the batch with a `ConversationError` naming
-its index (`on_error="raise"`), or is returned as a `Drop` under that reason (`"skip"`).
+(`EncodedChat.special_text`). A conversation that breaks the chat record contract (under the
+contract's reason, `fuelline.formats.chat_record`) or that the template cannot render
+(`unrenderable`) stops the batch with a `ConversationError` naming its index
+(`on_error="raise"`), or is returned as a `Drop` under that reason (`"skip"`).
 
 Cost (benchmarks/bench_chat.py has the measured table): the 7,473 GSM8K exchanges (~190 tokens
 each, Qwen vocabulary) on 2 cores take ~0.7 s, tiktoken's encoding most of it, where a loop of
@@ -60,13 +61,15 @@ import tokenizers
 
 from fuelline.chat.templates import (ON_ERROR, REASONING, SPECIAL_TEXT, TRAIN_TURNS, ChatTemplate, Rendering,
                                      conversation_tools, conversation_turns, get_template, render_checked)
+from fuelline.formats import chat_record
+from fuelline.formats.chat_record import ChatRecordError
 from fuelline.records import Drop
 from fuelline.tokenizer.fast import fast_encoder
 
 TOO_LONG, TOO_FEW_LOSS_TOKENS = "too_long", "too_few_loss_tokens"
 SPECIAL_TOKEN_TEXT = "special_token_text"
-INVALID_CONVERSATION, UNRENDERABLE = "invalid_conversation", "unrenderable"  # with on_error="skip"
-DROP_REASONS = (TOO_LONG, TOO_FEW_LOSS_TOKENS, SPECIAL_TOKEN_TEXT, INVALID_CONVERSATION, UNRENDERABLE)
+UNRENDERABLE = "unrenderable"  # with on_error="skip", as is the record contract's reason of a conversation
+DROP_REASONS = (TOO_LONG, TOO_FEW_LOSS_TOKENS, SPECIAL_TOKEN_TEXT, UNRENDERABLE, *chat_record.REASONS)
 OVERFLOW = ("truncate", "drop")
 RENDER_BATCH = 256  # conversations rendered on the caller's thread while the previous ones encode
 # The keys transformers gives a Jinja chat template as variables (its special tokens map).
@@ -85,8 +88,8 @@ class EncodedChat:
 
 
 class ConversationError(ValueError):
-    """A conversation of a batch that is not one or that the template cannot render: `index` in the batch
-    (the caller names its file, line and id), `message` what is wrong."""
+    """A conversation of a batch that breaks the record contract or that the template cannot render: `index`
+    in the batch (the caller names its file, line and id), `message` what is wrong, `reason` its drop reason."""
 
     def __init__(self, index: int, message: str, reason: str):
         super().__init__(f"conversation {index}: {message}")
@@ -338,8 +341,8 @@ class _Encoder:
     def conversation(self, k: int, conversation: Any) -> tuple[list[dict], list[dict] | None]:
         try:
             return conversation_turns(conversation), conversation_tools(conversation, self.options.tools)
-        except ValueError as e:
-            raise ConversationError(k, str(e), INVALID_CONVERSATION) from None
+        except ChatRecordError as e:
+            raise ConversationError(k, str(e), e.reason) from None
 
     def special_text(self, turns: list[dict]) -> tuple[int, str]:
         """(occurrences, the first one in words) of control-token text in the assistant turns."""

@@ -9,7 +9,10 @@ Prompts. A conversation that ends with a user turn gets the answer to it, append
 of `chat prepare` (`{"id", "turns": [user contents]}`) becomes the chat record of its user turns,
 each answered in order on the answers before it (as DeepSpec regenerates its prompts). A record
 with nothing to answer (no assistant turn, no user turn at its end) is never written: it goes to
-the errors file as `nothing_to_regenerate`, a final decision like `truncated`.
+the errors file as `nothing_to_regenerate`, a final decision like `truncated`. A record that
+breaks the chat record contract (`fuelline.formats.chat_record`; an empty conversation, a tool
+call without a name, tool calls on a user turn …) stops the run at its line before it is sent,
+under the reason pack and cache build would give it.
 
 Tools. A record's `tools` go with each of its requests, and its turns as OpenAI messages: a tool
 call's arguments as a JSON string, each call an id (its own, else `call_{turn}_{k}`), each tool
@@ -39,7 +42,8 @@ turn_indexes, finish_reasons, answers_added (prompts: answers the data lacked), 
 appended whole, in the order answers arrive, and flushed; the file is fsynced every second and
 at the end. `resume` reads the ids already written (a torn last line, from a kill mid-write, is
 cut off first) and skips exactly those, so nothing is done twice or missed whatever order results
-came in. A conversation whose request failed for good goes to the errors file (`OUT.errors`,
+came in; that the output was made with the same model, options and inputs is the step's resume
+contract (`RegenerateStep`, `fuelline.pipeline.workdir`), which the command and pipelines keep. A conversation whose request failed for good goes to the errors file (`OUT.errors`,
 never a data suffix, so it is not read as records) with the reason; `drop_truncated` sends
 answers cut by `max_tokens` there too, as a final decision that a resumed run does not redo,
 while failures are retried by a resumed run (which first removes them from the errors file).
@@ -71,17 +75,16 @@ from typing import Any, Iterator
 import orjson
 
 from fuelline.chat.reasoning import ReasoningError, split_reasoning
+from fuelline.formats.chat_record import ChatRecordError, check, check_prompts
 from fuelline.io import json_exact
 from fuelline.io.atomic import write_bytes_atomic
 from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import expand_inputs
-from fuelline.io.readers import RecordError, count_units, iter_file_records
+from fuelline.io.readers import count_units, iter_file_records
 from fuelline.io.stage_layout import STATS_FILE
-from fuelline.io.tool_arguments import ArgumentsError, parse_arguments
 from fuelline.io.tool_arguments import to_json as arguments_json
 from fuelline.pipeline.options import Options, group, identity_values, option
-from fuelline.pipeline.stats import StepStats, write_stats
-from fuelline.pipeline.workdir import WorkDir
+from fuelline.pipeline.stats import StepStats
 from fuelline.records import Drop
 from fuelline.serve.client import ClientConfig, Completion, NoServerError, RequestFailed, ServerPool
 
@@ -258,7 +261,6 @@ class Earlier:
     dropped: dict[str, str] = field(default_factory=dict)  # id → reason, of the decisions a resume keeps
     finish_reasons: Counter = field(default_factory=Counter)
     truncated_kept: int = 0
-    identities: dict[bytes, dict] = field(default_factory=dict)  # of a pipeline step's records, as they say
 
 
 def earlier_runs(paths: OutputPaths) -> Earlier:
@@ -268,9 +270,6 @@ def earlier_runs(paths: OutputPaths) -> Earlier:
     for _, record in _ids_of_lines(paths.records, True):
         earlier.written.add(record["id"])
         regenerated = record.get("meta", {}).get("regenerated", {})
-        if "identity" in regenerated:
-            earlier.identities.setdefault(orjson.dumps(regenerated["identity"], option=orjson.OPT_SORT_KEYS),
-                                          regenerated["identity"])
         reasons = regenerated.get("finish_reasons", [])
         earlier.finish_reasons.update(reasons)
         earlier.truncated_kept += "length" in reasons
@@ -305,50 +304,12 @@ class _Appender:
 
 
 def _check_record(record: dict, source: Path, line: int) -> None:
-    """The chat record contract, as far as requests need it, and the eval record's (`{"id", "turns"}`,
-    prepare's prompts); the error names the turn and what is wrong."""
-    turns = record.get("conversations")
-    if isinstance(record.get("id"), str) and turns is None and isinstance(record.get("turns"), list):
-        if not all(isinstance(t, str) for t in record["turns"]):
-            raise RecordError(source, line, 'an eval record\'s "turns" must be the user contents, strings')
-        return
-    if not isinstance(record.get("id"), str) or not isinstance(turns, list):
-        raise RecordError(source, line, 'expected a chat record with a string "id" and a "conversations" list, '
-                                        'or an eval record {"id", "turns": [str]} (see `fuelline chat prepare`)')
-    tools = record.get("tools", [])
-    if not isinstance(tools, list) or not all(isinstance(t, dict) and t.get("type", "function") == "function"
-                                              and isinstance(t.get("function"), dict)
-                                              and isinstance(t["function"].get("name"), str) for t in tools):
-        raise RecordError(source, line, 'tools is not a list of {"type": "function", "function": {"name": str, ...}}')
-    for i, turn in enumerate(turns):
-        if not (isinstance(turn, dict) and turn.get("role") in ("system", "user", "assistant", "tool")
-                and isinstance(turn.get("content"), str)):
-            raise RecordError(source, line, f"turn {i} is not a {{role: system|user|assistant|tool, content: str}} "
-                                            "turn")
-        for key in {"assistant": ("reasoning_content",), "tool": ("tool_call_id", "name")}.get(turn["role"], ()):
-            if key in turn and not isinstance(turn[key], str):
-                raise RecordError(source, line, f"turn {i}: {key} is a {type(turn[key]).__name__}, not a string")
-        if turn["role"] == "assistant" and "tool_calls" in turn:
-            _check_tool_calls(turn["tool_calls"], f"turn {i}", source, line)
-
-
-def _check_tool_calls(calls, where: str, source: Path, line: int) -> None:
-    if not isinstance(calls, list):
-        raise RecordError(source, line, f"{where}: tool_calls is a {type(calls).__name__}, not a list")
-    for k, call in enumerate(calls):
-        function = call.get("function") if isinstance(call, dict) else None
-        if not (isinstance(function, dict) and isinstance(function.get("name"), str)
-                and call.get("type", "function") == "function" and isinstance(call.get("id", ""), str)):
-            raise RecordError(source, line, f'{where} tool call {k} is not a {{"id"?: str, "type": "function", '
-                                            '"function": {"name": str, "arguments": object}}')
-        if not isinstance(function.get("arguments"), dict):
-            raise RecordError(source, line, f"{where} tool call {k} ({function['name']}): arguments is a "
-                                            f"{type(function.get('arguments')).__name__}, expected a JSON object "
-                                            "(a dict; the JSON string form is the API's, not the record's)")
-        try:
-            parse_arguments(function["arguments"], f"{where} tool call {k} ({function['name']})")
-        except ArgumentsError as e:
-            raise RecordError(source, line, f"{e.detail} ({e.reason})") from None
+    """The chat record contract (`fuelline.formats.chat_record`), or the eval record's (`{"id", "turns"}`,
+    prepare's prompts), before any request: a `ChatRecordError` names FILE:LINE, the turn and the rule."""
+    prompts = isinstance(record, dict) and "conversations" not in record and "turns" in record
+    problem = check_prompts(record) if prompts else check(record)
+    if problem is not None:
+        raise ChatRecordError(problem.reason, problem.detail, f"{source}:{line}")
 
 
 def openai_messages(turns: list[dict]) -> list[dict]:
@@ -402,37 +363,32 @@ class _Run:
 
 
 class Regenerator:
-    """Regenerates the conversations of `inputs` into `output` through `servers` (see the module doc)."""
+    """Regenerates the conversations of `inputs` into `output` through `servers` (see the module doc),
+    for a caller that holds the output's lock (`regenerate`; `RegenerateStep`, which keeps the step's
+    resume contract)."""
 
     def __init__(self, inputs, output, servers: list[str], config: RegenerateConfig, *, resume: bool = False,
-                 progress: bool = True, warn=print, step_dir: WorkDir | None = None):
+                 progress: bool = True, warn=print):
         self.files = expand_inputs(inputs)
         self.paths, self.servers, self.config = OutputPaths.of(output), servers, config
         self.resume, self.progress, self.warn = resume, progress, warn
-        self.step_dir = step_dir  # a pipeline step's: the identity its records and stats carry
-        self.identity = step_dir.identity if step_dir is not None else None
         self.sampling = config.sampling()
         own = {f.name for f in fields(RegenerateConfig)} - {"model"}  # a pipeline step's serve_* are not answers
         self.options = {k: v for k, v in identity_values(config).items() if k in own}
         self.run_counts = _Run()
 
-    def run(self) -> dict:
-        with exclusive_output(self.paths.records):
-            return self._run_locked()
-
-    def _run_locked(self) -> dict:
-        if not self.resume:
-            for path in (self.paths.records, self.paths.errors):
-                if path.exists() and path.stat().st_size:
-                    raise ValueError(f"{path} exists from an earlier run; pass --resume to continue it, "
-                                     "or remove it to start over")
+    def run(self) -> StepStats:
+        """Regenerate what is left; the stats of the whole output, for the caller to write."""
+        if not self.resume and begun(self.paths):
+            raise ValueError(f"{self.paths.records} exists from an earlier run; resume it, or remove it to start over")
         earlier = earlier_runs(self.paths) if self.resume else Earlier()
-        for identity in earlier.identities.values():  # a pipeline step resumed with other options or inputs
-            if self.step_dir is not None:
-                self.step_dir.resumes(identity, anything_finished=True)
-        return asyncio.run(self._run(earlier))
+        try:
+            return asyncio.run(self._run(earlier))
+        except NoServerError as e:
+            raise RuntimeError(f"{e}; what was written is kept: run the same command again once a server "
+                               "answers") from None
 
-    async def _run(self, earlier: Earlier) -> dict:
+    async def _run(self, earlier: Earlier) -> StepStats:
         from fuelline.progress import progress_bar
 
         total = sum(count_units(f) or 0 for f in self.files)
@@ -448,13 +404,11 @@ class Regenerator:
                 feeder = asyncio.create_task(self._feed(queue, earlier.written | earlier.dropped.keys(), errors,
                                                         bar, len(workers)))
                 await _first_failure([feeder, *workers])
-                stats = self._stats(pool, earlier).to_json()
+                return self._stats(pool, earlier)
         finally:
             bar.close()
             outputs.close()
             errors.close()
-        write_stats(self.paths.stats, stats)
-        return stats
 
     async def _feed(self, queue: asyncio.Queue, skip: set[str], errors: _Appender, bar, workers: int) -> None:
         seen: set[str] = set()
@@ -538,7 +492,6 @@ class Regenerator:
             turns = turns[:len(turns) - len(after)] + [t for t in after if t["role"] != "tool"]
             last = {"tool_results_left_out": stale} if stale else {}
         meta = {**record.get("meta", {}), "regenerated": {
-            **({"identity": self.identity} if self.identity is not None else {}),
             "model": self.config.model, "options": self.options, "sampling": self.sampling, "turns": mode,
             "turn_indexes": targets, "finish_reasons": finish, **({"answers_added": plan.added} if plan.added else {}),
             **({"left_out": left_out} if left_out else {}), **last}}
@@ -571,7 +524,7 @@ class Regenerator:
                       "requests": c.requests,
                       "retried": pool.retries, "tokens_generated": c.tokens, "tokens_unknown": pool.tokens_unknown,
                       **{f"answers_{k}": v for k, v in sorted(pool.finish_reasons.items())}},
-            identity=self.identity, wall_seconds=time.perf_counter() - c.started, details={
+            wall_seconds=time.perf_counter() - c.started, details={
                 "failures": dict(sorted(c.failures.items())), "finish_reasons": dict(sorted(finish_reasons.items())),
                 "truncated_answers_kept": earlier.truncated_kept + c.truncated_kept,
                 "servers": {s.url: {**s.counts, "rests": s.rests, "left_out": sorted(s.left_out), "streamed": s.streams}
@@ -610,9 +563,16 @@ def resolve_servers(model: str | None, servers: list[str], servers_file: str | N
     return model, urls
 
 
+def begun(paths: OutputPaths) -> bool:
+    """Whether an earlier run wrote answers or errors here."""
+    return any(p.exists() and p.stat().st_size for p in (paths.records, paths.errors))
+
+
 def regenerate(inputs, output, servers: list[str], config: RegenerateConfig, **options) -> dict:
-    """Run the regenerate step; return its stats (also written to stats.json)."""
-    try:
-        return Regenerator(inputs, output, servers, config, **options).run()
-    except NoServerError as e:
-        raise RuntimeError(f"{e}; what was written is kept: rerun with --resume once a server answers") from None
+    """Regenerate into `output` under its lock, with no step identity (`resume`: continue what an
+    earlier run wrote); return the stats, also written beside it. The commands and pipelines run
+    `RegenerateStep`, which checks that a resumed output was made with the same options."""
+    regenerator = Regenerator(inputs, output, servers, config, **options)
+    with exclusive_output(output):
+        stats = regenerator.run()
+        return stats.write(regenerator.paths.stats.parent, regenerator.paths.stats.name)

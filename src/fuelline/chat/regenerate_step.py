@@ -1,19 +1,27 @@
-"""Regeneration as a pipeline step: the chat records of the step before, through the configured servers.
+"""Regeneration as a step, for `fuelline chat regenerate` and pipelines: the chat records of its
+input, through the configured servers.
 
-The step's directory holds `regenerated.jsonl`, its `.errors` file and `stats.json`; an
-interrupted step resumes where it stopped (by id), a finished one is skipped, and other options
-than those it was run with are refused unless the pipeline runs with --restart.
+The output (`OUT.jsonl` with `OUT.jsonl.errors` and `OUT.stats.json` beside it, or a directory
+holding `regenerated.jsonl`, its `.errors` and `stats.json`) keeps the one resume contract
+(`fuelline.pipeline.workdir`): its lock is taken before the output is read or deleted, its plan
+marker holds the identity (model, every option that decides the answers, the inputs), and
+running again resumes where it stopped (by id), retries what failed, returns a finished output
+with nothing left to retry as it is, and refuses another model, other options or other inputs,
+naming them, unless the run restarts (`--restart`).
 """
 
 from __future__ import annotations
 
+import functools
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from fuelline.chat.regenerate import OutputPaths, RegenerateConfig, regenerate, resolve_servers
+from fuelline.chat.regenerate import OutputPaths, RegenerateConfig, Regenerator, begun, resolve_servers
 from fuelline.model_source import CONFIG_ONLY, resolve_model
 from fuelline.pipeline.options import group
 from fuelline.pipeline.step import Step
+from fuelline.pipeline.workdir import WorkDir
 from fuelline.pipeline.workers import RunOptions
 from fuelline.serve.launcher import ServeConfig, ServerGroup
 
@@ -31,29 +39,40 @@ class RegenerateStep(Step):
     """Regenerate every assistant answer with the target model through OpenAI-compatible servers."""
 
     name, Config, produces_records = "regenerate", PipelineRegenerateConfig, True
+    warn = staticmethod(functools.partial(print, file=sys.stderr))  # a warning about the input (a repeated id)
 
     def check(self) -> None:
         if self.config.serve.model:  # the servers it would start: their model must exist
             resolve_model(self.config.serve.model, CONFIG_ONLY)
 
+    def work_dir(self, output: Path, inputs: list[str]) -> WorkDir:
+        step_dir = super().work_dir(output, inputs)
+        paths = OutputPaths.of(output)
+        if paths.records == Path(output):  # OUT.jsonl, with its errors and stats beside it
+            return WorkDir(output, step_dir.identity, defaults=step_dir.defaults, renamed=step_dir.renamed,
+                           beside=[paths.errors])
+        return step_dir
+
     def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:
         step_dir = self.work_dir(output, inputs)
-        if options.restart:
-            step_dir.discard()
-        if (done := step_dir.finished()) is not None:  # refused when other options finished here
-            return done
-        cfg = self.config
-        if not cfg.serve.model:
-            return self._regenerate(inputs, output, *resolve_servers(cfg.model, cfg.servers, cfg.servers_file),
-                                    options.progress)
+        with step_dir.lock():
+            if options.restart:
+                step_dir.restart()
+            done = step_dir.finished()  # refused when other options finished here
+            if done is not None and not done["dropped"].get("failed"):
+                return done
+            paths = OutputPaths.of(output)
+            step_dir.begin(anything_finished=lambda: begun(paths))
+            cfg = self.config
+            if not cfg.serve.model:
+                model, urls = resolve_servers(cfg.model, cfg.servers, cfg.servers_file)
+                return step_dir.finish(self._regenerate(inputs, output, model, urls, options.progress))
+            # logs and servers.json under _servers/: a directory read of the step's output skips it
+            with ServerGroup.of(cfg.serve, log_dir=output / "_servers") as group:
+                stats = self._regenerate(inputs, output, cfg.model or group.model, list(cfg.servers) + group.urls,
+                                         options.progress)
+            return step_dir.finish(stats)
 
-        # logs and servers.json under _servers/: a directory read of the step's output skips it
-        with ServerGroup.of(cfg.serve, log_dir=output / "_servers") as group:
-            return self._regenerate(inputs, output, cfg.model or group.model, list(cfg.servers) + group.urls,
-                                    options.progress)
-
-    def _regenerate(self, inputs, output: Path, model: str, urls: list[str], progress: bool) -> dict:
-        paths = OutputPaths.of(output)
-        resume = any(p.exists() and p.stat().st_size for p in (paths.records, paths.errors))
-        return regenerate(inputs, output, urls, replace(self.config, model=model), resume=resume, progress=progress,
-                          step_dir=self.work_dir(output, inputs))
+    def _regenerate(self, inputs, output: Path, model: str, urls: list[str], progress: bool):
+        return Regenerator(inputs, output, urls, replace(self.config, model=model), resume=True, progress=progress,
+                           warn=self.warn).run()

@@ -31,15 +31,14 @@ turn is context, not trained on. A field that belongs to another role (`ROLE_FIE
 calls, reasoning or a weight on a user, system or tool turn, a `tool_call_id` off a tool turn)
 drops the record as `misplaced_field`, since removing it would change the data unsaid.
 
-Normalizing only maps shapes and roles; `validate` then applies the rules the reference
-distillation pipeline applies, each failure under its own drop reason (`DROP_REASONS`): an
-optional leading system turn, then user and assistant alternating from a user turn, every
-content a non-empty string, except an assistant turn's with tool calls. Tool rounds sit where an
-assistant turn would be answered: user → assistant with tool calls → one or more tool results →
-assistant (calls again, or the answer) → user …; a round has at most as many results as calls,
-and a result's `tool_call_id` must be one of its round's call ids when the calls have ids. A
-conversation that ends on a user turn or on tool results keeps its complete exchanges (the
-caller counts it); one without a single complete exchange is dropped.
+Normalizing only maps shapes and roles; `validate` then applies the chat record contract
+(`fuelline.formats.chat_record`: turn shapes, an optional leading system turn, then user and
+assistant alternating from a user turn, tool rounds answering their calls) and the rules the
+reference distillation pipeline adds, each failure under its own drop reason (`DROP_REASONS`):
+every content a non-empty string, except an assistant turn's with tool calls, and at least one
+complete exchange. A conversation that ends on a user turn or on tool results keeps its
+complete exchanges (the caller counts it), so every record prepare writes keeps the contract
+that regenerate, pack, cache build and dedup check.
 """
 
 from __future__ import annotations
@@ -52,14 +51,15 @@ import orjson
 
 from fuelline.chat.reasoning import REASONS as REASONING_REASONS
 from fuelline.chat.reasoning import ReasoningError, split_reasoning
+from fuelline.formats import chat_record
+from fuelline.formats.chat_record import ChatRecordError
 from fuelline.io import json_exact
-from fuelline.io.tool_arguments import REASONS as ARGUMENTS_REASONS
 from fuelline.io.tool_arguments import ArgumentsError, parse_arguments, parse_json
 from fuelline.records import Drop
 
 SCHEMAS = ("sharegpt", "openai", "alpaca", "qa")
 FUNCTION_CALL = "function_call"  # ShareGPT's turn of tool calls; an assistant turn once read
-ROLE_NAMES = {  # what the input schemas call each role of the chat record (`templates.ROLES`)
+ROLE_NAMES = {  # a schema's role name, lower-cased, as a role of the chat record
     "human": "user", "user": "user",
     "gpt": "assistant", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant",
     "assistant": "assistant", "model": "assistant",
@@ -70,26 +70,14 @@ ROLE_NAMES = {  # what the input schemas call each role of the chat record (`tem
 QA_KEYS = (("question", "answer"), ("query", "response"), ("prompt", "completion"))
 FORMS = ("openai_tool_calls", "sharegpt_function_call", "hermes_tags", "reasoning_content", "thinking", "think_tags")
 REASONING_KEYS = ("reasoning_content", "thinking")
-TURN_KEYS = ("role", "content", "reasoning_content", "tool_calls", "tool_call_id", "name", "weight")
-# Fields that belong to one role: on another role's turn they are refused, never silently removed.
-ROLE_FIELDS = {"tool_calls": "assistant", "reasoning_content": "assistant", "thinking": "assistant",
-               "weight": "assistant", "tool_call_id": "tool"}
-WEIGHTS = (0, 1)  # OpenAI fine-tuning's per-message weight: 0 leaves an assistant turn out of training
-DROP_REASONS = ("unknown_schema", "missing_key", "wrong_type", "unknown_role", "empty_content",
-                "first_turn_not_user", "roles_not_alternating", "no_complete_exchange", "misplaced_field",
-                "bad_weight", "bad_tools", "bad_tool_call", "tool_call_without_name", *ARGUMENTS_REASONS,
-                "bad_tool_response", "orphan_tool_result", "too_many_tool_results", "unknown_tool_call_id",
-                "missing_tool_result", *REASONING_REASONS)
+# Fields that belong to one role (the record's, and a raw turn's `thinking`): on another role's
+# turn they are refused, never silently removed.
+ROLE_FIELDS = {**chat_record.ROLE_FIELDS, "thinking": "assistant"}
+# The record contract's reasons, then those of reading a raw record and of prepare's own rules.
+DROP_REASONS = (*chat_record.REASONS, "unknown_schema", "missing_key", "empty_content", "no_complete_exchange",
+                "bad_tool_response", *REASONING_REASONS)
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 TOOL_RESPONSE = re.compile(r"<tool_response>(.*?)</tool_response>", re.S)
-
-
-class Invalid(Exception):
-    """A record that breaks a rule; `reason` is one of DROP_REASONS."""
-
-    def __init__(self, reason: str, detail: str):
-        super().__init__(detail)
-        self.reason, self.detail = reason, detail
 
 
 @dataclass
@@ -119,13 +107,13 @@ def detect_schema(record: dict[str, Any]) -> str | None:
 
 def _text(value: Any, where: str) -> str:
     if not isinstance(value, str):
-        raise Invalid("wrong_type", f"{where} is {type(value).__name__}, expected a string")
+        raise ChatRecordError("wrong_type", f"{where} is {type(value).__name__}, expected a string")
     return value
 
 
 def _require(obj: dict, key: str, where: str) -> Any:
     if key not in obj:
-        raise Invalid("missing_key", f"{where} has no {key!r} (keys: {', '.join(sorted(obj)) or 'none'})")
+        raise ChatRecordError("missing_key", f"{where} has no {key!r} (keys: {', '.join(sorted(obj)) or 'none'})")
     return obj[key]
 
 
@@ -134,7 +122,7 @@ def _json(text: str, where: str, reason: str) -> Any:
         return json_exact.loads(text)
     except orjson.JSONDecodeError:
         short = text if len(text) <= 80 else text[:77] + "..."
-        raise Invalid(reason, f"{where} is not JSON: {short!r}") from None
+        raise ChatRecordError(reason, f"{where} is not JSON: {short!r}") from None
 
 
 def _call_json(text: str, where: str) -> Any:
@@ -143,13 +131,13 @@ def _call_json(text: str, where: str) -> Any:
     try:
         return parse_json(text, where, not_json="bad_tool_call")
     except ArgumentsError as e:
-        raise Invalid(e.reason, e.detail) from None
+        raise ChatRecordError(e.reason, e.detail) from None
 
 
 def _turn_list(record: dict, key: str) -> list:
     turns = record[key]
     if not isinstance(turns, list):
-        raise Invalid("wrong_type", f"{key!r} is {type(turns).__name__}, expected a list of turns")
+        raise ChatRecordError("wrong_type", f"{key!r} is {type(turns).__name__}, expected a list of turns")
     return turns
 
 
@@ -158,7 +146,7 @@ def _role(value: Any, where: str) -> str:
     try:
         return ROLE_NAMES[name.strip().lower()]
     except KeyError:
-        raise Invalid("unknown_role", f"{where} is {name!r}; known: {', '.join(ROLE_NAMES)}") from None
+        raise ChatRecordError("unknown_role", f"{where} is {name!r}; known: {', '.join(ROLE_NAMES)}") from None
 
 
 def _openai_content(content: Any, where: str) -> str:
@@ -167,7 +155,7 @@ def _openai_content(content: Any, where: str) -> str:
         for j, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text":
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise Invalid("wrong_type", f"{where}[{j}] is a {kind!r} part; only text parts are supported")
+                raise ChatRecordError("wrong_type", f"{where}[{j}] is a {kind!r} part; only text parts are supported")
             texts.append(_text(_require(part, "text", f"{where}[{j}]"), f"{where}[{j}].text"))
         return "\n".join(texts)
     return _text(content, where)
@@ -177,19 +165,19 @@ def _call(call: Any, where: str) -> dict[str, Any]:
     """One tool call in the contract's shape, from OpenAI's `{"id"?, "type", "function": {…}}` or
     the bare `{"name", "arguments"}` of ShareGPT and Hermes; arguments parsed when a JSON string."""
     if not isinstance(call, dict):
-        raise Invalid("bad_tool_call", f"{where} is {type(call).__name__}, expected an object")
+        raise ChatRecordError("bad_tool_call", f"{where} is {type(call).__name__}, expected an object")
     if call.get("type", "function") != "function":
-        raise Invalid("bad_tool_call", f"{where}.type is {call['type']!r}; only function calls are supported")
+        raise ChatRecordError("bad_tool_call", f"{where}.type is {call['type']!r}; only function calls are supported")
     function = call.get("function", call)
     if not isinstance(function, dict):
-        raise Invalid("bad_tool_call", f"{where}.function is {type(function).__name__}, expected an object")
+        raise ChatRecordError("bad_tool_call", f"{where}.function is {type(function).__name__}, expected an object")
     name = function.get("name")
     if not isinstance(name, str) or not name.strip():
-        raise Invalid("tool_call_without_name", f"{where} has no function name")
+        raise ChatRecordError("tool_call_without_name", f"{where} has no function name")
     try:
         arguments = parse_arguments(function.get("arguments", {}), f"{where} ({name})")
     except ArgumentsError as e:
-        raise Invalid(e.reason, e.detail) from None
+        raise ChatRecordError(e.reason, e.detail) from None
     read: dict[str, Any] = {"type": "function", "function": {"name": name, "arguments": arguments}}
     if call.get("id") not in (None, ""):
         read = {"id": _text(call["id"], f"{where}.id"), **read}
@@ -202,24 +190,24 @@ def _function_calls(value: Any, where: str) -> list[dict[str, Any]]:
     if not isinstance(parsed, list):
         return [_call(parsed, where)]
     if not parsed:
-        raise Invalid("bad_tool_call", f"{where} is an empty list of calls")
+        raise ChatRecordError("bad_tool_call", f"{where} is an empty list of calls")
     return [_call(call, f"{where}[{j}]") for j, call in enumerate(parsed)]
 
 
 def _tool_schema(tool: Any, where: str) -> dict[str, Any]:
     if not isinstance(tool, dict):
-        raise Invalid("bad_tools", f"{where} is {type(tool).__name__}, expected a function schema")
+        raise ChatRecordError("bad_tools", f"{where} is {type(tool).__name__}, expected a function schema")
     if tool.get("type", "function") != "function":
-        raise Invalid("bad_tools", f"{where}.type is {tool['type']!r}; only function tools are supported")
+        raise ChatRecordError("bad_tools", f"{where}.type is {tool['type']!r}; only function tools are supported")
     function = tool.get("function", tool)
     name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(name, str) or not name.strip():
-        raise Invalid("bad_tools", f"{where} has no function name")
+        raise ChatRecordError("bad_tools", f"{where} has no function name")
     schema: dict[str, Any] = {"name": name}
     for key, kind in (("description", str), ("parameters", dict)):
         if function.get(key) is not None:
             if not isinstance(function[key], kind):
-                raise Invalid("bad_tools", f"{where} ({name}): {key} is {type(function[key]).__name__}, "
+                raise ChatRecordError("bad_tools", f"{where} ({name}): {key} is {type(function[key]).__name__}, "
                                            f"expected {'a string' if kind is str else 'an object'}")
             schema[key] = function[key]
     return {"type": "function", "function": schema}
@@ -233,7 +221,7 @@ def _tools(record: dict) -> list[dict[str, Any]] | None:
     if tools is None:
         return None
     if not isinstance(tools, list):
-        raise Invalid("bad_tools", f"tools is {type(tools).__name__}, expected a list of function schemas")
+        raise ChatRecordError("bad_tools", f"tools is {type(tools).__name__}, expected a list of function schemas")
     return [_tool_schema(tool, f"tools[{j}]") for j, tool in enumerate(tools)] or None
 
 
@@ -242,26 +230,28 @@ def _structured(obj: dict, turn: dict[str, Any], where: str, forms: set[str]) ->
     a field of another role's (ROLE_FIELDS) is refused, unless empty."""
     for key, owner in ROLE_FIELDS.items():
         if obj.get(key) not in (None, "", []) and turn["role"] != owner:
-            raise Invalid("misplaced_field", f"{where} is a {turn['role']} turn with {key!r}, which belongs on "
+            raise ChatRecordError("misplaced_field", f"{where} is a {turn['role']} turn with {key!r}, which belongs on "
                                              f"{'an' if owner == 'assistant' else 'a'} {owner} turn")
     if "weight" in obj and turn["role"] == "assistant":
         weight = obj["weight"]
-        if type(weight) is not int or weight not in WEIGHTS:
-            raise Invalid("bad_weight", f"{where}.weight is {weight!r}; OpenAI's weight is 0 (not trained on) or 1")
+        if type(weight) is not int or weight not in chat_record.WEIGHTS:
+            raise ChatRecordError("bad_weight", f"{where}.weight is {weight!r}; OpenAI's weight is 0 (not trained "
+                                                "on) or 1")
         turn["weight"] = weight
     if turn["role"] == "assistant":
         for key in REASONING_KEYS:
             if obj.get(key) not in (None, ""):
                 if "reasoning_content" in turn:
-                    raise Invalid("conflicting_reasoning", f"{where} has both {REASONING_KEYS[0]!r} and {key!r}")
+                    raise ChatRecordError("conflicting_reasoning",
+                                          f"{where} has both {REASONING_KEYS[0]!r} and {key!r}")
                 turn["reasoning_content"] = _text(obj[key], f"{where}.{key}")
                 forms.add(key)
         calls = obj.get("tool_calls")
         if calls not in (None, []):
             if not isinstance(calls, list):
-                raise Invalid("bad_tool_call", f"{where}.tool_calls is {type(calls).__name__}, expected a list")
+                raise ChatRecordError("bad_tool_call", f"{where}.tool_calls is {type(calls).__name__}, expected a list")
             if "tool_calls" in turn:
-                raise Invalid("bad_tool_call", f"{where} has tool calls both in its value and in tool_calls")
+                raise ChatRecordError("bad_tool_call", f"{where} has tool calls both in its value and in tool_calls")
             turn["tool_calls"] = [_call(call, f"{where}.tool_calls[{j}]") for j, call in enumerate(calls)]
             forms.add("openai_tool_calls")
     elif turn["role"] == "tool":
@@ -277,7 +267,7 @@ def _turns(record: dict, list_key: str, role_key: str, content_key: str, forms: 
     for i, obj in enumerate(_turn_list(record, list_key)):
         where = f"{list_key}[{i}]"
         if not isinstance(obj, dict):
-            raise Invalid("wrong_type", f"{where} is {type(obj).__name__}, expected an object")
+            raise ChatRecordError("wrong_type", f"{where} is {type(obj).__name__}, expected an object")
         role = _role(_require(obj, role_key, where), f"{where}.{role_key}")
         if role == "assistant" and content_key not in obj and obj.get("tool_calls"):
             value = None  # OpenAI's message that only calls tools may leave content out
@@ -310,7 +300,7 @@ def _alpaca(record: dict, forms: set[str]) -> list[dict[str, Any]]:
     answer = _text(_require(record, answer_key, "the record"), answer_key)
     extra = record.get("input")
     if extra is not None and not isinstance(extra, str):
-        raise Invalid("wrong_type", f"input is {type(extra).__name__}, expected a string")
+        raise ChatRecordError("wrong_type", f"input is {type(extra).__name__}, expected a string")
     user = f"{instruction}\n\n{extra}" if extra and extra.strip() else instruction
     turns = [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
     system = record.get("system")
@@ -324,7 +314,7 @@ def _qa(record: dict, forms: set[str]) -> list[dict[str, Any]]:
         if q in record and a in record:
             return [{"role": "user", "content": _text(record[q], q)},
                     {"role": "assistant", "content": _text(record[a], a)}]
-    raise Invalid("missing_key", "no question/answer, query/response or prompt/completion pair")
+    raise ChatRecordError("missing_key", "no question/answer, query/response or prompt/completion pair")
 
 
 NORMALIZERS = {"sharegpt": _sharegpt, "openai": _openai, "alpaca": _alpaca, "qa": _qa}
@@ -340,20 +330,21 @@ def _hermes_calls(content: str, where: str) -> tuple[str, list[dict[str, Any]]]:
         calls.append(_call(_call_json(block.strip(), at), at))
     left = TOOL_CALL.sub("", content)
     if "<tool_call>" in left:
-        raise Invalid("bad_tool_call", f"{where} has a <tool_call> without </tool_call>")
+        raise ChatRecordError("bad_tool_call", f"{where} has a <tool_call> without </tool_call>")
     return left.strip(), calls
 
 
 def _tool_responses(content: str, where: str) -> list[str]:
     """The texts, stripped, of a content made of `<tool_response>` blocks only."""
     if TOOL_RESPONSE.sub("", content).strip():
-        raise Invalid("bad_tool_response", f"{where} has text outside its <tool_response>…</tool_response> blocks")
+        raise ChatRecordError("bad_tool_response",
+                              f"{where} has text outside its <tool_response>…</tool_response> blocks")
     return [m.group(1).strip() for m in TOOL_RESPONSE.finditer(content)]
 
 
 def _read_tags(turns: list[dict[str, Any]], forms: set[str]) -> list[dict[str, Any]]:
     """Turns with the `<think>`, `<tool_call>` and `<tool_response>` forms read into structured fields,
-    keys in TURN_KEYS order."""
+    keys in the record contract's TURN_KEYS order."""
     read = []
     for i, turn in enumerate(turns):
         where = f"turn {i} ({turn['role']})"
@@ -363,12 +354,12 @@ def _read_tags(turns: list[dict[str, Any]], forms: set[str]) -> list[dict[str, A
             if calls:
                 forms.add("hermes_tags")
                 if "tool_calls" in turn:
-                    raise Invalid("bad_tool_call", f"{where} has both tool_calls and <tool_call> blocks")
+                    raise ChatRecordError("bad_tool_call", f"{where} has both tool_calls and <tool_call> blocks")
                 turn["tool_calls"] = calls
             try:
                 content, reasoning = split_reasoning(left, turn.get("reasoning_content"), where)
             except ReasoningError as e:
-                raise Invalid(e.reason, e.detail) from None
+                raise ChatRecordError(e.reason, e.detail) from None
             if content != left:
                 forms.add("think_tags")
             if reasoning is not None:
@@ -378,12 +369,12 @@ def _read_tags(turns: list[dict[str, Any]], forms: set[str]) -> list[dict[str, A
             forms.add("hermes_tags")
             read.extend({**turn, "role": "tool", "content": text} for text in _tool_responses(turn["content"], where))
             continue
-        read.append({key: turn[key] for key in TURN_KEYS if key in turn})
+        read.append({key: turn[key] for key in chat_record.TURN_KEYS if key in turn})
     return read
 
 
 def normalize(record: dict[str, Any], schema: str, forms: set[str] | None = None) -> list[dict[str, Any]]:
-    """The record's turns with roles mapped and every form read (not yet validated); `Invalid`
+    """The record's turns with roles mapped and every form read (not yet validated); `ChatRecordError`
     when it cannot be read. The forms found are added to `forms`."""
     if schema not in NORMALIZERS:
         raise ValueError(f"unknown chat schema {schema!r}; choose auto or one of {', '.join(SCHEMAS)}")
@@ -391,49 +382,21 @@ def normalize(record: dict[str, Any], schema: str, forms: set[str] | None = None
     return _read_tags(NORMALIZERS[schema](record, forms), forms)
 
 
-def _check_order(turns: list[dict[str, Any]], offset: int) -> None:
-    """User and assistant alternate from a user turn; tool results answer the calls of the turn before them."""
-    calls: list[dict[str, Any]] = []  # of the round in progress: results may follow
-    results = 0
-    for i, (before, turn) in enumerate(zip(turns, turns[1:]), start=offset + 1):
-        role = turn["role"]
-        if role == "tool":
-            if not calls:
-                raise Invalid("orphan_tool_result", f"turn {i} (tool) answers no tool call: "
-                                                    f"turn {i - 1} ({before['role']}) makes none")
-            results += 1
-            if results > len(calls):
-                raise Invalid("too_many_tool_results", f"turn {i} is tool result {results} of a round of "
-                                                       f"{len(calls)} call(s)")
-            ids = [call["id"] for call in calls if "id" in call]
-            if ids and "tool_call_id" in turn and turn["tool_call_id"] not in ids:
-                raise Invalid("unknown_tool_call_id", f"turn {i} answers tool_call_id {turn['tool_call_id']!r}, "
-                                                      f"not a call of its round ({', '.join(ids)})")
-            continue
-        if before.get("tool_calls"):
-            raise Invalid("missing_tool_result", f"turn {i} ({role}) follows tool calls without a tool result")
-        expected = "user" if before["role"] == "assistant" else "assistant"
-        if role != expected:
-            after = " after tool results" if before["role"] == "tool" else ""
-            raise Invalid("roles_not_alternating", f"turn {i} is {role}, expected {expected}{after}")
-        calls, results = turn.get("tool_calls", []), 0
-
-
 def validate(turns: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str | None]:
-    """`(turns, role of the turns cut off the end or None)` for a valid conversation; `Invalid` otherwise."""
+    """`(turns, role of the turns cut off the end or None)` for a conversation that keeps the record
+    contract (`fuelline.formats.chat_record`) and prepare's own rules; `ChatRecordError` otherwise."""
+    chat_record.require_turns(turns)
+    chat_record.require_order(turns)
     for i, turn in enumerate(turns):
         if not turn["content"].strip() and not turn.get("tool_calls"):
-            raise Invalid("empty_content", f"turn {i} ({turn['role']}) has empty content")
-    body = turns[1:] if turns and turns[0]["role"] == "system" else turns
+            raise ChatRecordError("empty_content", f"turn {i} ({turn['role']}) has empty content")
+    body = turns[1:] if turns[0]["role"] == "system" else turns
     if not body:
-        raise Invalid("no_complete_exchange", "no user turn")
-    if body[0]["role"] != "user":
-        raise Invalid("first_turn_not_user", f"the first turn after the system prompt is {body[0]['role']}")
-    _check_order(body, len(turns) - len(body))
+        raise ChatRecordError("no_complete_exchange", "no user turn")
     last = body[-1]["role"]
     if last == "user":
         if len(body) == 1:
-            raise Invalid("no_complete_exchange", "a user turn without an answer")
+            raise ChatRecordError("no_complete_exchange", "a user turn without an answer")
         return turns[:-1], last
     if last == "tool":  # results not answered yet: the conversation ends on the calls
         end = len(turns)
@@ -453,6 +416,6 @@ def normalize_record(record: dict[str, Any], schema: str = "auto") -> Conversati
     try:
         tools = _tools(record) if found in ("sharegpt", "openai") else None
         turns, trailing = validate(normalize(record, found, forms))
-    except Invalid as e:
+    except ChatRecordError as e:
         return Drop(e.reason, f"{found}: {e.detail}")
     return Conversation(found, turns, tools, trailing, forms)

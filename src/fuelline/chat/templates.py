@@ -88,9 +88,9 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any, Callable, Mapping
 
-from fuelline.io.tool_arguments import ArgumentsError, parse_arguments
+from fuelline.formats import chat_record
+from fuelline.formats.chat_record import ChatRecordError
 
-ROLES = ("system", "user", "assistant", "tool")
 PREFIX_TURNS = ("all", "last")
 REASONING = ("keep", "drop", "last")
 TRAIN_TURNS = ("all", "last")
@@ -98,10 +98,6 @@ SPECIAL_TEXT = ("refuse", "keep")
 ON_ERROR = ("raise", "skip")
 TOOL_SYNTAXES = ("", "qwen")
 LOSS_MASKS = ("overlap", "deepspec")
-# The turn fields of the chat record contract besides role and content, and the role each belongs to
-# ("name" is also a participant's name on other turns in OpenAI's format, so it is only checked on tool turns).
-TURN_FIELDS = {"tool_calls": "assistant", "reasoning_content": "assistant", "weight": "assistant",
-               "tool_call_id": "tool"}
 # Tried, after the tokenizer's eos token, as the end-of-turn token of a Jinja template.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<turn|>", "<end_of_turn>", "<|end|>")
 # Unicode noncharacters, reserved for a program's internal use: the marks of generation blocks,
@@ -271,88 +267,25 @@ def _template_from_table(path, name: str, table: Any) -> ChatTemplate:
 
 
 def conversation_turns(conversation: Any) -> list[dict]:
-    """The turns of a conversation (or of a chat record's `conversations`), checked."""
+    """The turns of a conversation (or of a chat record's `conversations`), their shape checked by the
+    record contract (`fuelline.formats.chat_record`; a `ChatRecordError` names the turn and the rule)."""
     if isinstance(conversation, dict):
         if not isinstance(conversation.get("conversations"), list):
-            raise ValueError("a chat record needs a 'conversations' list of {'role', 'content'} turns")
+            raise ChatRecordError("not_a_chat_record", "a chat record needs a 'conversations' list of "
+                                                       "{'role', 'content'} turns")
         conversation = conversation["conversations"]
-    if not isinstance(conversation, (list, tuple)) or not conversation:
-        raise ValueError("a conversation is a non-empty list of {'role', 'content'} turns")
-    for i, turn in enumerate(conversation):
-        if not isinstance(turn, dict):
-            raise ValueError(f"turn {i}: expected a dict with 'role' and 'content', found {type(turn).__name__}")
-        if turn.get("role") not in ROLES:
-            raise ValueError(f"turn {i}: role {turn.get('role')!r} is not one of {', '.join(ROLES)}")
-        if not isinstance(turn.get("content"), str):
-            raise ValueError(f"turn {i}: content must be a string, found {type(turn.get('content')).__name__}")
-        if len(turn) > 2:  # a plain turn is checked by now
-            _check_turn_fields(i, turn)
+    chat_record.require_turns(conversation)
     return list(conversation)
-
-
-def _check_turn_fields(i: int, turn: dict) -> None:
-    role = turn["role"]
-    for key, owner in TURN_FIELDS.items():
-        if key in turn and role != owner:
-            raise ValueError(f"turn {i}: {key} belongs on {_a(owner)} {owner} turn, not on {_a(role)} {role} turn")
-    for key in ("reasoning_content", "tool_call_id", "name"):
-        if key in turn and (role == "tool" or key == "reasoning_content") and not isinstance(turn[key], str):
-            raise ValueError(f"turn {i}: {key} must be a string, found {type(turn[key]).__name__}")
-    if "weight" in turn and (type(turn["weight"]) is not int or turn["weight"] not in (0, 1)):
-        raise ValueError(f"turn {i}: weight must be 0 (not trained on) or 1, found {turn['weight']!r}")
-    calls = turn.get("tool_calls")
-    if calls is None:
-        return
-    if not isinstance(calls, list):
-        raise ValueError(f"turn {i}: tool_calls must be a list of {{'type': 'function', 'function': {{'name', "
-                         f"'arguments'}}}}, found {type(calls).__name__}")
-    for j, call in enumerate(calls):
-        where = f"turn {i}: tool_calls[{j}]"
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict):
-            raise ValueError(f"{where} must be {{'type': 'function', 'function': {{'name', 'arguments'}}}}, found "
-                             f"{call!r:.80}")
-        if call.get("type", "function") != "function":
-            raise ValueError(f"{where}.type must be 'function', found {call['type']!r}")
-        if not isinstance(function.get("name"), str) or not function["name"]:
-            raise ValueError(f"{where}.function.name must be a non-empty string, found {function.get('name')!r}")
-        arguments = function.get("arguments")
-        if not isinstance(arguments, dict):
-            hint = " (a JSON-encoded string: decode it to an object first)" if isinstance(arguments, str) else ""
-            raise ValueError(f"{where}.function.arguments must be a JSON object (a dict), found "
-                             f"{type(arguments).__name__}{hint}")
-        try:
-            parse_arguments(arguments, f"{where}.function")
-        except ArgumentsError as e:
-            raise ValueError(e.detail) from None
-
-
-def _a(role: str) -> str:
-    return "an" if role == "assistant" else "a"
 
 
 def conversation_tools(conversation: Any, tools: Any = None) -> list[dict] | None:
     """The tool schemas of a conversation, checked: a chat record's `tools`, or `tools` given for it."""
     own = conversation.get("tools") if isinstance(conversation, dict) else None
     if own is not None and tools is not None:
-        raise ValueError("tools are given twice: the chat record has its own 'tools', and tools= is set too")
+        raise ChatRecordError("bad_tools", "tools are given twice: the chat record has its own 'tools', and tools= "
+                                           "is set too")
     tools = own if own is not None else tools
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        raise ValueError(f"tools must be a list of {{'type': 'function', 'function': {{'name', ...}}}}, "
-                         f"found {type(tools).__name__}")
-    for j, tool in enumerate(tools):
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(function, dict) or tool.get("type", "function") != "function":
-            raise ValueError(f"tools[{j}] must be {{'type': 'function', 'function': {{'name', 'description', "
-                             f"'parameters'}}}}, found {tool!r:.80}")
-        if not isinstance(function.get("name"), str) or not function["name"]:
-            raise ValueError(f"tools[{j}].function.name must be a non-empty string, found {function.get('name')!r}")
-        for key, kind in (("description", str), ("parameters", dict)):
-            if key in function and not isinstance(function[key], kind):
-                raise ValueError(f"tools[{j}].function.{key} must be a {'string' if kind is str else 'JSON object'}, "
-                                 f"found {type(function[key]).__name__}")
+    chat_record.require_tools(tools)
     return tools
 
 

@@ -196,7 +196,8 @@ class LineCounter:
 
     def __init__(self, spill_dir: Path, min_doc_freq: int):
         self.spill_dir, self.min_doc_freq = spill_dir, min_doc_freq
-        shutil.rmtree(spill_dir, ignore_errors=True)  # left by a run killed mid-count
+        if spill_dir.exists():  # left by a run killed mid-count
+            shutil.rmtree(spill_dir)
         spill_dir.mkdir(parents=True)
         self.hashes = np.empty(BUFFER_ENTRIES, np.uint64)
         self.edges = np.empty(BUFFER_ENTRIES, np.uint8)
@@ -325,7 +326,8 @@ def count_corpus(ctx: PrepareContext, texts: Callable[[InputShard], Iterable[str
     parts = [np.load(merged / f"task-{i:05d}.npy") for i, *_ in tasks]
     columns = np.concatenate(parts, axis=1) if parts else np.empty((3, 0), dtype=np.int64)
     for name in ("lines", "merged", SPILL_NAME):
-        shutil.rmtree(ctx.workdir / name, ignore_errors=True)
+        if (ctx.workdir / name).exists():  # scratch of this run; one that cannot be removed is said
+            shutil.rmtree(ctx.workdir / name)
     return LineTable(columns[0].view(np.uint64).copy(), columns[1].copy(), columns[2].copy(), num_docs=sum(documents))
 
 

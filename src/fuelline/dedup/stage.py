@@ -46,6 +46,7 @@ from fuelline.dedup.phases import (
     write_audit,
 )
 from fuelline.dedup.simhash import simhashes
+from fuelline.formats import chat_record
 from fuelline.io.atomic import run_once, write_bytes_atomic
 from fuelline.io.readers import RecordError, iter_file_records
 from fuelline.io.spill import PARTITIONS, hash_partition, write_spill
@@ -57,16 +58,15 @@ DROP_REASONS = {EXACT: "exact_duplicate", NEAR: "near_duplicate"}
 AUDIT_FILE = "clusters.jsonl.zst"
 
 
-def compared_text(record: dict, compare: str) -> str | None:
-    """The text dedup compares: a document's text, or a chat record's user turns joined by newlines."""
+def compared_text(record: dict, compare: str, where: str) -> str | None:
+    """The text dedup compares: a document's text (None for a record without one), or a chat record's
+    user turns joined by newlines (a record that breaks the contract of `fuelline.formats.chat_record`,
+    another kind of record included, is a `ChatRecordError` located at `where`, FILE:LINE)."""
     if compare == "text":
         text = record.get("text")
         return text if isinstance(text, str) else None
-    turns = record.get("conversations")
-    try:
-        return "\n".join(user_turns(turns))
-    except (TypeError, KeyError):
-        return None
+    chat_record.require(record, where)
+    return "\n".join(user_turns(record["conversations"]))
 
 
 def hash_shard(shard: InputShard, config: DedupConfig, workdir: Path) -> int:
@@ -77,11 +77,10 @@ def hash_shard(shard: InputShard, config: DedupConfig, workdir: Path) -> int:
     def work() -> dict:
         ids, texts, lengths = [], [], []
         for line, record in iter_file_records(shard.source, start=shard.start, stop=shard.stop, on_error="skip"):
-            text = compared_text(record, config.compare)
+            text = compared_text(record, config.compare, f"{shard.source}:{line}")
             if text is None:
-                what = ('no string field "text": dedup reads document records' if config.compare == "text" else
-                        'no "conversations" list of {"role", "content"} turns: compare = user_turns reads chat records')
-                raise RecordError(shard.source, line, what)
+                raise RecordError(shard.source, line, 'no string field "text": dedup reads document records '
+                                                      '(compare = user_turns reads chat records)')
             ids.append(str(record.get("id", f"{shard.source}:{line}")))
             texts.append(text)
             lengths.append(len(text))

@@ -11,7 +11,7 @@ A cache directory holds `manifest.json` (written last: no manifest = not finishe
     target_hidden_states        bfloat16 | e4m3       [T, L·H]  (the captured layers side by side)
     target_last_hidden_states   bfloat16 | e4m3       [T, H]    (the final normed hidden state)
 
-**deepspec-v2** (DESIGN.md, "Target cache"): index records `<QIIQQQQQ` (56 bytes: sample_id,
+**deepspec-v2** (docs/design.md, "Target cache"): index records `<QIIQQQQQ` (56 bytes: sample_id,
 shard_id, seq_len, then the byte offset of each of the five tensors), tensors packed with no
 padding, manifest fields as the reference writes them (JSON, indent 2, sorted keys). A plain
 fp8 cast (`float8_e4m3fn`, no scale) is what version 2 calls fp8; we write bf16 there.

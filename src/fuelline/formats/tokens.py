@@ -1,4 +1,4 @@
-"""The token dataset format (DESIGN.md, "Token dataset format", version 1).
+"""The token dataset format (docs/design.md, "Token dataset", version 1).
 
 A directory holding:
 

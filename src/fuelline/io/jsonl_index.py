@@ -9,8 +9,10 @@ Cache file: a 48-byte header (magic, the data file's size and mtime_ns, the reco
 xxh3-128 checksum of those fields and the offsets) followed by the offsets. A cache that does not
 match the data file's size and mtime, or is short, corrupted, unreadable or not a regular file
 (a directory at its path), is ignored without a word: the file is indexed again and the cache
-replaced atomically (or not written, when its path is taken by something else). A bad cache
-never costs more than a rescan, and never shortens or shifts the index.
+replaced atomically. A bad cache never costs more than a rescan, and never shortens or shifts
+the index. A cache that cannot be written (its path taken by something else, a directory that
+cannot be written) leaves the index whole but makes every later open rescan the file: that is
+an `IndexCacheWarning` with the reason, once per cache directory and process.
 
 Records are read with `os.pread` on a descriptor opened lazily (so the index pickles cheaply into
 DataLoader workers), not through an mmap: a file truncated after indexing then gives a short
@@ -26,6 +28,7 @@ import hashlib
 import os
 import stat
 import struct
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -49,6 +52,13 @@ WHITESPACE[[9, 10, 13, 32]] = True
 
 class FileChangedError(RuntimeError):
     """A data file no longer matches its index (truncated, rewritten or touched since indexing)."""
+
+
+class IndexCacheWarning(UserWarning):
+    """A line index could not be cached: it is whole, but the next open scans the file again."""
+
+
+_warned_cache_dirs: set[Path] = set()  # a cache directory that cannot be written is said once per process
 
 
 def default_cache_dir() -> Path:
@@ -125,16 +135,18 @@ def read_cache(cache: Path, size: int, mtime_ns: int) -> np.ndarray | None:
                 return None
             offsets = np.fromfile(f, dtype="<i8", count=2 * n)
     except (OSError, ValueError):
-        return None
+        return None  # unreadable or damaged: the file is scanned again, and the cache rewritten
     if offsets.size != 2 * n or _checksum(header[:CACHE_FIELDS.size], offsets) != digest:
         return None
     return offsets.reshape(n, 2)
 
 
 def write_cache(cache: Path, size: int, mtime_ns: int, offsets: np.ndarray) -> None:
-    """Replace the cache atomically; do nothing when its path holds something other than a
-    regular file, or the cache directory cannot be written (the next open only rescans)."""
+    """Replace the cache atomically. When it cannot be written (its path holds something other
+    than a regular file, or its directory cannot be written), warn and go on without it: the
+    offsets are in memory, and only the next open pays a rescan."""
     if os.path.lexists(cache) and not cache.is_file():
+        _warn_not_cached(cache, "its path is taken by something that is not a regular file")
         return
     fields = CACHE_FIELDS.pack(CACHE_MAGIC, size, mtime_ns, len(offsets))
     target = None
@@ -143,9 +155,19 @@ def write_cache(cache: Path, size: int, mtime_ns: int, offsets: np.ndarray) -> N
         target.file.write(fields + _checksum(fields, offsets))
         target.file.write(np.ascontiguousarray(offsets, dtype="<i8").tobytes())
         target.commit()
-    except OSError:
+    except OSError as e:
         if target is not None:
             target.abort()
+        _warn_not_cached(cache, f"{e.strerror}: {e.filename}" if e.strerror and e.filename else str(e))
+
+
+def _warn_not_cached(cache: Path, reason: str) -> None:
+    if cache.parent in _warned_cache_dirs:
+        return
+    _warned_cache_dirs.add(cache.parent)
+    warnings.warn(f"{cache}: cannot cache a JSONL line index here ({reason}); the index is whole, but each "
+                  f"new JsonlIndex of the file scans it again. Pass cache_dir= a writable directory, or set "
+                  f"FUELLINE_CACHE_DIR", IndexCacheWarning)
 
 
 def index_file(path: Path, cache_dir: Path) -> tuple[np.ndarray, int, int]:
@@ -262,5 +284,5 @@ class JsonlIndex:
     def __del__(self) -> None:
         try:
             self.close()
-        except (AttributeError, OSError):
+        except (AttributeError, OSError):  # half-built by a failed __init__, or at interpreter exit: nothing to say
             pass

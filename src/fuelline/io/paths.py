@@ -3,7 +3,8 @@
 Each may be a local path or an fsspec URL (`s3://bucket/corpus/`, `memory://x/*.jsonl`): a local
 file comes back as a `Path`, a file at a URL as its URL (a `str`), which the readers fetch
 through the cache of `fuelline.io.remote` when they open it. A directory a stage wrote is read
-as its part files (`fuelline.io.stage_layout`).
+as its part files (`fuelline.io.stage_layout`): a further output's parts in a folder of it are
+not the first output's records.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Iterable
 
 from fuelline.io.atomic import is_temp_name
 from fuelline.io.remote import filesystem, is_url
-from fuelline.io.stage_layout import BOOKKEEPING_FILES, STAGE_PART_PREFIX, STAGE_PLAN_FILE
+from fuelline.io.stage_layout import BOOKKEEPING_FILES, DONE_DIR, STAGE_PART_PREFIX
 
 COMPRESSIONS = (".gz", ".zst", ".zstd", ".bz2", ".xz")
 LINE_FORMATS = (".jsonl", ".ndjson")
@@ -41,7 +42,7 @@ def is_data_file(path: str | os.PathLike) -> bool:
 
 
 def _files_in_directory(directory: Path) -> list[Path]:
-    if (directory / STAGE_PLAN_FILE).exists():
+    if (directory / DONE_DIR).is_dir():
         return sorted(p for p in directory.iterdir() if p.name.startswith(STAGE_PART_PREFIX) and is_data_file(p))
     found = []
     for root, dirs, files in os.walk(directory):
@@ -60,7 +61,7 @@ def _files_at_url_directory(fs, directory: str) -> list[str]:
     found = fs.find(directory, detail=True)
     files = {name[len(directory) + 1:]: name for name, info in found.items()
              if info["type"] == "file" and name.startswith(directory + "/")}
-    if STAGE_PLAN_FILE in files:
+    if any(r.startswith(f"{DONE_DIR}/") for r in files):
         chosen = [r for r in files if "/" not in r and r.startswith(STAGE_PART_PREFIX) and is_data_file(r)]
     else:
         chosen = [r for r in files if not any(d.startswith((".", "_")) for d in r.split("/")[:-1])

@@ -1,6 +1,7 @@
 """The names in a directory a stage writes: one place for the writer and the readers to agree on.
 
-    _plan.json        what the directory is the output of (stage options, inputs, shards)
+    _plan.json        what the directory is the output of (stage options, inputs, shards): the plan
+                      marker every step writes (`fuelline.pipeline.workdir`)
     part-00000.*      output shard k, the only records in the directory
     _rejects/part-*   dropped and unreadable records of shard k, with their reasons
     _prepare/         what a corpus-level stage learned before the shards
@@ -8,10 +9,11 @@
     stats.json        the stage's totals, written last
 
 `fuelline.pipeline.executor` writes this layout; `fuelline.io.paths` reads a directory that
-holds `_plan.json` as its part files only, so bookkeeping never passes for records.
+holds `_done/` as its part files only, so bookkeeping and a further output's parts never pass for
+records (every step's output has a `_plan.json`, a record stage's alone has `_done/`).
 """
 
-STAGE_PLAN_FILE = "_plan.json"
+PLAN_FILE = "_plan.json"
 STAGE_PART_PREFIX = "part-"
 DONE_DIR, REJECTS_DIR, PREPARE_DIR, STATS_FILE = "_done", "_rejects", "_prepare", "stats.json"
 # What every step writes beside its data, in a stage directory or not; never records, so a

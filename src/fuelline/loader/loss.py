@@ -22,7 +22,7 @@ def causal_lm_loss(logits, labels, ignore_index: int = IGNORE_INDEX):
 
 
 class AlignmentError(ValueError):
-    """Labels and inputs do not follow the alignment contract (DESIGN.md)."""
+    """Labels and inputs do not follow the alignment contract (docs/design.md, "Alignment contract")."""
 
 
 def check_alignment(batch: dict, pad_id: int | None = None, ignore_index: int = IGNORE_INDEX) -> None:

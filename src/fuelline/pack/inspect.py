@@ -1,6 +1,6 @@
 """What `fuelline inspect` shows: a decoded document with its mask, or a window's position table.
 
-The window table is the alignment contract made visible (DESIGN.md): `label[t]` is the token
+The window table is the alignment contract made visible (docs/design.md): `label[t]` is the token
 at t itself where it is trained on and -100 where masked, never shifted; the model's single
 shift scores the logits at t against `label[t+1]`, shown in the last column.
 """

@@ -10,8 +10,9 @@
 
 The split of a document (val with probability `val_fraction`) and its metadata dropout are
 drawn from a hash of (seed, document id): the same for the same seed, whatever the order or
-sharding. `_work/plan.json` records the tokenizer fingerprint and options (`on_error` too);
-resuming with another tokenizer or other options is refused.
+sharding. `_plan.json` records the tokenizer fingerprint and options (`on_error` too) and the shards, as
+every step's plan does (`fuelline.pipeline.workdir`); resuming with another tokenizer or other
+options is refused.
 
 A record that cannot be read, is not of the template's kind, or that the chat template cannot
 render stops the run naming FILE:LINE and its id (`on_error="raise"`), or is counted under its
@@ -47,7 +48,7 @@ from fuelline.chat.encoding_options import ChatEncoding, RecordErrors
 from fuelline.pipeline.options import group, identity_history, identity_values, option
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.pipeline.stats import StepStats
-from fuelline.pipeline.workdir import WorkDir, not_a_step_output
+from fuelline.pipeline.workdir import WorkDir
 from fuelline.pipeline.workers import RunOptions, open_executor
 from fuelline.records import unit_interval
 
@@ -154,10 +155,10 @@ def _render_shard(shard: InputShard, template, on_error: str, rejects: Rejects):
     for line, record in iter_file_records(shard.source, start=shard.start, stop=shard.stop, on_error=on_error,
                                           rejects=rejects):
         problem = template.record_problem(record)
-        if problem and on_error == "raise":
-            raise RecordError(shard.source, line, problem)
-        if problem:
-            rejects.add(template.wrong_record, record, source=shard.source, line=line, detail=problem)
+        if problem is not None and on_error == "raise":
+            raise RecordError(shard.source, line, f"{problem.detail} ({problem.reason})")
+        if problem is not None:
+            rejects.add(problem.reason, record, source=shard.source, line=line, detail=problem.detail)
             continue
         batch.append((line, record))
         if len(batch) == BATCH_SIZE:
@@ -267,24 +268,15 @@ def _pack(files, tokenizer, tokenizer_dir: Path, step_dir: WorkDir, config: Pack
     output, identity, started = step_dir.path, step_dir.identity, step_dir.started
     workdir = output / "_work"
     if restart:
-        step_dir.discard()
+        step_dir.restart()
     if (finished := step_dir.finished()) is not None:
         _remove_leftovers(output)  # a run killed between stats.json and its cleanup
         return finished  # packed already
-    remove_temp_files(output)  # of writes a killed run left half done (we hold the output's lock)
-    plan_path = workdir / "plan.json"
-    plan = orjson.loads(plan_path.read_bytes()) if plan_path.exists() else None
-    if plan is not None and not step_dir.resumes(
-            plan["identity"], anything_finished=any(workdir.glob(f"{STAGE_PART_PREFIX}*.json"))):
-        step_dir.discard()  # nothing encoded yet (e.g. it stopped on bad input): other options are fine
-        plan = None
-    if plan is not None:
-        shards = [InputShard(**s) for s in plan["shards"]]
-    else:
-        if not step_dir.is_empty():
-            raise not_a_step_output(output)
-        shards = plan_shards(files, run_options.shard_size)
-        write_bytes_atomic(plan_path, orjson.dumps({"identity": identity, "shards": [s.to_json() for s in shards]}))
+    plan = step_dir.begin(lambda: any(workdir.glob(f"{STAGE_PART_PREFIX}*.json")),
+                          lambda: {"shards": [s.to_json() for s in plan_shards(files, run_options.shard_size)]})
+    if step_dir.resumed:
+        remove_temp_files(output)  # of writes a killed run left half done (we hold the output's lock)
+    shards = [InputShard(**s) for s in plan["shards"]]
     encode = functools.partial(encode_shard, tokenizer_path=str(tokenizer_path), config=config, workdir=workdir,
                                threads=config.threads or None)
     with open_executor(run_options, len(shards)) as executor:
@@ -311,14 +303,12 @@ def _pack(files, tokenizer, tokenizer_dir: Path, step_dir: WorkDir, config: Pack
         for reason, example in marker.get("drop_examples", {}).items():
             examples.setdefault(reason, example)
     counters = {key: sum(m.get(key, 0) for m in markers) for key in ("truncated", "special_text")}
-    stats = StepStats(
+    stats = step_dir.finish(StepStats(
         "pack", documents + sum(dropped.values()), documents, dict(dropped), examples,
-        counters=counters if config.template == "chat" else {},
-        identity=identity, wall_seconds=time.perf_counter() - started, details={
+        counters=counters if config.template == "chat" else {}, details={
             "splits": splits, "dtype": dtype, "vocab_size": vocab_size, "warnings": warnings,
             "encoder": dict(Counter(m.get("encoder", "unknown") for m in markers)),  # engine and why: shards
-            "seconds": {"tokenize": round(encoded - started, 2), "merge": round(time.perf_counter() - encoded, 2)}},
-    ).write(output)
+            "seconds": {"tokenize": round(encoded - started, 2), "merge": round(time.perf_counter() - encoded, 2)}}))
     _remove_leftovers(output)
     return stats
 

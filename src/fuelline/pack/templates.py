@@ -27,6 +27,7 @@ import numpy as np
 
 from fuelline.chat.encoding_options import ChatEncoding
 from fuelline.clean.poetry import DYNASTY_NAMES
+from fuelline.formats import chat_record
 from fuelline.records import Drop, unit_interval
 from fuelline.tokenizer.fast import EncodedBatch, fast_encoder
 
@@ -52,7 +53,6 @@ class Rendered:
 
 class Template:
     name = ""
-    wrong_record = "not_a_document_record"  # the drop reason of a record `record_problem` refuses
 
     def __init__(self, tokenizer, *, metadata_dropout: float = 0.0, seed: int = 42, **_chat_options):
         self.tokenizer, self.metadata_dropout, self.seed = tokenizer, metadata_dropout, seed
@@ -64,10 +64,10 @@ class Template:
 
     needs: tuple[str, ...] = ("<s>", "</s>")
 
-    def record_problem(self, record: dict) -> str | None:
-        """What makes `record` unfit for this template, or None."""
+    def record_problem(self, record: dict) -> Drop | None:
+        """Why `record` is unfit for this template, or None."""
         if not isinstance(record.get("text"), str) or not isinstance(record.get("id"), str):
-            return 'expected a document record with string "id" and "text"'
+            return Drop("not_a_document_record", 'expected a document record with string "id" and "text"')
         return None
 
     def encode(self, texts: list[str]) -> EncodedBatch:
@@ -178,7 +178,6 @@ class ChatPackTemplate(Template):
 
     name = "chat"
     needs = ()
-    wrong_record = "not_a_chat_record"
 
     def __init__(self, tokenizer, *, encoding: ChatEncoding, on_error: str = "raise", tokenizer_dir: str | None = None,
                  **options):
@@ -203,10 +202,9 @@ class ChatPackTemplate(Template):
             return added.get(template.bos), added.get(template.end_of_turn)
         return added.get(special.get("bos_token")), added.get(template.end_of_turn or special.get("eos_token"))
 
-    def record_problem(self, record: dict) -> str | None:
-        if not isinstance(record.get("conversations"), list) or not isinstance(record.get("id"), str):
-            return 'expected a chat record with string "id" and a "conversations" list (see `fuelline chat prepare`)'
-        return None
+    def record_problem(self, record: dict) -> Drop | None:
+        """The chat record contract (`fuelline.formats.chat_record`), as chat prepare and regenerate check it."""
+        return chat_record.check(record)
 
     def render(self, records: list[dict]) -> Rendered:
         results = self.encoding.encode(records, self.chat_tokenizer, self.chat_template,  # whole: with their tools

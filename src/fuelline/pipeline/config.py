@@ -37,6 +37,7 @@ from fuelline.pipeline.options import build_config, option_fields, option_proble
 from fuelline.pipeline.ray_executor import RayExecutor
 from fuelline.pipeline.registry import make_step, step_class
 from fuelline.pipeline.step import Step, resolve_step
+from fuelline.pipeline.workdir import StepOutputMismatch
 from fuelline.pipeline.workers import RunOptions
 
 RUN_OPTION_KEYS = {f.name for f, _ in option_fields(RunOptions)}  # restart and progress are the command line's
@@ -156,8 +157,9 @@ def load_pipeline(path: str | os.PathLike) -> list[PipelineStep]:
 
 def run_pipeline(steps: list[PipelineStep], run_dir: str | os.PathLike, *, input: list[str] | None = None,
                  workers: int | None = None, executor: str | None = None, ray_address: str | None = None,
-                 restart: bool = False, progress: bool = True) -> list[dict]:
-    """Run the steps in order; return their stats.
+                 restart: bool = False, restart_from: str | None = None, progress: bool = True) -> list[dict]:
+    """Run the steps in order; return their stats. `restart`: every step starts over;
+    `restart_from`: the step of that name and those after it, the earlier ones resume.
 
     A step reads its `input` (paths, or `@NAME` for an earlier step's output), else the output of
     the last step that produced records (so `pack` after `tokenizer` still reads documents); the
@@ -173,8 +175,13 @@ def run_pipeline(steps: list[PipelineStep], run_dir: str | os.PathLike, *, input
     overrides = {key: value for key, value in given.items() if value is not None}
     if executor == "local":
         overrides.setdefault("ray_address", None)
-    options = [dataclasses.replace(step.run_options, restart=restart, progress=progress, **overrides)
-               for step in steps]  # a contradiction (a Ray address for local) stops the run before it starts
+    names = [step.name for step in steps]
+    if restart_from is not None and restart_from not in names:
+        raise ValueError(f"--restart-from {restart_from}: the pipeline has no step of that name (its steps: "
+                         f"{', '.join(names)})")
+    first_restarted = 0 if restart else names.index(restart_from) if restart_from is not None else len(steps)
+    options = [dataclasses.replace(step.run_options, restart=i >= first_restarted, progress=progress, **overrides)
+               for i, step in enumerate(steps)]  # a contradiction (a Ray address for local) stops the run here
     with exclusive_output(run_dir), _one_ray_instance(steps, options):
         run_dir.mkdir(parents=True, exist_ok=True)
         return _run_steps(steps, options, run_dir, input)
@@ -207,7 +214,10 @@ def _run_steps(steps: list[PipelineStep], step_options: list[RunOptions], run_di
         layout.append({"name": step.name, "stage": step.step.name, "dir": out.name})
         write_bytes_atomic(run_dir / PIPELINE_FILE,
                            orjson.dumps({"stages": layout}, option=orjson.OPT_INDENT_2) + b"\n")
-        stats = step.step.run(inputs, out, options, outputs)
+        try:
+            stats = step.step.run(inputs, out, options, outputs)
+        except StepOutputMismatch as e:
+            raise e.in_pipeline(step.name) from None
         all_stats.append(stats)
         outputs[step.name] = out
         if step.step.produces_records:

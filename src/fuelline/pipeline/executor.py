@@ -42,7 +42,7 @@ from fuelline.io.atomic import remove_temp_files, write_bytes_atomic
 from fuelline.io.paths import expand_inputs
 from fuelline.io.readers import READ_ERROR_REASONS, iter_file_records
 from fuelline.io.rejects import Rejects
-from fuelline.io.stage_layout import DONE_DIR, PREPARE_DIR, REJECTS_DIR, STAGE_PART_PREFIX, STAGE_PLAN_FILE
+from fuelline.io.stage_layout import DONE_DIR, PREPARE_DIR, REJECTS_DIR, STAGE_PART_PREFIX, PLAN_FILE
 from fuelline.io.writers import OUTPUT_FORMATS, RecordWriter, open_writer
 from fuelline.pipeline.options import identity_history
 from fuelline.pipeline.output import OutputStore, open_output
@@ -170,11 +170,52 @@ def _outside_targets(targets: dict[str, Path], output_dir: Path) -> list[Path]:
     return [d for d in targets.values() if not d.resolve().is_relative_to(output_dir.resolve())]
 
 
-def _prepare_output(stage: Stage, inputs: list[Path | str], store: OutputStore, options: RunOptions,
-                    targets: dict[str, Path]) -> list[InputShard]:
-    """Create or check `_plan.json`; return the shards of this run."""
+class _StageDir(WorkDir):
+    """A stage's output directory in its store (a URL's staging directory), with the parts it
+    wrote into other directories (`targets` outside it)."""
+
+    def __init__(self, store: OutputStore, identity: dict, history: dict, outside: list[Path]):
+        """`history`: `identity_history` of the stage's Config."""
+        super().__init__(store.directory, identity, name=str(store), **history)
+        self.store, self.outside = store, outside
+
+    def lock(self):
+        return self.store.lock()
+
+    def discard(self) -> None:
+        super().discard()  # the directory the run writes (a URL's staging directory)
+        self.store.discard()
+        for directory in self.outside:  # only the parts this stage wrote there
+            for part in directory.glob(f"{STAGE_PART_PREFIX}*"):
+                part.unlink()
+
+
+def _prepare_output(step_dir: _StageDir, inputs: list[Path | str], options: RunOptions) -> list[InputShard]:
+    """Make or find the plan (`WorkDir.begin`); return the shards of this run."""
+    store = step_dir.store
     output_dir = store.directory
     store.pull()
+    if options.restart:
+        step_dir.restart()
+
+    def new_plan() -> dict:
+        for directory in step_dir.outside:
+            if directory.exists() and any(directory.iterdir()):
+                raise not_a_step_output(directory)
+        return {"shards": [s.to_json() for s in plan_shards(inputs, options.shard_size)]}
+
+    plan = step_dir.begin(lambda: any((output_dir / DONE_DIR).glob("*.json")), new_plan)
+    for directory in [output_dir, *step_dir.outside]:
+        directory.mkdir(parents=True, exist_ok=True)
+        if step_dir.resumed:
+            remove_temp_files(directory)
+    if not step_dir.resumed:
+        store.publish([PLAN_FILE])
+    return [InputShard(**s) for s in plan["shards"]]
+
+
+def _identity(stage: Stage, inputs: list[Path | str], options: RunOptions, targets: dict[str, Path],
+              output_dir: Path) -> dict:
     identity = {
         "version": PLAN_VERSION,
         **stage.fingerprint(),
@@ -185,31 +226,7 @@ def _prepare_output(stage: Stage, inputs: list[Path | str], store: OutputStore, 
     }
     if stage.outputs:
         identity["outputs"] = {name: os.path.relpath(d, output_dir) for name, d in targets.items()}
-    outside = _outside_targets(targets, output_dir)
-    plan_path = output_dir / STAGE_PLAN_FILE
-    existing = _read_json(plan_path) if plan_path.exists() else None
-    step_dir = WorkDir(output_dir, identity, name=str(store), **identity_history(type(stage.config)))
-    if existing is not None and (options.restart or not step_dir.resumes(
-            {k: v for k, v in existing.items() if k != "shards"},
-            anything_finished=any((output_dir / DONE_DIR).glob("*.json")))):
-        store.discard()
-        for directory in outside:  # only the parts this stage wrote there
-            for part in directory.glob(f"{STAGE_PART_PREFIX}*"):
-                part.unlink()
-        existing = None
-    if existing is not None:  # this run's: resumed
-        for directory in [output_dir, *outside]:
-            directory.mkdir(parents=True, exist_ok=True)
-            remove_temp_files(directory)
-        return [InputShard(**s) for s in existing["shards"]]
-    for directory in [output_dir, *outside]:
-        if directory.exists() and any(directory.iterdir()):
-            raise not_a_step_output(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-    shards = plan_shards(inputs, options.shard_size)
-    write_bytes_atomic(plan_path, _dumps({**identity, "shards": [s.to_json() for s in shards]}))
-    store.publish([STAGE_PLAN_FILE])
-    return shards
+    return identity
 
 
 def aggregate_stats(stage: Stage, markers: list[dict]) -> StepStats:
@@ -257,17 +274,19 @@ def run_stage(stage: Stage, inputs, output_dir: str | os.PathLike, options: RunO
     if options.output_format not in OUTPUT_FORMATS:
         raise ValueError(f"unknown output format {options.output_format!r}; choose one of {sorted(OUTPUT_FORMATS)}")
     store = open_output(output_dir)
-    started = time.perf_counter()
     files = expand_inputs(inputs)
     targets = output_targets(stage, store.directory, store.locations(output_locations))
-    with store.lock():
-        return _run_locked(stage, files, store, options, targets, started)
+    step_dir = _StageDir(store, _identity(stage, files, options, targets, store.directory),
+                         identity_history(type(stage.config)), _outside_targets(targets, store.directory))
+    with step_dir.lock():
+        return _run_locked(stage, files, step_dir, options, targets)
 
 
-def _run_locked(stage: Stage, files: list[Path | str], store: OutputStore, options: RunOptions,
-                targets: dict[str, Path], started: float) -> dict:
+def _run_locked(stage: Stage, files: list[Path | str], step_dir: _StageDir, options: RunOptions,
+                targets: dict[str, Path]) -> dict:
+    store = step_dir.store
     output_dir = store.directory
-    shards = _prepare_output(stage, files, store, options, targets)
+    shards = _prepare_output(step_dir, files, options)
     finished = store.sizes()
     pending = [s for s in shards if _finished_marker(output_dir, s, finished) is None]
     total = None if any(s.units is None for s in pending) else sum(s.units for s in pending)
@@ -279,7 +298,7 @@ def _run_locked(stage: Stage, files: list[Path | str], store: OutputStore, optio
             with progress_bar(total=total, desc=stage.name, unit="rec", disable=not options.progress,
                               leave=False) as bar:
                 executor.run_shards(run, pending, bar)
-        for directory in [output_dir, *_outside_targets(targets, output_dir)]:
+        for directory in [output_dir, *step_dir.outside]:
             remove_temp_files(directory)  # of a try whose worker died (Ray tries the shard again)
     markers = []
     finished = store.sizes()
@@ -290,7 +309,6 @@ def _run_locked(stage: Stage, files: list[Path | str], store: OutputStore, optio
         markers.append(marker)
     stats = aggregate_stats(stage, markers)
     stats.details.update(stage.summary(output_dir / PREPARE_DIR, stats.to_json()), resumed_shards=len(shards) - len(pending))
-    stats.wall_seconds = time.perf_counter() - started
-    written = stats.write(output_dir)
+    written = step_dir.finish(stats)
     store.finish()
     return written

@@ -23,7 +23,7 @@ from fuelline.pipeline.workdir import not_a_step_output
 from fuelline.io.stage_layout import (
     DONE_DIR,
     PREPARE_DIR,
-    STAGE_PLAN_FILE,
+    PLAN_FILE,
     STATS_FILE,
 )
 
@@ -64,8 +64,8 @@ class OutputStore:
         """Make files written under `directory` (names relative to it) part of the store, in order."""
 
     def discard(self) -> None:
-        """Delete everything the output holds (`restart`, or other options before any shard finished)."""
-        shutil.rmtree(self.directory)
+        """Delete what the store holds beyond `directory`, which the run's `WorkDir` deletes (`restart`,
+        or other options before any shard finished)."""
 
     def finish(self) -> None:
         """Publish what the stage wrote beside its shards (e.g. dedup's audit), then stats.json."""
@@ -106,15 +106,15 @@ class RemoteOutput(OutputStore):
     def pull(self) -> None:
         listing = self.remote.sizes()
         self.remote.remove([n for n in listing if is_temp_name(n.rsplit("/", 1)[-1])])  # of a killed upload
-        if STAGE_PLAN_FILE not in listing:
+        if PLAN_FILE not in listing:
             if any(not is_temp_name(n.rsplit("/", 1)[-1]) for n in listing):
                 raise not_a_step_output(self.url)
-            shutil.rmtree(self.directory, ignore_errors=True)
+            _remove(self.directory)
             return
-        plan = self.remote.read([STAGE_PLAN_FILE])[STAGE_PLAN_FILE]
-        local_plan = self.directory / STAGE_PLAN_FILE
+        plan = self.remote.read([PLAN_FILE])[PLAN_FILE]
+        local_plan = self.directory / PLAN_FILE
         if not local_plan.is_file() or local_plan.read_bytes() != plan:
-            shutil.rmtree(self.directory, ignore_errors=True)
+            _remove(self.directory)
             write_bytes_atomic(local_plan, plan)
         self._mirror_markers(listing)
 
@@ -137,11 +137,10 @@ class RemoteOutput(OutputStore):
         for name in names:
             self.remote.put(self.directory / name, name)
         for name in names:  # data: no longer needed here; bookkeeping: the mirror of the URL's
-            if name not in (STAGE_PLAN_FILE, STATS_FILE) and not name.startswith(f"{DONE_DIR}/"):
+            if name not in (PLAN_FILE, STATS_FILE) and not name.startswith(f"{DONE_DIR}/"):
                 (self.directory / name).unlink()
 
     def discard(self) -> None:
-        shutil.rmtree(self.directory, ignore_errors=True)
         self.remote.clear()
 
     def finish(self) -> None:
@@ -149,7 +148,7 @@ class RemoteOutput(OutputStore):
         extra = []
         for path in sorted(p for p in self.directory.rglob("*") if p.is_file()):
             name = path.relative_to(self.directory).as_posix()
-            if name.split("/")[0] in (PREPARE_DIR, DONE_DIR) or name in (STAGE_PLAN_FILE, STATS_FILE) \
+            if name.split("/")[0] in (PREPARE_DIR, DONE_DIR) or name in (PLAN_FILE, STATS_FILE) \
                     or is_temp_name(path.name):
                 continue
             if listing.get(name) == path.stat().st_size:
@@ -162,3 +161,10 @@ class RemoteOutput(OutputStore):
 def open_output(output: str | os.PathLike) -> OutputStore:
     """The store of a stage's output: a local directory, or a URL (`RemoteOutput`)."""
     return RemoteOutput(output) if is_url(output) else OutputStore(Path(output))
+
+
+def _remove(directory: Path) -> None:
+    """Remove the local staging copy. One that cannot be removed is an error, not passed over: what it
+    still held would be taken for this run's."""
+    if directory.exists():
+        shutil.rmtree(directory)

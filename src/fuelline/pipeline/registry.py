@@ -17,7 +17,7 @@ STAGES: dict[str, str] = {
     "chat-from-poetry": "fuelline.chat.from_poetry:ChatFromPoetryStage",
 }
 
-# Steps that read their inputs whole (they have commands of their own).
+# Steps that run over their inputs themselves, not shard by shard (they have commands of their own).
 STEPS: dict[str, str] = {
     "tokenizer": "fuelline.tokenizer.step:TokenizerStep",
     "pack": "fuelline.pack.step:PackStep",
@@ -25,6 +25,7 @@ STEPS: dict[str, str] = {
     "regenerate": "fuelline.chat.regenerate_step:RegenerateStep",
     "cache": "fuelline.cache.step:CacheStep",
     "specforge-export": "fuelline.cache.export:ExportStep",
+    "vocab-map": "fuelline.cache.vocab_map:VocabMapStep",
 }
 
 

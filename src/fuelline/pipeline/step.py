@@ -2,12 +2,13 @@
 
 A step has a name, a typed `Config` (a dataclass of `option` fields, `fuelline.pipeline.options`:
 the command's options, the pipeline file's keys and the identity are generated from it), says
-whether later steps read its output as records, and runs: inputs in, one output directory out,
-with a stats.json (`fuelline.pipeline.stats`) whose resume rules are `fuelline.pipeline.workdir`'s.
+whether later steps read its output as records, and runs: inputs in, one output out, under the
+one resume contract of `fuelline.pipeline.workdir` (lock, plan marker, identity, stats.json),
+whether a pipeline or its command runs it.
 
 Record stages (`fuelline.pipeline.stage`) are steps through `fuelline.pipeline.executor.RecordStep`,
-which runs them shard by shard; tokenizer, pack, regenerate, cache and report implement `run`
-themselves, reading their inputs whole.
+which runs them shard by shard; tokenizer, pack, regenerate, cache, specforge-export, vocab-map
+and report implement `run` themselves, reading their inputs whole.
 """
 
 from __future__ import annotations

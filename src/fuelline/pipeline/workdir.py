@@ -1,21 +1,31 @@
-"""A step's output directory: the one resume contract every step keeps.
+"""A step's output: the one resume contract every step keeps (record stages, tokenizer, pack,
+regenerate, cache build, cache export, vocab-map, report; docs/io.md says it for users).
+
+An output is a directory (`OUT/`), or a file with files beside it (regenerate's `OUT.jsonl`,
+vocab-map's `vocab_mapping.pt`). Every step keeps it the same way:
+
+    .OUT.lock       the lock (`fuelline.io.lock`), beside the output, never inside what `--restart`
+                    deletes; taken before anything of the output is read or deleted, held to the end
+    _plan.json      the plan marker, written before any work: {"identity": …, and the step's own
+                    plan, e.g. "shards"}; beside a file output it is `.OUT.plan.json`
+    stats.json      written last (`StepStats`, identity included): the output is finished; beside a
+                    file output it is `STEM.stats.json`
 
 A step is recognized by its identity: the options that decide its bytes, its inputs, and the
-fingerprints of what it reads (a tokenizer, a model). The identity goes into the directory when
-work begins (a plan) and into stats.json when it ends. Running the step again then
-- finds a finished output with the same identity and returns its stats, marked resumed;
-- resumes an unfinished one with the same identity, keeping what was finished;
-- replaces an unfinished one with another identity while nothing of it has finished (a run that
-  stopped on bad input has nothing worth keeping);
-- refuses anything else, naming what differs: `--restart` discards the directory, or the user
-  chooses another one. A directory that is not a step's output is never touched.
+fingerprints of what it reads (a tokenizer, a model). Running a step again, under the lock:
+- `--restart` deletes the output first, when it is a step's (a deletion that fails is an error);
+- a finished output with the same identity returns its stats, marked resumed (`finished`);
+- an unfinished one with the same identity resumes, keeping what was finished (`begin`);
+- an unfinished one with another identity is replaced while nothing of it has finished (a run
+  that stopped on bad input has nothing worth keeping);
+- anything else is refused, naming what differs (`StepOutputMismatch`): `--restart` (in a
+  pipeline `--restart-from STEP`) deletes it, or the user chooses another output. An output
+  that holds something but no plan marker is no step's and is never touched.
 An output made by an earlier version is read in today's terms: an option added since stands for
 its default (`defaults`), one renamed since is read under its new name (`renamed`), and one that
 is no longer part of the identity (removed, or moved to the run options as pack's shard_size) is
 left out; so an output made before such a change is still found again when the options it was
-made with are today's.
-The directory's lock (`fuelline.io.lock`) is held while the step runs, so a second run into it
-is refused at once.
+made with are today's (`WorkDir(…, **identity_history(Config))`).
 """
 
 from __future__ import annotations
@@ -24,29 +34,42 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import orjson
 
 from fuelline.io.atomic import write_bytes_atomic
 from fuelline.io.lock import exclusive_output
-from fuelline.io.stage_layout import STATS_FILE
+from fuelline.io.stage_layout import PLAN_FILE, STATS_FILE
 from fuelline.pipeline.stats import StepStats, read_stats, resumed
 
-STARTED_FILE = "_started.json"  # the identity of a step that keeps no plan of its own (`run_once`)
+RESTART_HINT = "pass --restart to delete it and run again, or choose another output directory"
 
 
 class StepOutputMismatch(RuntimeError):
-    """The output directory holds the result of different options or inputs, or is no step's output."""
+    """The output holds the result of different options or inputs, or is no step's output."""
+
+    def __init__(self, message: str, differences: list[str] | None = None):
+        super().__init__(message)
+        self.differences = differences  # the names of what differs; None: no step's output
+
+    def in_pipeline(self, step: str) -> StepOutputMismatch:
+        """The refusal as a pipeline says it: which option of `fuelline run` redoes this step alone."""
+        if self.differences is None:
+            return self
+        return StepOutputMismatch(str(self).replace(RESTART_HINT, (
+            f"pass --restart-from {step} to redo this step and the ones after it, keeping those before "
+            "(--restart redoes every step)")), self.differences)
 
 
 def mismatch(where: str | os.PathLike, existing: dict[str, Any], identity: dict[str, Any]) -> StepOutputMismatch:
     """The refusal for an output made from another identity, naming what differs (`config.vocab_size`;
     fingerprints shortened)."""
+    differences = _differences(existing, identity)
     named = [f"{k} ({str(old)[:12]}… there, {str(new)[:12]}… now)" if k.endswith("fingerprint") else k
-             for k, old, new in _differences(existing, identity)]
-    return StepOutputMismatch(f"{where} holds the output of a run with different {', '.join(named)}; "
-                              "pass --restart to delete it and run again, or choose another output directory")
+             for k, old, new in differences]
+    return StepOutputMismatch(f"{where} holds the output of a run with different {', '.join(named)}; {RESTART_HINT}",
+                              [k for k, _, _ in differences])
 
 
 def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
@@ -65,32 +88,67 @@ def not_a_step_output(where: str | os.PathLike) -> StepOutputMismatch:
                               "choose another output directory")
 
 
+def _dumps(obj) -> bytes:
+    return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
+
+
 class WorkDir:
-    """The output directory of one step run with one identity."""
+    """The output of one step run with one identity: a directory, or (`beside` given) the file
+    `path` with the files beside it that belong to it (`OUT.jsonl.errors`)."""
 
     def __init__(self, path: str | os.PathLike, identity: dict[str, Any], name: str | None = None,
-                 defaults: dict[str, Any] | None = None, renamed: dict[str, str] | None = None):
+                 defaults: dict[str, Any] | None = None, renamed: dict[str, str] | None = None,
+                 beside: Sequence[Path] | None = None):
         self.path = Path(path)
         self.identity = identity
         self.defaults = defaults or {}  # identity["config"] values an older output's identity may lack
         self.renamed = renamed or {}  # {earlier name: name now} of identity["config"] keys
         self.name = name or os.fspath(self.path)  # what messages call it: a URL whose staging directory is `path`
         self.started = time.perf_counter()
+        self.is_file = beside is not None
+        if self.is_file:
+            stem = self.path.name[: -len(self.path.suffix)] if self.path.suffix else self.path.name
+            self.plan_path = self.path.with_name(f".{self.path.name}.plan.json")
+            self.stats_path = self.path.with_name(f"{stem}.{STATS_FILE}")
+            self.members = [self.path, *beside, self.stats_path, self.plan_path]
+        else:
+            self.plan_path, self.stats_path = self.path / PLAN_FILE, self.path / STATS_FILE
+        self.resumed = False  # set by `begin`: the plan found was this run's
 
     def lock(self):
-        return exclusive_output(self.path)
+        """Held from before the output is read or deleted to the end of the run; beside the output."""
+        return exclusive_output(self.path, name=self.name)
 
     def discard(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
+        """Delete the output (`--restart`, or another identity's unfinished work); a failure says so."""
+        try:
+            if not self.is_file:
+                if self.path.exists():
+                    shutil.rmtree(self.path)
+                return
+            for member in self.members:
+                member.unlink(missing_ok=True)
+        except OSError as e:
+            raise RuntimeError(f"could not delete {e.filename or self.path} ({e.strerror or e}) to start "
+                               f"{self.name} over; nothing was run") from None
+
+    def restart(self) -> None:
+        """`--restart`: delete the output when it is a step's (a plan marker or stats.json); one that
+        is not is refused, never deleted."""
+        if not (self.plan_path.exists() or self.stats_path.exists() or self.is_empty()):
+            raise not_a_step_output(self.name)
+        self.discard()
 
     def is_empty(self) -> bool:
-        """Nothing here but hidden files (a `.DS_Store`; a cache build keeps its work in `.build/`)."""
+        """Nothing here but hidden files (a `.DS_Store`; a cache build's `.build/`)."""
+        if self.is_file:
+            return not any(m.exists() for m in self.members)
         return not self.path.exists() or all(p.name.startswith(".") for p in self.path.iterdir())
 
-    def finished(self, stats_file: str = STATS_FILE) -> dict[str, Any] | None:
+    def finished(self) -> dict[str, Any] | None:
         """The stats of a finished run with this identity, marked resumed; None when the step has
         not finished here; refused when another identity finished here."""
-        stats = read_stats(self.path / stats_file)
+        stats = read_stats(self.stats_path)
         if stats is None:
             return None
         existing = self._completed(stats.get("identity") or {})
@@ -119,24 +177,66 @@ class WorkDir:
             return False
         raise mismatch(self.name, existing, self.identity)
 
-    def run_once(self, work: Callable[[], StepStats], *, restart: bool) -> dict[str, Any]:
-        """For a step that is done in one go (nothing to resume inside it): its stats when it
-        finished here with this identity, else `work()` run into an empty directory and its stats
-        written, identity included."""
+    def read_plan(self) -> dict[str, Any] | None:
+        """The plan marker, or None; a plan written before the identity had a key of its own (a
+        record stage's) is its own identity."""
+        try:
+            plan = orjson.loads(self.plan_path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except orjson.JSONDecodeError as e:
+            raise ValueError(f"{self.plan_path}: not a plan fuelline wrote ({e}); pass --restart to redo the step") from None
+        if "identity" not in plan:
+            plan = {"identity": {k: v for k, v in plan.items() if k != "shards"}, **plan}
+        return plan
+
+    def begin(self, anything_finished: Callable[[], bool], plan: Callable[[], dict[str, Any]] | None = None
+              ) -> dict[str, Any]:
+        """Make the output this run's, once `finished` said it is not (see the module doc): the plan
+        found when it is this identity's (`resumed` True), else a new one written, with `plan()`'s
+        keys, after another identity's unfinished output is discarded. `anything_finished`: whether
+        the existing output holds finished work (asked only of another identity's)."""
+        existing = self.read_plan()
+        if existing is not None:
+            if self.resumes(existing["identity"], anything_finished=anything_finished()):
+                self.resumed = True
+                return existing
+            self.discard()
+        elif not self.is_empty():
+            raise not_a_step_output(self.name)
+        new = {"identity": self.identity, **(plan() if plan is not None else {})}
+        write_bytes_atomic(self.plan_path, _dumps(new))
+        self.resumed = False
+        return new
+
+    def finish(self, stats: StepStats) -> dict[str, Any]:
+        """Write stats.json, the run's last write, with the identity and the wall time; return it."""
+        stats.identity = self.identity
+        stats.wall_seconds = time.perf_counter() - self.started
+        return stats.write(self.stats_path.parent, self.stats_path.name)
+
+    def run_once(self, work: Callable[[], StepStats], *, restart: bool, derived: bool = False) -> dict[str, Any]:
+        """For a step done in one go (nothing to resume inside it): its stats when it finished here
+        with this identity, else `work()` run into the output and its stats written. `derived`: an
+        output fuelline names and makes from a run's other outputs (RUN/report), rewritten when they
+        changed, whatever it holds, never refused."""
         with self.lock():
             if restart:
+                self.restart()
+            try:
+                if (done := self.finished()) is not None:
+                    return done
+            except StepOutputMismatch:
+                if not derived:
+                    raise
+            if derived:
                 self.discard()
-            if (done := self.finished()) is not None:
-                return done
-            started = read_stats(self.path / STARTED_FILE)
-            if started is None and not self.is_empty():
-                raise not_a_step_output(self.path)
-            if started is not None and not self.resumes(started, anything_finished=False):
-                self.discard()
-            self.path.mkdir(parents=True, exist_ok=True)
-            write_bytes_atomic(self.path / STARTED_FILE, orjson.dumps(self.identity, option=orjson.OPT_SORT_KEYS))
-            stats = work()
-            stats.identity = self.identity
-            stats.wall_seconds = time.perf_counter() - self.started
-            return stats.write(self.path)
-
+            fresh = self.is_empty()
+            self.begin(anything_finished=lambda: False)
+            try:
+                stats = work()
+            except BaseException:
+                if fresh:  # nothing of a failed run is worth keeping, and nothing was there before it
+                    self.discard()
+                raise
+            return self.finish(stats)

@@ -29,10 +29,10 @@ EXECUTORS = ("local", "ray")
 
 @dataclass
 class RunOptions(Options):
-    """How a step is run: none of these change what it writes, except which records are kept
-    (`on_error`, `keep_rejects`) and in which format (`output_format`). Shared by every command
-    that runs steps (`cli_options.run_params`) and a pipeline file's [defaults] and step tables;
-    `restart` and `progress` are the command line's own (`--restart`, `--quiet`)."""
+    """How a step is run. output_format, shard_size, on_error and keep_rejects decide its output (its
+    encoding, its shard files, what becomes of a bad record); the others only how it is made. Shared
+    by every command that runs steps (`cli_options.run_params`) and a pipeline file's [defaults] and
+    step tables; `restart` and `progress` are the command line's own (`--restart`, `--quiet`)."""
 
     workers: int | None = option(None, "how many run at once: processes (threads for cache export and vocab-map, "
                                  "whose work is reading and writing)  [default: one per core]", min=1, short="-w")

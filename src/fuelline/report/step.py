@@ -8,8 +8,12 @@ from pathlib import Path
 import orjson
 
 from fuelline.io.atomic import write_bytes_atomic
+from fuelline.io.stage_layout import STATS_FILE
 from fuelline.pipeline.options import Options
+from fuelline.pipeline.shards import describe_inputs
+from fuelline.pipeline.stats import StepStats
 from fuelline.pipeline.step import Step
+from fuelline.pipeline.workdir import WorkDir
 from fuelline.pipeline.workers import RunOptions
 from fuelline.report.funnel import format_funnel, load_funnel
 from fuelline.report.html import write_report
@@ -38,6 +42,20 @@ class ReportStep(Step):
 
     def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:
         """Into RUN/report/, where `fuelline report RUN` writes too (not into the step's own directory)."""
-        directory = output.parent / REPORT_DIR
-        funnel = build_report(output.parent, directory)
-        return {"stage": self.name, "report": str(directory / "report.html"), "steps": len(funnel["steps"])}
+        return report_run(output.parent, restart=options.restart)
+
+
+def report_run(run_dir: Path, restart: bool = False) -> dict:
+    """RUN/report/ under the one resume contract (`WorkDir.run_once`, derived): its identity is the
+    steps' stats.json files, so it is written again when a step's stats changed, and found again
+    (its stats marked resumed) when none did. Returns its stats: `report` (the HTML) and `steps`."""
+    directory = run_dir / REPORT_DIR
+    stats_files = [p for p in sorted(run_dir.glob(f"*/{STATS_FILE}")) if p.parent != directory]
+    identity = {"task": ReportStep.name, "inputs": describe_inputs(stats_files)}
+
+    def work() -> StepStats:
+        funnel = build_report(run_dir, directory)
+        return StepStats(ReportStep.name, 0, 0, details={"report": str(directory / "report.html"),
+                                                          "steps": len(funnel["steps"])})
+
+    return WorkDir(directory, identity).run_once(work, restart=restart, derived=True)

@@ -126,7 +126,7 @@ def visible_gpus(environ: dict[str, str] | None = None) -> list[str]:
     try:
         listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False)
     except (OSError, subprocess.TimeoutExpired):
-        return []
+        return []  # no driver that answers: no GPU a server could use; the launcher names each server's CPU
     if listing.returncode != 0:
         return []
     count = sum(1 for line in listing.stdout.splitlines() if line.startswith("GPU "))

@@ -1,12 +1,12 @@
 """A group of OpenAI-compatible inference servers of one model: start, watch, restart, stop.
 
-`ServerGroup` starts one server per port (command lines from `fuelline.serve.engines`), each
-in a session and process group of its own, its stdout and stderr appended to
-`LOG_DIR/server-PORT.log`. On Linux every server also gets a parent-death signal (SIGTERM),
-so it goes when the launcher goes, even by SIGKILL. Start-up waits until every server answers
-`GET /v1/models` with 200; a server that exits first fails the start with the tail of its log,
-and everything started is stopped again. Then the group writes the servers file (below) that
-regeneration clients read.
+`ServerGroup` starts one server per port (command lines from `fuelline.serve.engines`; each
+server's process and log: `fuelline.serve.server`). On Linux every server also gets a
+parent-death signal (SIGTERM), so it goes when the launcher goes, even by SIGKILL. Start-up
+waits until every server answers `GET /v1/models` with 200 (`fuelline.serve.network`); a server
+that exits first fails the start with the tail of its log, and everything started is stopped
+again. Then the group writes the servers file that regeneration clients read
+(`fuelline.serve.servers_file`).
 
 Stopping touches exactly the processes the group started: SIGTERM to each server's process
 group, SIGKILL to what is left after a grace period. A server's exit is noticed with
@@ -21,27 +21,13 @@ is alive but does not answer is reported, not restarted: it may be busy, and kil
 lose its requests. Linux sends the parent-death signal when the *thread* that started a
 process ends, so servers are started by the main thread, or else by a thread of the group's
 own that lives until `stop()` (a restart by the monitor thread, a group built in a worker).
-
-Servers file (JSON, written atomically, removed by `stop()` while it still describes this group):
-
-    {"format": "fuelline.servers", "version": 1, "engine": "transformers", "model": NAME,
-     "host": "127.0.0.1", "started": ISO time, "launcher_pid": PID,
-     "servers": [{"url": "http://127.0.0.1:30000", "port": 30000, "pid": PID, "log": PATH, "gpus": []}]}
-
-`model` is the name requests must carry: the id the first server's `/v1/models` reports (for
-`transformers serve MODEL`, MODEL exactly as given; any other name is answered with 400).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import errno
-import http.client
-import json
 import os
-import shlex
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -54,13 +40,13 @@ from typing import Self
 from fuelline.model_source import CONFIG_ONLY, resolve_model
 from fuelline.pipeline.options import Options, option
 from fuelline.serve import engines
-from fuelline.serve.processes import (describe_exit, exit_status, signal_group, wait_group_gone,
-                                      with_parent_death_signal)
+from fuelline.serve.network import cannot_listen, probe_models, served_name, server_url
+from fuelline.serve.processes import describe_exit, exit_status, signal_group
+from fuelline.serve.server import Server
+from fuelline.serve.servers_file import read_servers_file, remove_servers_file, write_servers_file
 
-SERVERS_FORMAT = "fuelline.servers"
-SERVERS_VERSION = 1
-LOG_TAIL_LINES = 25
-PROBE_TIMEOUT_S = 3.0
+__all__ = ["EngineNotInstalled", "ServeConfig", "Server", "ServerGroup", "ServerStartError", "read_servers_file"]
+
 HEALTHY_RESET_S = 60.0  # a server healthy this long starts its backoff from 1 s again
 MAX_BACKOFF_S = 60.0
 
@@ -71,24 +57,6 @@ class ServerStartError(RuntimeError):
 
 class EngineNotInstalled(RuntimeError):
     """The engine's module or program is not in this environment."""
-
-
-@dataclass
-class Server:
-    """One server of a group; `process` is the current one, replaced on restart."""
-
-    port: int
-    gpus: list[str]
-    argv: list[str]
-    log: Path
-    url: str
-    process: subprocess.Popen | None = None
-    log_offset: int = 0  # where the current process's output starts in the log
-    state: str = "new"  # starting, healthy, unresponsive, exited, stopped
-    since: float = 0.0  # when it entered its state
-    starts: int = 0
-    failures: int = 0  # exits since it was last healthy for HEALTHY_RESET_S, for the backoff
-    restart_at: float = 0.0
 
 
 @dataclass
@@ -140,7 +108,7 @@ class ServerGroup:
         self._hide_gpus = bool(available) and gpus_per_server == 0
         assigned = engines.assign_gpus(len(self.ports), gpus_per_server, available)
         self.servers = [
-            Server(port=port, gpus=ids, log=self.log_dir / f"server-{port}.log", url=_url(host, port),
+            Server(port=port, gpus=ids, log=self.log_dir / f"server-{port}.log", url=server_url(host, port),
                    argv=engines.server_command(engine, self.model_path, host, port, len(ids), self.extra_args))
             for port, ids in zip(self.ports, assigned)
         ]
@@ -192,7 +160,7 @@ class ServerGroup:
                 gpus = f"GPU {','.join(server.gpus)}" if server.gpus else "CPU"
                 self._event(f"server {server.port}: starting, pid {server.process.pid}, {gpus}, log {server.log}")
             self._wait_until_healthy(self.servers, self._options.startup_timeout)
-            self.model = self._served_name(self.servers[0])
+            self.model = served_name(self.servers[0].url, self.model_path)
             self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
             self._write_servers_file()
         except BaseException:
@@ -203,7 +171,7 @@ class ServerGroup:
         """Stop the monitor, then every server (SIGTERM to its group, SIGKILL after the grace period)."""
         self.stop_monitor()
         self._stop_all()
-        self._remove_servers_file()
+        remove_servers_file(self.servers_file, self.started_at)
         if self._spawner is not None:
             self._spawner.shutdown()
             self._spawner = None
@@ -232,7 +200,7 @@ class ServerGroup:
 
     def healthy(self) -> list[bool]:
         """Whether each server's process runs and its `/v1/models` answers 200 right now."""
-        return [s.process is not None and exit_status(s.process) is None and _probe(s.url) is not None
+        return [s.process is not None and exit_status(s.process) is None and probe_models(s.url) is not None
                 for s in self.servers]
 
     # -- keeping them healthy -----------------------------------------------------------------
@@ -282,19 +250,19 @@ class ServerGroup:
             server.failures += 1
             delay = min(MAX_BACKOFF_S, 2.0 ** (server.failures - 1))
             server.restart_at = now + delay
-            self._set_state(server, "exited", now)
+            server.set_state("exited", now)
             self._event(f"server {server.port}: process exited with {describe_exit(code)}; "
-                        f"restarting in {delay:g} s\n{_log_tail(server, 5)}")
+                        f"restarting in {delay:g} s\n{server.log_tail(5)}")
             return
-        answered = _probe(server.url) is not None
+        answered = probe_models(server.url) is not None
         if answered and server.state != "healthy":
             self._event(f"server {server.port}: healthy, pid {server.process.pid}"
                         + (" (answering again)" if server.state == "unresponsive" else ""))
-            self._set_state(server, "healthy", now)
+            server.set_state("healthy", now)
         elif answered and now - server.since > HEALTHY_RESET_S:
             server.failures = 0
         elif not answered and server.state == "healthy":
-            self._set_state(server, "unresponsive", now)
+            server.set_state("unresponsive", now)
             self._event(f"server {server.port}: process {server.process.pid} runs but GET /v1/models does not "
                         f"answer; left running")
         elif not answered and server.state == "starting" and now - server.since > self._options.startup_timeout:
@@ -310,7 +278,7 @@ class ServerGroup:
             raise EngineNotInstalled(missing)
         resolve_model(self.model_path, CONFIG_ONLY)  # a typo: one line now, not an engine retrying the Hub
         for server in self.servers:
-            problem = _cannot_listen(self.host, server.port)
+            problem = cannot_listen(self.host, server.port)
             if problem:
                 raise ValueError(f"cannot start a server on {self.host}:{server.port}: {problem}")
 
@@ -318,40 +286,12 @@ class ServerGroup:
         """Start server's process from a thread that lives as long as the group (its parent-death
         signal fires when the starting thread ends): the main thread, else the group's own."""
         if threading.current_thread() is threading.main_thread():
-            self._spawn_here(server)
+            server.start(self._options.env, self._hide_gpus)
             return
         with self._lock:
             if self._spawner is None:
                 self._spawner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fuelline-serve-spawn")
-        self._spawner.submit(self._spawn_here, server).result()
-
-    def _spawn_here(self, server: Server) -> None:
-        """Start server's process, appending to its log; in the main thread signals are blocked
-        meanwhile, so a Ctrl-C cannot fall between the fork and the group recording the process."""
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self._options.env}
-        if server.gpus or self._hide_gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(server.gpus)
-        argv = engines.resolve_program(server.argv)
-        server.log.parent.mkdir(parents=True, exist_ok=True)
-        blocked = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-        in_main = threading.current_thread() is threading.main_thread()
-        with open(server.log, "ab") as log:
-            server.log_offset = log.seek(0, os.SEEK_END)
-            server.starts += 1
-            log.write(f"==== fuelline serve, {datetime.now().isoformat(timespec='seconds')}: start "
-                      f"{server.starts} of the server on port {server.port}: {shlex.join(argv)}\n".encode())
-            log.flush()
-            if in_main:
-                signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
-            try:
-                server.process = subprocess.Popen(
-                    with_parent_death_signal(argv), stdin=subprocess.DEVNULL, stdout=log,
-                    stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                )
-            finally:
-                if in_main:
-                    signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
-        self._set_state(server, "starting")
+        self._spawner.submit(server.start, self._options.env, self._hide_gpus).result()
 
     def _wait_until_healthy(self, servers: list[Server], timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -362,9 +302,9 @@ class ServerGroup:
                 if code is not None:
                     raise ServerStartError(
                         f"the {self.engine} server of {self.model_path} on port {server.port} exited with "
-                        f"{describe_exit(code)} while starting; last lines of {server.log}:\n{_log_tail(server)}")
-                if _probe(server.url) is not None:
-                    self._set_state(server, "healthy")
+                        f"{describe_exit(code)} while starting; last lines of {server.log}:\n{server.log_tail()}")
+                if probe_models(server.url) is not None:
+                    server.set_state("healthy")
                     self._event(f"server {server.port}: healthy, pid {server.process.pid}")
                     waiting.remove(server)
             if waiting and time.monotonic() > deadline:
@@ -372,21 +312,12 @@ class ServerGroup:
                 raise ServerStartError(
                     f"no answer to GET /v1/models from port(s) {', '.join(str(s.port) for s in waiting)} within "
                     f"{timeout:g} s (raise --startup-timeout for a large model); last lines of {first.log}:\n"
-                    f"{_log_tail(first)}")
+                    f"{first.log_tail()}")
             if waiting:
                 time.sleep(0.25)
 
     def _terminate(self, server: Server) -> None:
-        """SIGTERM to the server's process group, SIGKILL after the grace period; then reap it."""
-        process = server.process
-        if process is None or process.returncode is not None:
-            return
-        pgid = process.pid  # start_new_session: the server leads its own group; unreaped, so still ours
-        signal_group(pgid, signal.SIGTERM)
-        if not wait_group_gone(process, self._options.grace, self._hurry):
-            signal_group(pgid, signal.SIGKILL)
-            wait_group_gone(process, 10.0, None)
-        process.wait()
+        server.terminate(self._options.grace, self._hurry)
 
     def _stop_all(self) -> None:
         with self._lock:
@@ -395,137 +326,15 @@ class ServerGroup:
                 signal_group(server.process.pid, signal.SIGTERM)
             for server in running:
                 self._terminate(server)
-                self._set_state(server, "stopped")
+                server.set_state("stopped")
 
     # -- bookkeeping --------------------------------------------------------------------------
 
-    def _served_name(self, server: Server) -> str:
-        listing = _probe(server.url) or {}
-        ids = [m.get("id") for m in listing.get("data", []) if isinstance(m, dict)]
-        return self.model_path if self.model_path in ids or not ids else str(ids[0])
-
-    def servers_file_content(self) -> dict:
-        return {
-            "format": SERVERS_FORMAT, "version": SERVERS_VERSION, "engine": self.engine, "model": self.model,
-            "model_path": self.model_path, "host": self.host, "started": self.started_at,
-            "launcher_pid": os.getpid(),
-            "servers": [{"url": s.url, "port": s.port, "pid": s.process.pid if s.process else None,
-                         "log": str(s.log), "gpus": s.gpus} for s in self.servers],
-        }
-
     def _write_servers_file(self) -> None:
-        from fuelline.io.atomic import write_bytes_atomic
-
-        content = json.dumps(self.servers_file_content(), indent=2) + "\n"
-        write_bytes_atomic(self.servers_file, content.encode())
-
-    def _remove_servers_file(self) -> None:
-        try:
-            written = json.loads(self.servers_file.read_text())
-        except (OSError, ValueError):
-            return
-        if written.get("launcher_pid") == os.getpid() and written.get("started") == self.started_at:
-            self.servers_file.unlink(missing_ok=True)
-
-    def _set_state(self, server: Server, state: str, now: float | None = None) -> None:
-        server.state, server.since = state, time.monotonic() if now is None else now
+        write_servers_file(self.servers_file, engine=self.engine, model=self.model, model_path=self.model_path,
+                           host=self.host, started=self.started_at, servers=self.servers)
 
     def _event(self, line: str) -> None:
         self._options.events.append(line)
         if self._options.on_event is not None:
             self._options.on_event(line)
-
-
-def read_servers_file(path: str | os.PathLike) -> tuple[str, list[str]]:
-    """(model name to request, server URLs) from a servers file written by `fuelline serve`."""
-    path = Path(path)
-    try:
-        content = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: no servers file here; `fuelline serve` writes it once its servers "
-                                f"answer, and removes it when it stops them") from None
-    except ValueError as e:
-        raise ValueError(f"{path}: not a servers file (invalid JSON: {e})") from None
-    if not isinstance(content, dict) or content.get("format") != SERVERS_FORMAT:
-        found = content.get("format") if isinstance(content, dict) else type(content).__name__
-        raise ValueError(f"{path}: not a servers file (format {found!r}, expected {SERVERS_FORMAT!r})")
-    if content.get("version") != SERVERS_VERSION:
-        raise ValueError(f"{path}: servers file version {content.get('version')!r}; this fuelline reads "
-                         f"version {SERVERS_VERSION}")
-    servers, model = content.get("servers"), content.get("model")
-    if not isinstance(model, str) or not model:
-        raise ValueError(f"{path}: servers file without a model name")
-    if not isinstance(servers, list) or not servers:
-        raise ValueError(f"{path}: servers file lists no servers")
-    urls = [s.get("url") if isinstance(s, dict) else None for s in servers]
-    if not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
-        raise ValueError(f"{path}: every server needs a url like http://127.0.0.1:30000, found {urls}")
-    return model, urls
-
-
-# -- process and network helpers ------------------------------------------------------------------
-
-
-# Run in the child before the server: clear the signal mask (the launcher blocks signals around
-# the fork), ask for SIGTERM when the launcher goes, give up if it already went, then exec the
-# server, which keeps both (the parent-death signal survives exec). A separate interpreter
-# instead of `preexec_fn`, which is unsafe while other threads run (the monitor does).
-def _log_tail(server: Server, lines: int = LOG_TAIL_LINES) -> str:
-    """The last lines the current process wrote to its log, indented."""
-    try:
-        with open(server.log, "rb") as f:
-            f.seek(server.log_offset)
-            text = f.read().decode("utf-8", "replace")
-    except OSError as e:
-        return f"    (cannot read the log: {e})"
-    # progress bars redraw with \r: keep each line's last state; leave out the health checks' access lines
-    kept = [line.rsplit("\r", 1)[-1] for line in text.splitlines()
-            if line.strip() and '"GET /v1/models HTTP' not in line]
-    return "\n".join("    " + line for line in kept[-lines:]) or "    (the log is empty)"
-
-
-def _connect_host(host: str) -> str:
-    """Where to reach a server bound to `host` from this machine (a wildcard bind: loopback)."""
-    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
-
-
-def _url(host: str, port: int) -> str:
-    connect = _connect_host(host)
-    return f"http://[{connect}]:{port}" if ":" in connect else f"http://{connect}:{port}"
-
-
-def _probe(url: str, timeout: float = PROBE_TIMEOUT_S) -> dict | None:
-    """The JSON of GET URL/v1/models when it answers 200 ({} when the body is not JSON), else None."""
-    host, _, port = url.removeprefix("http://").rpartition(":")
-    connection = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout)
-    try:
-        connection.request("GET", "/v1/models")
-        response = connection.getresponse()
-        body = response.read()
-    except (OSError, http.client.HTTPException):
-        return None
-    finally:
-        connection.close()
-    if response.status != 200:
-        return None
-    try:
-        listing = json.loads(body)
-    except ValueError:
-        return {}
-    return listing if isinstance(listing, dict) else {}
-
-
-def _cannot_listen(host: str, port: int) -> str | None:
-    """Why a server could not listen on host:port (in use, not an address of this machine), or None."""
-    try:
-        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as e:
-        return f"cannot resolve host {host!r} ({e})"
-    family, kind, proto, _, address = infos[0]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closing socket (TIME_WAIT) is fine
-        try:
-            probe.bind(address)
-        except OSError as e:
-            return "the port is in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
-    return None

@@ -62,7 +62,7 @@ def group_members(pgid: int) -> list[int] | None:
         try:
             stat = (entry / "stat").read_text()
         except OSError:
-            continue
+            continue  # the process ended while /proc was listed: not a member any more
         fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
         if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
             members.append(int(entry.name))
@@ -99,7 +99,7 @@ def signal_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
     except ProcessLookupError:
-        pass
+        pass  # every process of the group has exited already: what the signal was for
 
 
 def describe_exit(code: int) -> str:
