@@ -1,6 +1,6 @@
 """Reliability harness: kills, damaged files, bad corpora and a full disk, each trial ending in a named outcome.
 
-    python benchmarks/reliability.py [--reduced] [--trials N] [--seed S] [--json PATH]
+    python benchmarks/reliability.py [--reduced] [--sections LETTERS] [--trials N] [--seed S] [--json PATH]
 
 Families of scenarios (issue 15):
 
@@ -53,7 +53,8 @@ Outcomes of a trial are those of benchmarks/trials.py (ok, clear_error, silent_w
 leftover).
 
 `--reduced` (CI, under 5 minutes) runs fewer trials on a smaller subset; tests/test_reliability.py
-runs it and fails on any silent_wrong, crash, hang or leftover. Results: benchmarks/results/reliability.json
+runs it, in two halves side by side (`--sections abcd` and the families), and fails on any
+silent_wrong, crash, hang or leftover. Results: benchmarks/results/reliability.json
 (full runs) and the table in docs/benchmarks.md.
 """
 
@@ -506,6 +507,7 @@ FAMILIES = [
     ("(k) the command line: odd values, wrong record types, stopped runs' locks", reliability_cli),
     ("(l) chat regenerate resumed with another model, option or input", reliability_resume),
 ]
+ALL_SECTIONS = "abcd" + "".join(title[1] for title, _ in FAMILIES)
 
 
 class Sections:
@@ -534,11 +536,17 @@ def main() -> None:
     parser.add_argument("--reduced", action="store_true", help="the CI run: fewer trials, a smaller subset")
     parser.add_argument("--trials", type=int, default=None, help="kill trials per command (default 5; reduced 1)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sections", default=ALL_SECTIONS, metavar="LETTERS",
+                        help="the sections to run, by letter (default: all, %(default)s); (b) and (d) damage "
+                             "and rerun what (a) builds, so they need it. The slow tests run two halves side by side")
     parser.add_argument("--json", type=Path, default=None, help="write the rows here (default for full runs: "
                                                                 "benchmarks/results/reliability.json)")
     args = parser.parse_args()
     if not (SHARED_DATA / "chinese-poetry.jsonl.zst").exists():
         sys.exit(f"{SHARED_DATA} has no chinese-poetry.jsonl.zst: the harness needs the shared corpus")
+    sections = set(args.sections)
+    if sections - set(ALL_SECTIONS) or not sections or sections & set("bd") and "a" not in sections:
+        sys.exit(f"--sections {args.sections}: letters of {ALL_SECTIONS}, with a wherever b or d is")
     full = not args.reduced
     trials = args.trials or (5 if full else 1)
     examples = 200 if full else 40
@@ -547,28 +555,35 @@ def main() -> None:
     section = Sections()
     work = Path(tempfile.mkdtemp(prefix="fuelline-reliability-"))
     os.environ["FUELLINE_CACHE_DIR"] = str(work / "fuelline-cache")
+    tallies: list[Tally] = []
     try:
-        raw = poem_subset(work, 60_000 if full else 12_000)
-        section(f"(a) kill -9 at a random moment, then resume ({trials} per command)")
-        jobs = pipeline_jobs(work, raw, full)
-        tallies = kill_scenarios(work, jobs, trials, rng)
-        section(f"(b) fuzzed readers ({examples} cases each)")
-        tallies += shown([fuzz_token_dataset(work, work / "ref-pack" / "o", examples, args.seed),
-                          *fuzz_jsonl_index(work, work / "in-clean", examples, args.seed),
-                          *reliability_cache.scenarios(work, full=full, seed=args.seed)])
-        section("(c) bad corpora through clean --on-error skip|raise")
-        tallies += bad_corpus_scenarios(work, raw, full)
-        section("(d) disk full")
-        if can_mount(work):
-            by_name = {job.name: job for job in jobs}
-            tallies += disk_full_scenarios(work, [by_name["clean"], by_name["pack"]],
-                                           (0.3, 0.7) if full else (0.5,))
-        else:
-            print("  skipped: no tmpfs can be mounted here (it needs root and a container that allows it)",
-                  flush=True)
+        if "a" in sections or "c" in sections:
+            raw = poem_subset(work, 60_000 if full else 12_000)
+        if "a" in sections:
+            section(f"(a) kill -9 at a random moment, then resume ({trials} per command)")
+            jobs = pipeline_jobs(work, raw, full)
+            tallies += kill_scenarios(work, jobs, trials, rng)
+        if "b" in sections:
+            section(f"(b) fuzzed readers ({examples} cases each)")
+            tallies += shown([fuzz_token_dataset(work, work / "ref-pack" / "o", examples, args.seed),
+                              *fuzz_jsonl_index(work, work / "in-clean", examples, args.seed),
+                              *reliability_cache.scenarios(work, full=full, seed=args.seed)])
+        if "c" in sections:
+            section("(c) bad corpora through clean --on-error skip|raise")
+            tallies += bad_corpus_scenarios(work, raw, full)
+        if "d" in sections:
+            section("(d) disk full")
+            if can_mount(work):
+                by_name = {job.name: job for job in jobs}
+                tallies += disk_full_scenarios(work, [by_name["clean"], by_name["pack"]],
+                                               (0.3, 0.7) if full else (0.5,))
+            else:
+                print("  skipped: no tmpfs can be mounted here (it needs root and a container that allows it)",
+                      flush=True)
         for title, family in FAMILIES:
-            section(title)
-            tallies += shown(family.scenarios(work, full=full, seed=args.seed))
+            if title[1] in sections:
+                section(title)
+                tallies += shown(family.scenarios(work, full=full, seed=args.seed))
         section.end()
     finally:
         for server in SERVERS:
@@ -577,13 +592,13 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     rows = [t.row() for t in tallies]
     print(table(rows))
-    result = {"reduced": args.reduced, "seed": args.seed, "kill_trials": trials, "fuzz_examples": examples,
+    result = {"reduced": args.reduced, "sections": args.sections, "seed": args.seed, "kill_trials": trials, "fuzz_examples": examples,
               "seconds": round(time.perf_counter() - started, 1), "section_seconds": section.seconds, "scenarios": rows,
               "totals": {o: sum(r[o] for r in rows) for o in OUTCOMES}}
     print(f"totals: {result['totals']} in {result['seconds']} s")
     if args.json:
         args.json.write_text(orjson.dumps(result, option=orjson.OPT_INDENT_2).decode())
-    elif full:
+    elif full and sections == set(ALL_SECTIONS):  # benchmarks/results holds whole runs only
         print(f"wrote {write_result('reliability', result)}")
 
 

@@ -36,14 +36,41 @@ SLOW_TIMEOUT = 900  # seconds: pyproject's default of 120 is the budget of a def
 
 
 # Files whose tests share nothing costly: under `--dist loadfile` their tests spread over the workers.
-SPREAD_FILES = {"tests/test_docs.py"}  # each page runs alone (the slow part has two pages of minutes each)
+# Each docs page runs alone (the slow part has two pages of minutes each), and so does each half of the
+# reliability harness.
+SPREAD_FILES = {"tests/test_docs.py", "tests/test_reliability.py"}
 
 
-def pytest_collection_modifyitems(items):
-    """A slow test without a timeout of its own gets SLOW_TIMEOUT instead of the default test's."""
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected: only the tests that run are weighed
+def pytest_collection_modifyitems(config, items):
+    """A slow test without a timeout of its own gets SLOW_TIMEOUT instead of the default test's; then
+    the longest work goes first (see `longest_first`)."""
     for item in items:
         if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT))
+    items[:] = longest_first(items, config.getini("timeout"))
+
+
+def scope_of(nodeid: str) -> str:
+    """What one xdist worker runs whole: a file, or a single test of SPREAD_FILES."""
+    file = nodeid.split("::", 1)[0]
+    return nodeid if file in SPREAD_FILES else file
+
+
+def longest_first(items: list, default_timeout) -> list:
+    """Scopes ordered by their largest declared timeout, then by their number of tests, both
+    descending: the xdist workers take scopes in this order (pyproject turns xdist's own reordering,
+    by count alone, off), so a README page of minutes starts first instead of last, when one worker
+    would run it alone while the other waits. A test's timeout is the duration it declares."""
+    def timeout(item) -> float:
+        marker = item.get_closest_marker("timeout")
+        return float(marker.args[0]) if marker and marker.args else float(default_timeout or 0)
+
+    weight: dict[str, list[float]] = {}
+    for item in items:
+        scope = weight.setdefault(scope_of(item.nodeid), [0.0, 0])
+        scope[0], scope[1] = max(scope[0], timeout(item)), scope[1] + 1
+    return sorted(items, key=lambda item: [-w for w in weight[scope_of(item.nodeid)]])
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -57,8 +84,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class FileScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            file = nodeid.split("::", 1)[0]
-            return nodeid if file in SPREAD_FILES else file
+            return scope_of(nodeid)
 
     return FileScheduling(config, log)
 

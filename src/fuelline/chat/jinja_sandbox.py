@@ -1,0 +1,91 @@
+"""A Jinja chat template run as transformers runs it, so the text is `apply_chat_template`'s.
+
+The template runs in jinja2's immutable sandbox, set up as transformers sets it up
+(trim_blocks, lstrip_blocks, loop controls, `tojson` without HTML escaping, `raise_exception`,
+`strftime_now`), and gets the turns and `tools=` as transformers gives them. One addition:
+each `{% generation %}` block wraps its output in the marks GENERATION_OPEN and
+GENERATION_CLOSE, from which `fuelline.chat.jinja_templates` takes the spans to supervise.
+This module puts the marks in the text; that one reads them, and never imports jinja2.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime
+from functools import lru_cache
+from typing import Any, Mapping
+
+from fuelline.chat.template_registry import ChatTemplate
+
+# Unicode noncharacters, reserved for a program's internal use, around a generation block's output.
+GENERATION_OPEN, GENERATION_CLOSE = "\ufdd0", "\ufdd1"
+_GENERATION_TAG = re.compile(r"{%-?\s*generation\s*-?%}")
+
+
+def tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None,
+           sort_keys: bool = False) -> str:
+    """JSON as the `tojson` filter of transformers' chat templates writes it (", " and ": ", not ASCII-escaped)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+@lru_cache(maxsize=16)
+def has_generation_blocks(source: str) -> bool:
+    return _GENERATION_TAG.search(source) is not None
+
+
+def run_jinja(t: ChatTemplate, turns: list[dict], tools: list[dict] | None, add_generation_prompt: bool,
+              variables: Mapping[str, Any]) -> str:
+    """The text `t.jinja` renders for these turns, generation blocks between their marks."""
+    compiled = _compile_jinja(t.jinja)
+    import jinja2  # installed: _compile_jinja has imported it
+
+    try:
+        return compiled.render(messages=_template_messages(turns), tools=tools, documents=None,
+                               add_generation_prompt=add_generation_prompt, **variables)
+    except jinja2.TemplateError as e:
+        raise ValueError(f"the Jinja chat template of {t.name!r} failed: {e}") from None
+
+
+def _template_messages(turns: list[dict]) -> list[dict]:
+    """The messages as transformers gives them to a template: reasoning also under `thinking` (gpt-oss reads
+    that); `weight` is ours to apply (to the mask), so no template sees it."""
+    messages = [{k: v for k, v in turn.items() if k != "weight"} if "weight" in turn else turn for turn in turns]
+    return [{"thinking": turn["reasoning_content"], **turn} if "reasoning_content" in turn else turn
+            for turn in messages]
+
+
+@lru_cache(maxsize=16)
+def _compile_jinja(source: str):
+    try:
+        import jinja2
+        from jinja2.ext import Extension
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError:
+        raise ImportError("Jinja chat templates need jinja2 (pip install 'jinja2>=3.1.6')") from None
+
+    class Generation(Extension):
+        """`{% generation %}…{% endgeneration %}`: the block's output, between the two marks."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            line = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_mark"), [], [], body).set_lineno(line)
+
+        def _mark(self, caller) -> str:
+            return GENERATION_OPEN + caller() + GENERATION_CLOSE
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[Generation, "jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"chat template is not valid Jinja: line {e.lineno}: {e.message}") from None
