@@ -97,7 +97,7 @@ def build_target_cache(work: Path, fmt: str = "fuelline") -> Path:
     out = work / ("cache" if fmt == "fuelline" else f"cache-{fmt}")
     code, stderr = run(cli("cache", "build", "--model", model, "-i", work / "cache-in.jsonl", "-o", out,
                            "--layers", "0,1", "--max-length", 384, "--min-shards", 2, "--format", fmt,
-                           "--hidden-dtype", "fp8" if fmt == "fuelline" else "bf16", "--no-progress"))
+                           "--hidden-dtype", "fp8" if fmt == "fuelline" else "bf16", "--quiet"))
     if code != 0:
         sys.exit(f"setup failed: {stderr[-2000:]}")
     return out

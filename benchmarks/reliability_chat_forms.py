@@ -16,7 +16,7 @@ Floats of the object form are read as doubles (as every JSON reader does); the s
 which is text a model wrote, must render as written or be refused.
 
 chat regenerate: an echo server answering in one form (`--fault think-*`, `big-integer-arguments`),
-with `--reasoning keep` and `drop`: ok when every answer is stored as chat prepare parses it
+with `--store-reasoning keep` and `drop`: ok when every answer is stored as chat prepare parses it
 (reasoning kept or gone, never a tag) and integers stay exact; clear_error when every record is
 in OUT.errors under the form's reason and nothing is written.
 
@@ -255,7 +255,8 @@ def regenerate_trial(work: Path, form: str, reasoning: str) -> tuple[str, str]:
     out = source.with_name(source.stem + "-out.jsonl")
     with echo_servers([("--fault", form)]) as urls:
         code, stderr = run(cli("chat", "regenerate", "-i", source, "-o", out, "--model", "echo", "--server", urls[0],
-                               "--turns", "all", "--reasoning", reasoning, *CLIENT), timeout=TRIAL_LIMIT_S)
+                               "--regenerate-turns", "all", "--store-reasoning", reasoning, *CLIENT),
+                           timeout=TRIAL_LIMIT_S)
     if code is None:
         return "hang", stderr
     if code < 0 or "Traceback" in stderr:
@@ -287,7 +288,7 @@ def regenerate_trial(work: Path, form: str, reasoning: str) -> tuple[str, str]:
                 return "silent_wrong", f"{form}: arguments {turn['tool_calls']}"
         elif turn["content"] != echo_answer(history) or turn.get("reasoning_content") != (
                 INLINE_REASONING if reasoning == "keep" else None):
-            return "silent_wrong", f"{form} --reasoning {reasoning}: {turn}"
+            return "silent_wrong", f"{form} --store-reasoning {reasoning}: {turn}"
     return "ok", ""
 
 

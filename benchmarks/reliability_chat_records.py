@@ -152,7 +152,8 @@ def unrenderable(work: Path, tokenizer_dir: Path, files: int) -> list[Tally]:
         for policy in ("raise", "skip"):
             out = work / f"mixed-pack-{trial}-{policy}"
             code, stderr = run(cli("pack", "-i", source, "--tokenizer", tokenizer_dir, "-o", out, "--template", "chat",
-                                   "--shard-size", "3", "-w", "1", "-q", "--on-error", policy), timeout=TRIAL_LIMIT_S)
+                                   "--chat-template", "chatml", "--shard-size", "3", "-w", "1", "-q", "--on-error",
+                                   policy), timeout=TRIAL_LIMIT_S)
             pack.add(*_judge_pack(out, source, lines, policy, code, stderr))
             plan.add(*isolated(lambda: _judge_plan(work, tokenizer_dir, source, lines, policy), TRIAL_LIMIT_S))
     return [pack, plan]
@@ -318,8 +319,8 @@ def changed_policy(work: Path, tokenizer_dir: Path, full: bool) -> Tally:
     tally = Tally("chat records: resume with a changed policy")
     rng = random.Random(11)
     source, lines = _mixed_file(work / "policy.jsonl", rng, good=9)
-    base = ("pack", "-i", source, "--tokenizer", tokenizer_dir, "--template", "chat", "--shard-size", "2", "-w", "1",
-            "-q")
+    base = ("pack", "-i", source, "--tokenizer", tokenizer_dir, "--template", "chat", "--chat-template", "chatml",
+            "--shard-size", "2", "-w", "1", "-q")
     fresh = work / "policy-fresh"
     code, stderr = run(cli(*base, "-o", fresh, "--on-error", "skip"), timeout=TRIAL_LIMIT_S)
     assert code == 0, f"harness: the reference pack failed: {stderr[-800:]}"

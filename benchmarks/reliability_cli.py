@@ -1,7 +1,9 @@
 """Reliability family (g), issue 36: the command line as a new user meets it.
 
 - odd values: every numeric option of the commands that run stages, on the command line and as a
-  pipeline file's key, given zero, a negative, a huge number, NaN, infinity or the wrong type.
+  pipeline file's key, given zero, a negative, a huge number, NaN, infinity or the wrong type; and
+  the options whose values are names (`--store-reasoning`, `--regenerate-turns`, `--chat-template`,
+  `--train-turns`), for which every such value is impossible.
   An impossible value must be refused in one line (`error: …`, exit 2) that names the option; a
   huge but possible one may run. Accepted and run on (exit 0, or an error about something else,
   such as the missing tokenizer the trial gives on purpose) is silent_wrong: the value reached
@@ -54,11 +56,17 @@ OPTIONS = [
     (["cache", "build"], "--batch-tokens", False, ["--model", "{empty}", "--layers", "1"]),
     (["cache", "build"], "--max-shard-bytes", False, ["--model", "{empty}", "--layers", "1"]),
 ]
+# options whose values are names: every odd value is impossible, and refused naming the option
+NAMED = [(["chat", "regenerate"], "--store-reasoning", REGENERATE),
+         (["chat", "regenerate"], "--regenerate-turns", REGENERATE),
+         (["cache", "build"], "--chat-template", ["--model", "{empty}", "--layers", "1"]),
+         (["pack"], "--train-turns", ["--tokenizer", "{empty}"])]
 # pipeline key, its stage (None: [defaults]), whether 0 is possible
 KEYS = [("workers", None, False), ("shard_size", "clean", False), ("max_han", "clean", False),
         ("num_perm", "dedup", False), ("val_fraction", "pack", True), ("vocab_size", "tokenizer", False),
         ("max_tokens", "regenerate", False), ("concurrency", "regenerate", False), ("temperature", "regenerate", True),
-        ("min_shards", "cache", False)]
+        ("min_shards", "cache", False), ("store_reasoning", "regenerate", False),
+        ("regenerate_turns", "regenerate", False)]
 TOML_VALUES = {"0": "0", "-1": "-1", "-5.5": "-5.5", "nan": "nan", "-inf": "-inf", "two": '"two"', "1e300": "1e300"}
 
 
@@ -118,6 +126,12 @@ def odd_values_on_the_cli(work: Path, docs: Path, empty: Path, full: bool) -> Ta
             args = [*words, "-i", str(docs), *_output(words, out), *[a.format(empty=empty) for a in extra],
                     flag, value]
             outcome, note = _isolated_judged(args, flag, impossible)
+            tally.add(outcome, f"{' '.join(words)} {flag} {value}: {note}")
+    for k, (words, flag, extra) in enumerate(NAMED if full else NAMED[::2]):
+        for value in IMPOSSIBLE + POSSIBLE:
+            out = work / f"cli-named-{k}-{(IMPOSSIBLE + POSSIBLE).index(value)}"
+            args = [*words, "-i", str(docs), *_output(words, out), *[a.format(empty=empty) for a in extra], flag, value]
+            outcome, note = _isolated_judged(args, flag, True)
             tally.add(outcome, f"{' '.join(words)} {flag} {value}: {note}")
     return tally
 
@@ -213,7 +227,7 @@ def _wrong_record_trials(work: Path, docs: Path, chats: Path, tokenizer: Path, m
     cases = [
         (["tokenizer", "train"], chats, []),
         (["pack"], chats, ["--tokenizer", str(tokenizer)]),
-        (["pack"], docs, ["--tokenizer", str(tokenizer), "--template", "chat"]),
+        (["pack"], docs, ["--tokenizer", str(tokenizer), "--template", "chat", "--chat-template", "chatml"]),
         (["clean", "--profile", "web"], chats, []),
         (["dedup"], chats, []),
         (["chat", "prepare"], docs, []),

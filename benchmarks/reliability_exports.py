@@ -47,7 +47,7 @@ def scenarios(work: Path, *, full: bool, seed: int) -> list[Tally]:
 # --- export reruns -----------------------------------------------------------------------------
 
 def export_args(cache: Path, output: Path, options: list[str]) -> list[str]:
-    return ["cache", "export", "--to", "specforge", str(cache), "-o", str(output), "--no-progress", "--workers", "1",
+    return ["cache", "export", "--to", "specforge", str(cache), "-o", str(output), "--quiet", "--workers", "1",
             *options]
 
 

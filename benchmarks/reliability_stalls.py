@@ -13,8 +13,8 @@ hang) against echo servers on 127.0.0.1 (`fuelline.serve.echo`):
 - prompts: conversations ending with a user turn, chat prepare's eval records `{id, turns}` and
   records with nothing to answer (each answer must be the echo's answer to its history, each
   record without anything to answer in OUT.errors as `nothing_to_regenerate`, never written);
-  input with nothing to answer at all (exit 2 naming the reason); `--turns all` on conversations
-  with tool results (refused per record, never written).
+  input with nothing to answer at all (exit 2 naming the reason); `--regenerate-turns all` on
+  conversations with tool results (refused per record, never written).
 
 Outcomes as in benchmarks/trials.py; a record lost for a false reason (a healthy slow answer
 taken for a stall) or written without its answers is silent_wrong. Called by
@@ -64,7 +64,7 @@ def scenarios(work: Path, *, full: bool, seed: int = 0) -> list[Tally]:  # noqa:
             ("--request-timeout", "2"))),
         ("prompts: open conversations, eval records, nothing to answer", partial(prompt_trial, work)),
         ("prompts: nothing to answer at all", partial(nothing_trial, work)),
-        ("prompts: --turns all on conversations with tool results", partial(turns_all_trial, work)),
+        ("prompts: --regenerate-turns all on conversations with tool results", partial(turns_all_trial, work)),
     ]
     if full:
         trials.append(("stalls: lists its model, never answers, alone, under the defaults", partial(
@@ -154,7 +154,7 @@ def turns_all_trial(work: Path) -> tuple[str, str]:
     source = write(work / "turns-all" / "in.jsonl", [TOOL_RESULTS, OPEN])
     out = work / "turns-all" / "out.jsonl"
     with echo_servers([("--tools", "call")]) as urls:
-        code, stderr = run(regenerate_argv(source, out, urls, "--turns", "all"), timeout=LIMIT_S)
+        code, stderr = run(regenerate_argv(source, out, urls, "--regenerate-turns", "all"), timeout=LIMIT_S)
     if code != 0:
         return failure_outcome(code, stderr, "in.jsonl"), stderr[-600:]
     return prompts_judged(out, {"open": 2}, {"tool"}, "tool_results_under_turns_all")

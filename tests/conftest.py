@@ -126,7 +126,7 @@ def packed_poems(poems, tokenizer_dir, tmp_path_factory):
     from fuelline.pack.packer import PackConfig, pack
 
     out = tmp_path_factory.mktemp("packed") / "out"
-    pack(poems[0], tokenizer_dir, out, PackConfig(shard_size=1_000), workers=1, progress=False)
+    pack(poems[0], tokenizer_dir, out, PackConfig(), workers=1, progress=False, shard_size=1_000)
     return out
 
 

@@ -95,6 +95,8 @@ def test_impossible_numbers_on_the_command_line_are_one_line_and_exit_2(args, sa
     ('[[stage]]\nuse = "regenerate"\ntemperature = nan\n', "option 'temperature' must be a number, not nan"),
     ('[[stage]]\nuse = "regenerate"\nconcurrency = "64"\n', "option 'concurrency' must be an integer, found '64'"),
     ('[[stage]]\nuse = "dedup"\nnum_perm = 0\n', "option 'num_perm' must be at least 1, found 0"),
+    ('[[stage]]\nuse = "dedup"\nkeep = "last"\n', "(dedup): option 'keep' must be one of first, longest, not 'last'"),
+    ('[[stage]]\nuse = "pack"\nchat_template = "chatlm"\n', "--chat-template chatlm: unknown chat template 'chatlm'"),
 ])
 def test_impossible_values_in_a_pipeline_file_are_refused_when_it_is_loaded(table, says, tmp_path):
     pipeline = tmp_path / "p.toml"
@@ -103,3 +105,52 @@ def test_impossible_values_in_a_pipeline_file_are_refused_when_it_is_loaded(tabl
     assert result.exit_code == 2, result.output
     (line,) = result.stderr.strip().splitlines()
     assert says in line and not (tmp_path / "run").exists()
+
+
+def _commands(command=None, words=()):
+    """Every command of `fuelline` (sub-commands built lazily included) as its words."""
+    import click
+
+    from fuelline.cli import main
+
+    command = command or main
+    if not isinstance(command, click.Group):
+        yield words
+        return
+    for name in command.list_commands(click.Context(command)):
+        yield from _commands(command.get_command(click.Context(command), name), (*words, name))
+
+
+@pytest.mark.parametrize("words", list(_commands()), ids=" ".join)
+def test_every_command_takes_quiet_so_that_a_script_can_pass_it_to_any(words):
+    quiet = fuelline(*words, "-q", "--quiet", "--help")  # parsed before --help acts: an unknown option is refused
+    assert quiet.exit_code == 0, quiet.output
+    assert "-q, --quiet" in quiet.output
+
+
+@pytest.mark.parametrize("args, says", [
+    (["chat", "regenerate", "-i", "{dir}", "--server", "a:1", "--reasoning", "keep"],
+     "option 'reasoning' is now 'store_reasoning': the same option under its new name: store_reasoning = … "
+     "(--store-reasoning …)"),
+    (["chat", "regenerate", "-i", "{dir}", "--server", "a:1", "--turns", "last"],
+     "option 'turns' is now 'regenerate_turns': the same option under its new name"),
+    (["cache", "build", "-i", "{dir}", "--model", "{dir}", "--layers", "1", "--no-progress"],
+     "--progress/--no-progress is now --quiet"),
+    (["cache", "export", "--to", "specforge", "{dir}", "--progress"], "--progress/--no-progress is now --quiet"),
+])
+def test_an_earlier_spelling_is_refused_in_one_line_naming_the_new_one(args, says, tmp_path):
+    result = fuelline(*[a.format(dir=tmp_path) for a in args], "-o", tmp_path / "out")
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert says in line and "Traceback" not in result.output
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("key, now", [("reasoning", "store_reasoning"), ("turns", "regenerate_turns")])
+def test_a_regenerate_step_refuses_the_earlier_keys_naming_the_new_ones(key, now, tmp_path):
+    from fuelline.pipeline.config import load_pipeline
+
+    pipeline = tmp_path / "p.toml"
+    pipeline.write_text(f'[[stage]]\nuse = "regenerate"\n{key} = "keep"\n')
+    with pytest.raises(ValueError, match=rf"#1 \(regenerate\): option '{key}' is now '{now}'"):
+        load_pipeline(pipeline)

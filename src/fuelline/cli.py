@@ -15,13 +15,13 @@ import click
 
 from fuelline import __version__
 from fuelline.io.remote import is_url, refuse_url
-from fuelline.pipeline.options import bounds_text
-from fuelline.pipeline.workers import EXECUTORS, RunOptions
 from fuelline.pipeline.registry import STAGES, step_class
 from fuelline.pipeline.stats import dominant_drop, require_kept
+from fuelline.pipeline.workers import RunOptions
 from fuelline.cache.cli import cache as cache_group, cache_numbers
 from fuelline.chat.regenerate import RegenerateConfig
-from fuelline.cli_options import at_least, config_params, given, within_bounds
+from fuelline.cli_options import (at_least, config_params, given, quiet_option, restart_option, run_options,
+                                   run_params, workers_option)
 from fuelline.serve.cli import serve_command
 
 # Exceptions that mean a mistake in what the user gave (a path, an option, a file's content) and
@@ -163,40 +163,21 @@ def _step_dirs(run_dir: str, count: int) -> list[Path | None]:
     """The stage directories of a run, in order, from RUN/pipeline.json (None where it is unknown)."""
     import orjson
 
+    from fuelline.io.stage_layout import PIPELINE_FILE
+
     try:
-        layout = orjson.loads((Path(run_dir) / "pipeline.json").read_bytes())["stages"]
+        layout = orjson.loads((Path(run_dir) / PIPELINE_FILE).read_bytes())["stages"]
     except (OSError, ValueError, KeyError):
         layout = []
     dirs = [Path(run_dir) / entry["dir"] for entry in layout]
     return (dirs + [None] * count)[:count]
 
 
-def _run_option(name: str, *flags: str, **settings) -> click.Option:
-    """A CLI option of a RunOptions field, with its help and its declared range."""
-    field = next(f for f in dataclasses.fields(RunOptions) if f.name == name)
-    flag = "--" + name.replace("_", "-")
-    help_text = field.metadata["help"] + (f"  [{bounds_text(field)}]" if bounds_text(field) else "")
-    return click.Option([flag, *flags], type=int, callback=within_bounds(field, flag), help=help_text, **settings)
-
-
-def _run_params() -> list[click.Option]:
-    """Options every command that runs stages shares."""
-    return [
-        _run_option("workers", "-w", default=None),
-        click.Option(["--restart"], is_flag=True, help="discard existing output and start over"),
-        click.Option(["--quiet", "-q"], is_flag=True, help="no progress bar"),
-        click.Option(["--executor"], type=click.Choice(EXECUTORS), default=None,
-                     help="local: processes on this machine (default); ray: Ray tasks, same output (docs/ray.md)"),
-        click.Option(["--ray-address"], default=None, metavar="auto|HOST:PORT",
-                     help="--executor ray: the running cluster to use (default: start one here for the run)"),
-    ]
-
-
-@main.command(params=_run_params())
+@main.command(params=run_params("workers", "executor", "ray_address"))
 @click.argument("pipeline_file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--run-dir", "-o", required=True, type=click.Path(file_okay=False), callback=_local_only,
-              help="where stage outputs go")
-@click.option("--input", "-i", "inputs", multiple=True, help="input of the first stage (files, dirs, globs)")
+              help="where the steps' outputs go")
+@click.option("--input", "-i", "inputs", multiple=True, help="input of the first step (files, dirs, globs)")
 @click.option("--restart-from", metavar="STEP", default=None,
               help="redo the step of this name and those after it; the steps before it resume (--restart: every step)")
 def run(pipeline_file, run_dir, inputs, workers, restart, quiet, executor, ray_address, restart_from):
@@ -213,15 +194,9 @@ def _stage_options(cls) -> list[click.Option]:
     """Input, run options, `--config` and the stage's own options (its Config's fields)."""
     params = [
         click.Option(["--input", "-i", "inputs"], multiple=True, required=True, help="files, directories or globs"),
-        *_run_params(),
-        _run_option("shard_size", default=RunOptions.shard_size, show_default=True),
-        click.Option(["--format", "output_format"], type=click.Choice(["jsonl.zst", "parquet"]), default="jsonl.zst",
-                     show_default=True, help="output format"),
-        click.Option(["--on-error"], type=click.Choice(["raise", "skip"]), default="raise", show_default=True,
-                     help="malformed records: stop with FILE:LINE, or count and keep them in _rejects/"),
-        click.Option(["--no-rejects"], is_flag=True, help="count dropped records but do not keep them"),
+        *run_params(),
         click.Option(["--config", "config_file"], type=click.Path(exists=True, dir_okay=False),
-                     help="TOML file of this stage's options; options given here override it"),
+                     help="TOML file of this step's options; options given here override it"),
         *config_params(cls.Config),
     ]
     if hasattr(cls, "explain_report"):  # stages that can show why they would remove what they remove
@@ -230,21 +205,18 @@ def _stage_options(cls) -> list[click.Option]:
     return params
 
 
-def _run_from_cli(name: str, cls, inputs, output, *, workers, restart, quiet, executor, ray_address, shard_size,
-                  output_format, on_error, no_rejects, config_file, explain=None, output_locations=None,
+def _run_from_cli(name: str, cls, inputs, output, *, config_file, explain=None, output_locations=None,
                   **values) -> dict | None:
     """Build the stage's config (TOML file, then options given) and run it; None after --explain."""
     from fuelline.pipeline.config import build_dataclass, read_toml
-    from fuelline.pipeline.executor import RunOptions, run_stage
+    from fuelline.pipeline.executor import run_stage
 
+    options = run_options(values)
     from_file = read_toml(config_file) if config_file else {}
     config = build_dataclass(cls.Config, {**from_file, **given(values)}, config_file or f"fuelline {name}")
     if explain:
         click.echo(cls.explain_report(list(inputs), config, explain))
         return None
-    options = RunOptions(workers=workers, shard_size=shard_size, output_format=output_format, on_error=on_error,
-                         keep_rejects=not no_rejects, restart=restart, progress=not quiet,
-                         executor=executor or "local", ray_address=ray_address)
     return run_stage(cls(config), list(inputs), output, options, output_locations)
 
 
@@ -287,7 +259,7 @@ def _chat_prepare_command() -> click.Command:
                     raise ValueError(f"{output}: a single .jsonl output is written locally; with URLs, give "
                                      "directories (--train-output URL --eval-output URL/eval)")
             if work_dir:
-                raise ValueError("--work-dir is for a .jsonl --train-output; with URLs the stage directory is "
+                raise ValueError("--work-dir is for a .jsonl --train-output; with URLs the step's directory is "
                                  "--train-output itself")
             stats = _run_from_cli("chat prepare", cls, inputs, train_output, output_locations={"eval": eval_output},
                                   **values)
@@ -299,7 +271,7 @@ def _chat_prepare_command() -> click.Command:
         single = {name: path for name, path in (("train", train), ("eval", evals)) if path.suffix == ".jsonl"}
         if "train" not in single:  # the train directory is the stage directory
             if work_dir:
-                raise ValueError(f"--work-dir is for a .jsonl --train-output; {train} is the stage directory itself")
+                raise ValueError(f"--work-dir is for a .jsonl --train-output; {train} is the step's directory itself")
             stage_dir = train
         else:
             stage_dir = Path(work_dir) if work_dir else train.with_name(train.name + ".parts")
@@ -316,11 +288,11 @@ def _chat_prepare_command() -> click.Command:
 
     outputs = [
         click.Option(["--train-output"], required=True, type=click.Path(),
-                     help="train chat records: a stage directory, or one plain file when it ends in .jsonl"),
+                     help="train chat records: a step's directory, or one plain file when it ends in .jsonl"),
         click.Option(["--eval-output"], required=True, type=click.Path(),
                      help="eval records {id, turns}: a directory, or one plain file when it ends in .jsonl"),
         click.Option(["--work-dir"], type=click.Path(file_okay=False), default=None,
-                     help="stage directory (resume state, stats.json, rejects) when --train-output is a .jsonl "
+                     help="the step's directory (resume state, stats.json, rejects) when --train-output is a .jsonl "
                           "(default: TRAIN_OUTPUT.parts)"),
     ]
     return click.Command("prepare", callback=callback, params=[*outputs, *_stage_options(cls)],
@@ -337,8 +309,7 @@ chat.add_command(_chat_prepare_command())
     *config_params(RegenerateConfig),
     click.Option(["--resume"], is_flag=True, help="accepted for older scripts, does nothing: a run resumes OUT by "
                                                   "default (skips the ids it holds, retries what failed)"),
-    click.Option(["--restart"], is_flag=True, help="delete OUT (its errors and stats too) and start over"),
-    click.Option(["--quiet", "-q"], is_flag=True, help="no progress bar")])
+    restart_option("delete OUT (its errors and stats too) and start over"), quiet_option()])
 def regenerate_command(inputs, output, resume, restart, quiet, **values):
     from dataclasses import replace
 
@@ -382,14 +353,15 @@ chat.add_command(_stage_command("chat-from-poetry", "from-poetry"))
     click.Option(["--input", "-i", "inputs"], multiple=True, required=True, help="document records (files, dirs, globs)"),
     click.Option(["--output", "-o"], required=True, type=click.Path(file_okay=False),
                  help="output directory: train/, val/ and a copy of the tokenizer"),
-    *config_params(step_class("pack").Config), *_run_params()])
-def pack(inputs, output, workers, restart, quiet, executor, ray_address, **values):
+    *config_params(step_class("pack").Config), *run_params("workers", "shard_size", "executor", "ray_address")])
+def pack(inputs, output, workers, shard_size, restart, quiet, executor, ray_address, **values):
     from fuelline.pipeline.config import build_dataclass
 
     step = step_class("pack")
     config = build_dataclass(step.Config, given(values), "fuelline pack")
-    stats = step(config).run(list(inputs), output, RunOptions(  # a URL stays one, for pack to refuse
-        workers=workers, restart=restart, progress=not quiet, executor=executor or "local", ray_address=ray_address), {})
+    options = RunOptions(**given({"workers": workers, "shard_size": shard_size, "executor": executor,
+                                  "ray_address": ray_address}), restart=restart, progress=not quiet)
+    stats = step(config).run(list(inputs), output, options, {})  # a URL stays one, for pack to refuse
     for split, numbers in stats["splits"].items():
         click.echo(f"{split:<6} {_split_summary(numbers, config.template, 9)}")
     if stats["dropped"] or any(stats["counters"].values()):
@@ -426,7 +398,7 @@ def _token_datasets(directory: str) -> dict[str | None, Path]:
     return splits
 
 
-@main.command()
+@main.command(params=[quiet_option(shows_progress=False)])
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 def verify(directory):
     """Check a token dataset (or a pack output's train/ and val/): manifest, sizes, checksums, ids."""
@@ -438,7 +410,7 @@ def verify(directory):
                    f"{manifest['dtype']}, checksums match")
 
 
-@main.command()
+@main.command(params=[quiet_option(shows_progress=False)])
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--doc", "doc", type=int, default=None, callback=at_least(0), help="decode document K, showing masked and trained parts")
 @click.option("--window", type=int, default=None, callback=at_least(0), help="show the inputs and labels of training window I")
@@ -457,7 +429,7 @@ def inspect(directory, doc, window, seq_len, split):
         raise ValueError(str(e)) from e
 
 
-@main.command()
+@main.command(params=[quiet_option(shows_progress=False)])
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="print the funnel as JSON instead of a table")
 def report(run_dir, as_json):
@@ -483,8 +455,8 @@ def tokenizer() -> None:
     click.Option(["--input", "-i", "inputs"], multiple=True, required=True, help="document records (files, dirs, globs)"),
     click.Option(["--output", "-o"], required=True, type=click.Path(file_okay=False), callback=_local_only,
                  help="tokenizer directory to write"),
-    *config_params(step_class("tokenizer").Config),
-    click.Option(["--restart"], is_flag=True, help="delete what OUTPUT holds and train again")])
+    *config_params(step_class("tokenizer").Config), restart_option("delete what OUTPUT holds and train again"),
+    quiet_option(shows_progress=False)])
 def train(inputs, output, restart, **values):
     from fuelline.pipeline.config import build_dataclass
 
@@ -500,7 +472,7 @@ def train(inputs, output, restart, **values):
         click.echo(f"warning: {warning}", err=True)
 
 
-@tokenizer.command("from-tiktoken")
+@tokenizer.command("from-tiktoken", params=[quiet_option(shows_progress=False)])
 @click.argument("ranks_file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--output", "-o", required=True, type=click.Path(file_okay=False), callback=_local_only,
               help="tokenizer directory to write")
@@ -519,7 +491,7 @@ def export() -> None:
     """Write a token dataset in another framework's format."""
 
 
-@export.command("megatron")
+@export.command("megatron", params=[quiet_option(shows_progress=False)])
 @click.argument("token_dir", metavar="TOKEN_DATASET", type=click.Path(exists=True, file_okay=False))
 @click.option("--output", "-o", "prefix", required=True, callback=_local_only,
               help="output prefix: PREFIX.bin and PREFIX.idx, or PREFIX_train.* and PREFIX_val.* for a pack output")
@@ -547,19 +519,18 @@ main.add_command(serve_command)
 main.add_command(cache_group)
 
 
-@main.command()
+@main.command(params=[workers_option(), quiet_option()])
 @click.argument("kind", type=click.Choice(["poetry", "chat"]), default="poetry")
 @click.option("--dir", "-o", "directory", type=click.Path(file_okay=False), default=None,
               help="where to write the corpus and the run (default: a new temporary directory)")
-@click.option("--workers", "-w", type=int, default=None, callback=at_least(1), help="processes (default: all cores)")
-def demo(kind, directory, workers):
+def demo(kind, directory, workers, quiet):
     """Run a pipeline on a small built-in sample: poetry (pretraining data) or chat (distillation data,
     with a tiny local model served on this machine; extras torch and serve)."""
     if kind == "chat":
         from fuelline.chat.demo import run_chat_demo
         from fuelline.report.funnel import format_funnel, load_funnel
 
-        run_dir, _ = run_chat_demo(directory)
+        run_dir, _ = run_chat_demo(directory, progress=not quiet)
         click.echo(format_funnel(load_funnel(run_dir)))
         cache = next(run_dir.glob("*-cache"))
         click.echo(f"\nreport: {run_dir / 'report' / 'report.html'}")
@@ -567,7 +538,7 @@ def demo(kind, directory, workers):
         return
     from fuelline.demo import run_demo
 
-    run_demo(directory, workers=workers,
+    run_demo(directory, workers=workers, progress=not quiet,
              report=lambda stats, run_dir: _print_stats(stats, _step_dirs(run_dir, len(stats))))
 
 

@@ -11,6 +11,7 @@ import click
 
 from fuelline.pipeline.options import (NO_DEFAULT, bound_problem, bounds_text, default_of, option_fields,
                                        parse_size, replaced_names, size_text)
+from fuelline.pipeline.workers import RunOptions
 
 
 class Size(click.ParamType):
@@ -85,20 +86,24 @@ def option_for(field: dataclasses.Field, hint) -> click.Option:
     default (or a --config file's value) applies; help shows the Config's default, its range and
     whether it is required."""
     flag, name = field.metadata.get("flag") or "--" + field.name.replace("_", "-"), field.name
+    if field.metadata.get("short"):
+        name = (field.metadata["short"], name)
     if field.metadata.get("step_ref"):  # a pipeline's @STEP; here a directory that must exist
-        return click.Option([flag, name], required=True, type=click.Path(exists=True, file_okay=False),
+        return click.Option([flag, *_names(name)], required=True, type=click.Path(exists=True, file_okay=False),
                             help=field.metadata.get("help", ""))
     help_text = _help_with_default(field, hint, flag)
     common = {"default": None, "help": help_text, "required": bool(field.metadata.get("required")),
               "callback": within_bounds(field, flag)}
     if hint is bool or _optional_of(hint) is bool:
-        return click.Option([f"{flag}/--no-{flag[2:]}", name], **common)
+        return click.Option([f"{flag}/--no-{flag[2:]}", *_names(name)], **common)
     if field.metadata.get("comma_list"):
         (item,) = typing.get_args(hint)
-        return click.Option([flag, name], **{**common, "callback": within_bounds(field, flag, _comma_list(item))})
+        return click.Option([flag, *_names(name)],
+                            **{**common, "callback": within_bounds(field, flag, _comma_list(item))})
     if typing.get_origin(hint) is list:
         (item,) = typing.get_args(hint)
-        return click.Option([flag, name], multiple=True, type=item, **{**common, "help": f"{help_text} (repeatable)"})
+        return click.Option([flag, *_names(name)], multiple=True, type=item,
+                            **{**common, "help": f"{help_text} (repeatable)"})
     choices = field.metadata.get("choices")
     if choices:
         kind = click.Choice(choices)
@@ -108,21 +113,75 @@ def option_for(field: dataclasses.Field, hint) -> click.Option:
         kind = Size()
     else:  # `int | None` and the like: the non-None member
         kind = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
-    return click.Option([flag, name], type=kind, **common)
+    return click.Option([flag, *_names(name)], type=kind, **common)
+
+
+def _names(name: str | tuple[str, str]) -> tuple[str, ...]:
+    """The short alias and the parameter name (`("-w", "workers")`), or the name alone."""
+    return name if isinstance(name, tuple) else (name,)
 
 
 def replaced_options(config_cls) -> list[click.Option]:
-    """A hidden option for each earlier spelling a Config's options replace (`--disable-thinking`),
-    passed on under its old name so that `build_dataclass` refuses it with the hint."""
-    return [click.Option([f"--{old.replace('_', '-')}/--no-{old.replace('_', '-')}", old], default=None, hidden=True,
-                         help=f"replaced by --{name.replace('_', '-')}: {hint}")
-            for old, (name, hint) in replaced_names(config_cls).items()]
+    """A hidden option for each earlier spelling a Config's options replace (`--disable-thinking`,
+    `--reasoning keep`), passed on under its old name so that `build_dataclass` refuses it with the hint."""
+    fields = {f.name: hint for f, hint in option_fields(config_cls)}
+    options = []
+    for old, (name, hint) in replaced_names(config_cls).items():
+        flag, kind = "--" + old.replace("_", "-"), fields[name]
+        takes_value = not (kind is bool or _optional_of(kind) is bool)
+        options.append(click.Option([flag if takes_value else f"{flag}/--no-{flag[2:]}", old], default=None,
+                                    hidden=True, help=f"replaced by --{name.replace('_', '-')}: {hint}"))
+    return options
 
 
 def config_params(config_cls, names: set[str] | None = None) -> list[click.Option]:
     """One option per option of a step's Config (those of its groups included), or of those in `names`."""
     return [option_for(f, hint) for f, hint in option_fields(config_cls) if names is None or f.name in names] + \
         (replaced_options(config_cls) if names is None else [])
+
+
+def run_params(*names: str) -> list[click.Option]:
+    """The run options (`RunOptions`) a command takes, all of them when no `names` are given, then
+    --restart and --quiet: declared once, for every command that runs steps."""
+    fields = {f.name: (f, hint) for f, hint in option_fields(RunOptions)}
+    return [option_for(*fields[name]) for name in names or fields] + [restart_option(), quiet_option()]
+
+
+def run_options(values: dict) -> RunOptions:
+    """The RunOptions of a command's values (`run_params()`), taken out of `values`."""
+    names = {f.name for f, _ in option_fields(RunOptions)}
+    chosen = given({name: values.pop(name) for name in list(values) if name in names})
+    return RunOptions(**chosen, restart=values.pop("restart"), progress=not values.pop("quiet"))
+
+
+def workers_option() -> click.Option:
+    """`-w/--workers` alone (`RunOptions.workers`), for a command that runs no steps but works in parallel."""
+    return run_params("workers")[0]
+
+
+def restart_option(help: str = "discard what the output holds and start over") -> click.Option:
+    return click.Option(["--restart"], is_flag=True, help=help)
+
+
+def quiet_option(shows_progress: bool = True) -> click.Option:
+    """`-q/--quiet`, which every command takes (tests/test_cli_options.py walks them all), so that a script
+    can pass it to any; `shows_progress=False`: the command draws no progress bar, and the flag changes nothing."""
+    return click.Option(["--quiet", "-q"], is_flag=True, expose_value=shows_progress,
+                        help="no progress bars" if shows_progress else "accepted by every command; this one draws "
+                                                                         "no progress bar")
+
+
+def _refuse_progress(_ctx, _param, value):
+    if value is not None:
+        raise ValueError("--progress/--no-progress is now --quiet/-q (progress bars are on unless --quiet is given), "
+                         "as on every other command")
+    return value
+
+
+def old_progress_option() -> click.Option:
+    """The earlier `--progress/--no-progress` of the cache commands, refused in one line with its new spelling."""
+    return click.Option(["--progress/--no-progress", "old_progress"], default=None, hidden=True,
+                        expose_value=False, callback=_refuse_progress, help="replaced by --quiet")
 
 
 def given(values: dict) -> dict:

@@ -120,7 +120,7 @@ def generate_corpus(directory: Path, seed: int = 0, poems: int = 3000) -> tuple[
     return path, True
 
 
-def run_demo(directory: str | None, *, workers: int | None = None,
+def run_demo(directory: str | None, *, workers: int | None = None, progress: bool = True,
              report: Callable[[list[dict], Path], None] = lambda stats, run_dir: print(stats)) -> Path:
     """Generate the corpus and run the demo pipeline; return the run directory.
 
@@ -140,7 +140,8 @@ def run_demo(directory: str | None, *, workers: int | None = None,
     print(f"corpus: {corpus}\npipeline: {pipeline_file}\nrun: {run_dir}\n")
     # The same corpus and pipeline as an earlier demo in the same place: its steps resume (a
     # finished run is found again at once); anything else is redone from the start.
-    run = functools.partial(run_pipeline, load_pipeline(pipeline_file), run_dir, input=[str(corpus)], workers=workers)
+    run = functools.partial(run_pipeline, load_pipeline(pipeline_file), run_dir, input=[str(corpus)], workers=workers,
+                            progress=progress)
     try:
         all_stats = run(restart=corpus_changed or pipeline_changed)
     except StepOutputMismatch:  # an earlier demo of other options (another fuelline version): redo it

@@ -7,19 +7,19 @@ other field is kept in `meta` unless `meta_keys` selects some.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from fuelline.pipeline.options import option
 from fuelline.pipeline.stage import Stage, StageConfig
 from fuelline.records import Drop, Location, document_from_raw
 
 
 @dataclass
 class IngestConfig(StageConfig):
-    text_key: str = field(default="text", metadata={"help": "field holding the text (a string or a list of strings)"})
-    id_key: str = field(default="id", metadata={"help": "field holding the upstream id; missing: hash of file name and line"})
-    meta_keys: list[str] = field(default_factory=list, metadata={"help": "fields kept in meta (default: all others)"})
-    min_chars: int = field(default=1, metadata={"help": "drop texts shorter than this, after stripping whitespace",
-                                                          "min": 0})
+    text_key: str = option("text", "field holding the text (a string or a list of strings)")
+    id_key: str = option("id", "field holding the upstream id; missing: hash of file name and line")
+    meta_keys: list[str] = option(help="fields kept in meta (default: all others)", factory=list)
+    min_chars: int = option(1, "drop texts shorter than this, after stripping whitespace", min=0)
 
 
 class IngestStage(Stage):

@@ -171,7 +171,7 @@ def test_bytes_per_token_and_estimate_match_the_build(qwen4_dir, chats, padded, 
 
 
 def _cli(*args: str, progress: bool = False) -> list[str]:
-    return [sys.executable, "-m", "fuelline", "cache", "build", *([] if progress else ["--no-progress"]), *args]
+    return [sys.executable, "-m", "fuelline", "cache", "build", *([] if progress else ["--quiet"]), *args]
 
 
 def _build_args(model: Path, chats: Path, out: Path, *extra: str) -> list[str]:
@@ -197,7 +197,7 @@ def invoke(*args: str):
 
 
 def invoke_build(*args: str):
-    return invoke("cache", "build", "--no-progress", *args)
+    return invoke("cache", "build", "--quiet", *args)
 
 
 def _env() -> dict:
@@ -234,7 +234,7 @@ def uninterrupted(qwen4_dir, tmp_path_factory):
 
 def test_sigkill_resumes_to_identical_bytes(qwen4_dir, uninterrupted, tmp_path):
     """A real process killed; the same command resumes it (in this process: what resumes is on disk).
-    Until the kill, past loading the model and committing batches, --no-progress kept its stderr empty:
+    Until the kill, past loading the model and committing batches, --quiet kept its stderr empty:
     no bar, no loading report (transformers writes that to the process's own stderr)."""
     chats, reference = uninterrupted
     out = tmp_path / "cache"
@@ -249,7 +249,7 @@ def test_sigkill_resumes_to_identical_bytes(qwen4_dir, uninterrupted, tmp_path):
 
 def _torchrun(ranks: int, args: list[str]) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-            "-m", "fuelline", "cache", "build", "--no-progress", *args]
+            "-m", "fuelline", "cache", "build", "--quiet", *args]
 
 
 def test_two_ranks_write_the_same_cache_as_one(qwen4_dir, uninterrupted, tmp_path):
@@ -390,7 +390,7 @@ def test_a_hub_id_is_found_through_the_hub_cache_offline(qwen4_dir, uninterrupte
     read with HF_HUB_OFFLINE=1 (a real process: huggingface_hub reads both variables when imported). The
     cache equals the one built from the directory, but for the model's name (and the index checksums,
     which cover the manifest that holds it). Its progress goes to a pipe, not a terminal: lines, every
-    bar drawn, no carriage return, and no loading report from transformers (that --no-progress means an
+    bar drawn, no carriage return, and no loading report from transformers (that --quiet means an
     empty stderr is shown by test_sigkill_resumes_to_identical_bytes)."""
     chats, by_dir = uninterrupted
     by_id = tmp_path / "by-id"

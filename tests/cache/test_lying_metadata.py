@@ -8,8 +8,9 @@ import pytest
 
 from fuelline.cache.dataset import CacheDataset
 from fuelline.cache.inspect import verify_cache
-from fuelline.formats.target_cache import (DEEPSPEC_V2, FUELLINE, FUELLINE_INDEX, INDEX, MANIFEST, STATS, V2_INDEX,
+from fuelline.formats.target_cache import (DEEPSPEC_V2, FUELLINE, FUELLINE_INDEX, INDEX, MANIFEST, V2_INDEX,
                                            CacheFormatError, cache_format)
+from fuelline.io.stage_layout import STATS_FILE
 
 from .synthetic import write_cache
 
@@ -96,7 +97,7 @@ def test_verify_and_the_reader_compare_the_manifest_with_the_builds_record(tmp_p
     stats = {"records_out": 12, "cache": {"format": fmt, "layers": [2, 5, 9], "hidden_size": 8, "shards": 3,
                                           "hidden_dtype": "bfloat16", "tokens": 1234},
              "identity": {"model": manifest["target_model_name_or_path"], "model_fingerprint": "sha256:…"}}
-    (path / STATS).write_bytes(orjson.dumps(stats))
+    (path / STATS_FILE).write_bytes(orjson.dumps(stats))
     assert verify_cache(path) == []
     CacheDataset(path)
     edit(path, MANIFEST, lambda m: m.update(target_layer_ids=[2, 5, 8]))

@@ -6,6 +6,7 @@ import threading
 import time
 
 import numpy as np
+import orjson
 import pytest
 
 from fuelline.cache.plan import SAMPLES, CacheConfig, assign, plan_shards
@@ -106,3 +107,48 @@ def test_a_writer_error_reaches_the_caller():
             queue.put(lambda: None, 10)
             time.sleep(0.01)
         queue.close()
+
+
+def test_pack_and_the_cache_give_the_same_records_the_same_samples_by_default(qwen_dir, tmp_path):
+    """The chat-encoding options are one group (`ChatEncoding`) with one set of defaults: the model's
+    own template, 4,096 tokens, at least 1 supervised token. A conversation longer than that is cut
+    alike, a two-token answer kept by both (the cache used to drop it, pack to keep a 5,000-token one)."""
+    import io
+    import shutil
+
+    from fuelline.cache.plan import encode_inputs
+    from fuelline.formats.tokens import TokenFiles
+    from fuelline.io.rejects import Rejects
+    from fuelline.models import QWEN3_CHAT_TEMPLATE
+    from fuelline.pack.packer import PackConfig, pack
+
+    model = tmp_path / "model"  # a tokenizer with a template of its own, as a target's has
+    model.mkdir()
+    shutil.copy(qwen_dir / "tokenizer.json", model)
+    (model / "chat_template.jinja").write_text(QWEN3_CHAT_TEMPLATE)
+    long_turn = "很长的回答。" * 700  # ~1,400 tokens a turn: four exchanges go past 4,096
+    records = [{"id": "short", "conversations": [{"role": "user", "content": "2+2?"},
+                                                 {"role": "assistant", "content": "4"}]},
+               {"id": "long", "conversations": [turn for k in range(4) for turn in (
+                   {"role": "user", "content": f"part {k}"}, {"role": "assistant", "content": long_turn})]},
+               {"id": "plain", "conversations": [{"role": "user", "content": "Hi"},
+                                                 {"role": "assistant", "content": "Hello, how are you?"}]}]
+    source = tmp_path / "chats.jsonl"
+    source.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+
+    stats = pack([source], model, tmp_path / "sft", PackConfig(template="chat", val_fraction=0.0), workers=1,
+                 progress=False)
+    files = TokenFiles(tmp_path / "sft" / "train")
+    packed = [files.document(k) for k in range(files.num_documents)]
+    ids, masks = io.BytesIO(), io.BytesIO()
+    encoded = encode_inputs([str(source)], model, CacheConfig(layers=[0]), ids, masks, Rejects(), progress=False)
+    all_ids, all_masks = np.frombuffer(ids.getvalue(), "<i4"), np.frombuffer(masks.getvalue(), "u1").astype(bool)
+    planned = [(all_ids[s:s + n], all_masks[s:s + n])
+               for s, n in zip(encoded.samples["start"], encoded.samples["length"])]
+
+    assert encoded.record_ids == ["short", "long", "plain"] and stats["records_out"] == 3
+    assert encoded.truncated == stats["counters"]["truncated"] == 1 and encoded.dropped == stats["dropped"] == {}
+    assert max(len(i) for i, _ in planned) <= 4096 < 4 * 1400
+    for (pack_ids, pack_mask), (cache_ids, cache_mask) in zip(packed, planned, strict=True):
+        assert np.array_equal(pack_ids, cache_ids) and np.array_equal(pack_mask, cache_mask)
+    assert packed[0][1].sum() == 2  # "4" and the end of turn: trained on by both

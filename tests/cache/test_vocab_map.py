@@ -286,8 +286,8 @@ def test_a_real_chat_pack_output(qwen_dir, tmp_path):
                                                  {"role": "assistant", "content": f"{k} plus {k} is {2 * k}."}]}
                for k in range(40)]
     (tmp_path / "chats.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
-    pack([tmp_path / "chats.jsonl"], qwen_dir, tmp_path / "out", PackConfig(template="chat"), workers=1,
-         progress=False)
+    pack([tmp_path / "chats.jsonl"], qwen_dir, tmp_path / "out", PackConfig(template="chat", chat_template="chatml"),
+         workers=1, progress=False)
     stats = build_vocab_mapping(tmp_path / "out", tmp_path / "m.pt", draft_vocab_size=32, target_vocab_size=151_936)
     samples = token_samples(tmp_path / "out" / "train")
     expected_d2t, expected_t2d = specforge(samples, 32, 151_936)
@@ -360,7 +360,7 @@ def test_no_supervised_token_exits_2_with_the_reason_and_writes_nothing(tmp_path
     docs = [(np.array([3, 4, 5]), np.zeros(3, bool)), (np.array([6]), np.zeros(1, bool))]
     write_tokens(tmp_path / "t", docs, 16)
     result = CliRunner().invoke(main, ["cache", "vocab-map", str(tmp_path / "t"), "--draft-vocab", "4", "-o",
-                                       str(tmp_path / "m.pt"), "--no-progress"])
+                                       str(tmp_path / "m.pt"), "--quiet"])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "no supervised token in its 2 samples (4 tokens, every loss mask 0)" in result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t"]

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from fuelline.cache.plan import CacheConfig, encode_inputs
+from fuelline.chat.encoding_options import ChatEncoding
 from fuelline.chat.regenerate import _check_record
 from fuelline.chat.schemas import DROP_REASONS as PREPARE_REASONS
 from fuelline.chat.schemas import normalize_record
@@ -109,7 +110,7 @@ def _break(draw, record: dict) -> str:
     elif kind == "document":
         del record["conversations"]
         record["text"] = "a document"
-    elif kind == "not_an_object":
+    elif kind == "not_an_object" and turns:  # a record an earlier break emptied has no turn to replace
         turns[draw(st.integers(0, len(turns) - 1))] = draw(st.sampled_from(["Hi", ["user", "Hi"], None]))
     elif kind == "drop_turn" and len(turns) > 1:
         del turns[draw(st.integers(0, len(turns) - 1))]
@@ -117,7 +118,7 @@ def _break(draw, record: dict) -> str:
         i, j = draw(st.integers(0, len(turns) - 1)), draw(st.integers(0, len(turns) - 1))
         turns[i], turns[j] = turns[j], turns[i]
     elif kind == "extra_result":
-        turns.insert(draw(st.integers(1, len(turns))), {"role": "tool", "content": "extra"})
+        turns.insert(draw(st.integers(min(1, len(turns)), len(turns))), {"role": "tool", "content": "extra"})
     elif kind == "orphan_result":
         turns.append({"role": "tool", "content": "late", "tool_call_id": "call-none"})
     elif kind == "tools":
@@ -198,7 +199,8 @@ def steps(qwen_dir, tmp_path_factory):
     """pack's chat template (qwen3, the Qwen vocabulary) and the cache plan's config, both keeping every
     accepted conversation (min_loss_tokens 0), and a scratch directory."""
     tokenizer = tokenizers.Tokenizer.from_file(str(qwen_dir / "tokenizer.json"))
-    pack = ChatPackTemplate(tokenizer, chat_template="qwen3", min_loss_tokens=0, tokenizer_dir=str(qwen_dir))
+    pack = ChatPackTemplate(tokenizer, encoding=ChatEncoding(chat_template="qwen3", min_loss_tokens=0),
+                            tokenizer_dir=str(qwen_dir))
     return pack, qwen_dir, tmp_path_factory.mktemp("contract")
 
 

@@ -24,7 +24,7 @@ def test_inline_reasoning_in_an_answer_is_stored_as_prepare_parses_it(tmp_path, 
     records = chats(2, turns=2)
     source = write_jsonl(tmp_path / "in.jsonl", records)
     with echo_servers(("--fault", form),) as urls:
-        regenerate_quietly(source, tmp_path / "keep.jsonl", urls, client=TWO_TRIES, reasoning="keep")
+        regenerate_quietly(source, tmp_path / "keep.jsonl", urls, client=TWO_TRIES, store_reasoning="keep")
         regenerate_quietly(source, tmp_path / "drop.jsonl", urls, client=TWO_TRIES)
     kept = {r["id"]: r["conversations"] for r in read_records(tmp_path / "keep.jsonl")}
     assert len(kept) == 2 and b"think>" not in (tmp_path / "keep.jsonl").read_bytes()
@@ -58,7 +58,7 @@ def test_big_integers_in_a_servers_tool_call_stay_exact_and_weight_stays_on_its_
         {"role": "user", "content": "count"}, {"role": "assistant", "content": "old", "weight": 0}]}]
     source = write_jsonl(tmp_path / "in.jsonl", records)
     with echo_servers(("--fault", "big-integer-arguments"),) as urls:
-        stats = regenerate_quietly(source, tmp_path / "out.jsonl", urls, client=TWO_TRIES, turns="all")
+        stats = regenerate_quietly(source, tmp_path / "out.jsonl", urls, client=TWO_TRIES, regenerate_turns="all")
     assert stats["records_out"] == 1
     [turn] = [t for t in next(iter(read_records(tmp_path / "out.jsonl")))["conversations"] if t["role"] == "assistant"]
     assert turn["tool_calls"][0]["function"]["arguments"] == {"n": 123456789012345678901234567890,

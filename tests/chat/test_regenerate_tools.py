@@ -1,7 +1,7 @@
 """Regeneration of conversations with tools and reasoning, against real echo servers on 127.0.0.1:
 what the server receives (tools, tool calls and results in OpenAI form, logged by the server),
-tool-call answers stored with dict arguments, `turns` last regenerating only the final answer,
-`reasoning` keep, resume, and tool-call arguments that are not JSON."""
+tool-call answers stored with dict arguments, `regenerate_turns` last regenerating only the final
+answer, `store_reasoning` keep, resume, and tool-call arguments that are not JSON."""
 
 import json
 import re
@@ -156,25 +156,26 @@ def test_tool_call_answers_are_stored_with_dict_arguments(tmp_path):
 
 
 def test_turns_all_refuses_conversations_with_tool_results_and_meta_records_every_option(tmp_path):
-    """Issue 36 class 3: `--turns all` regenerated AGENT's tool calls and kept the old results as their
-    answers, and meta said neither `turns` nor `--reasoning keep`."""
+    """Issue 36 class 3: `--turns all` (now --regenerate-turns) regenerated AGENT's tool calls and kept the
+    old results as their answers, and meta said neither `turns` nor `--reasoning keep` (now --store-reasoning)."""
     source = write(tmp_path / "in.jsonl", [AGENT, CALLS])
     with echo_servers(("--tools", "call", "--log-requests", str(tmp_path / "log.jsonl")),) as urls:
-        result = cli(*regenerate_args(source, tmp_path / "out.jsonl", urls, "--turns", "all", "--reasoning", "keep",
-                                      "--preset", "qwen3", "--top-k", "5"))
+        result = cli(*regenerate_args(source, tmp_path / "out.jsonl", urls, "--regenerate-turns", "all",
+                                      "--store-reasoning", "keep", "--preset", "qwen3", "--top-k", "5"))
     assert result.exit_code == 0, result.stderr
     assert "dropped: tool_results_under_turns_all 1" in result.stdout
     out = read(tmp_path / "out.jsonl")
     assert set(out) == {"calls"}  # tools but no tool results: every turn regenerated
     assert "Weather and time in Paris?" not in logged(tmp_path / "log.jsonl")  # no request for the refused one
     [error] = map(orjson.loads, (tmp_path / "out.jsonl.errors").read_bytes().splitlines())
-    assert error["id"] == "agent" and error["reason"] == "tool_results_under_turns_all" and "--turns last" in error["detail"]
+    assert error["id"] == "agent" and error["reason"] == "tool_results_under_turns_all"
+    assert "--regenerate-turns last" in error["detail"]
     regenerated = out["calls"]["meta"]["regenerated"]
     assert (regenerated["turns"], regenerated["turn_indexes"]) == ("all", [1, 3])
     assert regenerated["options"] == {
         "preset": "qwen3", "temperature": None, "top_p": None, "top_k": 5, "min_p": None, "max_tokens": 4096,
         "thinking": None, "drop_truncated": False, "keep_empty_answers": False,
-        "finish_reasons": ["stop", "length"], "turns": "all", "reasoning": "keep"}
+        "finish_reasons": ["stop", "length"], "regenerate_turns": "all", "store_reasoning": "keep"}
     assert regenerated["sampling"] == {"temperature": 0.7, "top_p": 0.8, "top_k": 5, "min_p": 0.0, "max_tokens": 4096}
     stats = orjson.loads((tmp_path / "out.stats.json").read_bytes())
     assert stats["dropped"] == {"tool_results_under_turns_all": 1} and stats["records_in"] == 2
@@ -183,8 +184,8 @@ def test_turns_all_refuses_conversations_with_tool_results_and_meta_records_ever
 def test_turns_last_on_plain_conversations_keeps_earlier_answers_byte_for_byte(tmp_path):
     source = write(tmp_path / "in.jsonl", [PLAIN])
     with echo_servers((),) as urls:
-        regenerate([source], tmp_path / "out.jsonl", urls, RegenerateConfig("echo", turns="last", client=FAST_CLIENT),
-                   progress=False)
+        regenerate([source], tmp_path / "out.jsonl", urls,
+                   RegenerateConfig("echo", regenerate_turns="last", client=FAST_CLIENT), progress=False)
     record = read(tmp_path / "out.jsonl")["plain"]
     assert orjson.dumps(record["conversations"][:3]) == orjson.dumps(PLAIN["conversations"][:3])
     assert record["conversations"][3]["content"] == echo_answer(PLAIN["conversations"][:3])
@@ -194,7 +195,7 @@ def test_turns_last_on_plain_conversations_keeps_earlier_answers_byte_for_byte(t
 def test_reasoning_keep_stores_it_apart_and_sends_it_back_drop_leaves_it_out(tmp_path):
     source = write(tmp_path / "in.jsonl", [PLAIN])
     with echo_servers(("--reasoning", "--log-requests", str(tmp_path / "log.jsonl")),) as urls:
-        kept = cli(*regenerate_args(source, tmp_path / "keep.jsonl", urls, "--reasoning", "keep"))
+        kept = cli(*regenerate_args(source, tmp_path / "keep.jsonl", urls, "--store-reasoning", "keep"))
         assert kept.exit_code == 0, kept.stderr
         regenerate([source], tmp_path / "drop.jsonl", urls, RegenerateConfig("echo", client=FAST_CLIENT),
                    progress=False)
@@ -226,7 +227,7 @@ def test_resume_keeps_tool_calls_and_reasoning(tmp_path):
                                                                 *CALLS["conversations"][1:]]} for i in range(12)]
     records += [{**AGENT, "id": f"agent-{i}"} for i in range(4)]
     source = write(tmp_path / "in.jsonl", records)
-    config = RegenerateConfig("echo", reasoning="keep", client=ClientConfig(concurrency=1, attempts=1))
+    config = RegenerateConfig("echo", store_reasoning="keep", client=ClientConfig(concurrency=1, attempts=1))
     with echo_servers(("--tools", "call", "--reasoning", "--fault", "bad-tool-arguments", "--fault-every", "3"),
                       ("--tools", "call", "--reasoning")) as urls:
         first = regenerate([source], tmp_path / "out.jsonl", urls[:1], config, progress=False, warn=lambda m: None)

@@ -24,7 +24,7 @@ from ..conftest import POEMS as DOCS
 def packed(poems, tokenizer_dir, out, **options):
     """The poems packed as `packed_poems` is, but for `options`."""
     workers = options.pop("workers", 1)
-    pack(poems[0], tokenizer_dir, out, PackConfig(shard_size=1_000, **options), workers=workers, progress=False)
+    pack(poems[0], tokenizer_dir, out, PackConfig(**options), workers=workers, progress=False, shard_size=1_000)
     return out
 
 
@@ -133,6 +133,18 @@ def test_resuming_with_another_tokenizer_is_refused(packed_poems, poems, tokeniz
         packed(poems, other, done)
 
 
+def test_a_pack_of_documents_made_before_the_chat_defaults_changed_is_found_again(packed_poems, poems,
+                                                                                  tokenizer_dir, tmp_path):
+    """An earlier version recorded pack's shard_size (a run option now) and, for documents too, the
+    chat-encoding options with pack's old defaults; neither decides a document's bytes."""
+    done = shutil.copytree(packed_poems, tmp_path / "done")
+    stats = orjson.loads((done / "stats.json").read_bytes())
+    assert not {"shard_size", "chat_template"} & stats["identity"]["config"].keys()
+    stats["identity"]["config"].update(shard_size=1_000, chat_template="chatml", max_length=0, min_loss_tokens=1)
+    (done / "stats.json").write_bytes(orjson.dumps(stats))
+    assert pack(poems[0], tokenizer_dir, done, PackConfig(), workers=1, progress=False)["resumed"]
+
+
 def test_uint16_overflow_is_an_error_before_anything_is_written(poems, tmp_path):
     from tokenizers import Tokenizer, models
 
@@ -190,7 +202,7 @@ def test_cli_pack_with_a_shard_size_then_verify_and_inspect(poems, tokenizer_dir
     assert result.exit_code == 0, (result.stderr, result.exception)
     stats = orjson.loads((out / "stats.json").read_bytes())
     assert sum(stats["encoder"].values()) == -(-DOCS // 500)  # one encoder entry per shard
-    assert stats["identity"]["config"]["shard_size"] == 500
+    assert "shard_size" not in stats["identity"]["config"]  # a run option: how it runs, not what it writes
     assert run("verify", out).stdout.count("checksums match") == 2
     shown = run("inspect", out, "--doc", "0")
     assert "[masked ] '<s>" in shown.stdout and "[trained]" in shown.stdout
@@ -224,8 +236,8 @@ def test_tiktoken_packs_the_same_bytes_as_the_tokenizers_library(packed_poems, p
     outputs = {template: str(out) for template, out in references.items()}
     code = (f"from fuelline.pack.packer import PackConfig, pack\n"
             f"for template, out in {outputs!r}.items():\n"
-            f"    print(pack({str(poems[0])!r}, {str(tokenizer_dir)!r}, out, PackConfig(template=template, "
-            f"shard_size=1_000), workers=1, progress=False)['encoder'])")
+            f"    print(pack({str(poems[0])!r}, {str(tokenizer_dir)!r}, out, PackConfig(template=template), "
+            f"workers=1, progress=False, shard_size=1_000)['encoder'])")
     done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "FUELLINE_ENCODER": "tokenizers"},
                           capture_output=True, text=True, check=True)
     assert done.stdout.count("FUELLINE_ENCODER=tokenizers") == 2, done.stdout

@@ -39,8 +39,8 @@ def chats(tmp_path_factory):
 def qwen3_pack(chats, qwen_dir, tmp_path_factory):
     """The chats packed with the qwen3 template by two workers: (output directory, stats), read only."""
     out = tmp_path_factory.mktemp("sft") / "out"
-    stats = pack([chats], qwen_dir, out, PackConfig(template="chat", chat_template="qwen3", shard_size=1_000),
-                 workers=2, progress=False)
+    stats = pack([chats], qwen_dir, out, PackConfig(template="chat", chat_template="qwen3"), workers=2,
+                 progress=False, shard_size=1_000)
     return out, stats
 
 
@@ -57,7 +57,7 @@ def test_packed_chats_are_encode_chat_exactly(qwen3_pack, chats, qwen_dir):
     assert stats["records_in"] == len(records) == stats["records_out"] and stats["dropped"] == {}
     val_fraction = stats["splits"]["val"]["documents"] / len(records)
     assert 0.03 < val_fraction < 0.07
-    expected = encode_chats(list(records.values()), qwen_dir, "qwen3")
+    expected = encode_chats(list(records.values()), qwen_dir, "qwen3", max_length=4096)  # pack's default, the cache's
     is_val = [unit_interval(42, "split", rid) < 0.05 for rid in records]
     for split, wanted in (("train", False), ("val", True)):
         packed = documents(out / split)
@@ -85,8 +85,8 @@ def test_long_conversations_are_truncated_or_dropped_and_counted(chats, qwen_dir
     # the first 300 chats, ShareGPT's (many of several exchanges): enough to cut some and drop some
     source = tmp_path / "sharegpt.jsonl"
     source.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in itertools.islice(read_records(chats), 300)))
-    stats = pack([source], qwen_dir, tmp_path / "short", PackConfig(template="chat", max_length=256),
-                 workers=1, progress=False)
+    stats = pack([source], qwen_dir, tmp_path / "short",
+                 PackConfig(template="chat", chat_template="chatml", max_length=256), workers=1, progress=False)
     assert stats["dropped"]["too_long"] > 0 and stats["counters"]["truncated"] > 0
     assert stats["records_in"] == stats["records_out"] + sum(stats["dropped"].values())
     files = TokenFiles(tmp_path / "short" / "train")
@@ -98,8 +98,8 @@ def test_from_poetry_records_pack_with_a_trained_tokenizer(poems, tokenizer_dir,
     from fuelline.chat.from_poetry import ChatFromPoetryStage
 
     run_stage(ChatFromPoetryStage(), [poems[0]], tmp_path / "sft-records", RunOptions(workers=1, progress=False))
-    stats = pack([tmp_path / "sft-records"], tokenizer_dir, tmp_path / "sft", PackConfig(template="chat"),
-                 workers=1, progress=False)
+    stats = pack([tmp_path / "sft-records"], tokenizer_dir, tmp_path / "sft",
+                 PackConfig(template="chat", chat_template="chatml"), workers=1, progress=False)
     assert stats["records_out"] == 2 * len(poems[1]) and stats["splits"]["train"]["supervised_share"] > 0.3
     ids, mask = TokenFiles(tmp_path / "sft" / "train").document(0)
     from tokenizers import Tokenizer
@@ -116,13 +116,15 @@ def test_chat_template_needs_its_end_of_turn_token(poems, tmp_path):
     (tmp_path / "tok").mkdir()
     plain.save(str(tmp_path / "tok" / "tokenizer.json"))
     with pytest.raises(ValueError, match="no single-id token for '<\\|im_end\\|>'"):
-        pack([poems[0]], tmp_path / "tok", tmp_path / "out", PackConfig(template="chat"), workers=1, progress=False)
+        pack([poems[0]], tmp_path / "tok", tmp_path / "out", PackConfig(template="chat", chat_template="chatml"),
+             workers=1, progress=False)
     assert not (tmp_path / "out").exists()
 
 
 def test_document_records_are_refused_by_the_chat_template_with_file_and_line(poems, qwen_dir, tmp_path):
     result = CliRunner().invoke(main, ["pack", "-i", str(poems[0]), "--tokenizer", str(qwen_dir), "-o",
-                                       str(tmp_path / "out"), "--template", "chat", "-q", "-w", "1"])
+                                       str(tmp_path / "out"), "--template", "chat", "--chat-template", "chatml",
+                                       "-q", "-w", "1"])
     assert result.exit_code == 2 and f"{poems[0]}:1: expected a chat record" in result.stderr
     assert "Traceback" not in result.stderr
 

@@ -25,7 +25,8 @@ def write(path, *records):
 
 def pack(qwen_dir, source, out, *extra):
     return CliRunner().invoke(main, ["pack", "-i", str(source), "--tokenizer", str(qwen_dir), "-o", str(out),
-                                     "--template", "chat", "--val-fraction", "0", "-q", "-w", "1", *extra])
+                                     "--template", "chat", "--chat-template", "chatml", "--val-fraction", "0", "-q", "-w", "1",
+                                     *extra])
 
 
 def test_an_unrenderable_record_stops_pack_naming_file_line_and_id(qwen_dir, tmp_path):

@@ -50,7 +50,7 @@ def test_a_two_stage_pipeline_runs_and_resumes(tmp_path, corpus):
     ('[[stage]]\nuse = "ingest"\nmin_chars = "ten"\n', r"option 'min_chars' must be an integer, found 'ten'"),
     ('[[stage]]\nuse = "dedupe"\n', r"unknown stage 'dedupe'"),
     ('[defaults]\nworkerz = 2\n[[stage]]\nuse = "ingest"\n', r"\[defaults\]: unknown option\(s\) workerz"),
-    ('[[stage]]\nuse = "ingest"\n[[stage]]\nuse = "ingest"\n', r"stage name 'ingest' is used twice"),
+    ('[[stage]]\nuse = "ingest"\n[[stage]]\nuse = "ingest"\n', r"step name 'ingest' is used twice"),
     ("[[stage]\n", r"invalid TOML"),
 ])
 def test_pipeline_file_errors_name_the_problem(tmp_path, text, message):

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from fuelline.cli import main
-from fuelline.pipeline.config import load_pipeline, run_pipeline
+from fuelline.pipeline.config import RUN_OPTION_KEYS, load_pipeline, run_pipeline
 from fuelline.pipeline.options import option_fields
 from fuelline.pipeline.registry import STAGES
 from fuelline.serve.launcher import ServeConfig
@@ -23,9 +23,9 @@ STEPS = {
     **{stage: ([stage], [], "") for stage in ("ingest", "boilerplate", "clean", "dedup")},
     "chat-from-poetry": (["chat", "from-poetry"], [], ""),
 }
-NOT_OPTIONS = {"inputs", "output", "workers", "restart", "resume", "quiet", "progress", "executor", "ray_address"}  # how it runs
-# a record stage's run options (pipeline files: [defaults] or the stage's table, as RunOptions); --explain instead of running
-STAGE_RUN = {"shard_size", "output_format", "on_error", "no_rejects", "config_file", "explain"}
+# how it runs: the run options (pipeline files: [defaults] or the step's table, as RunOptions) and the command line's own
+NOT_OPTIONS = {"inputs", "output", "restart", "resume", "quiet", "progress", *RUN_OPTION_KEYS}
+STAGE_RUN = {"config_file", "explain"}  # a record stage's options from a TOML file; --explain instead of running
 PIPELINE_ONLY = {"regenerate": {"serve_" + f.name for f, _ in option_fields(ServeConfig)}}  # servers a step starts
 
 
@@ -61,7 +61,8 @@ def test_the_cli_and_a_pipeline_file_take_the_same_keys_and_defaults(step, tmp_p
     from_file = load_pipeline(pipeline)[0].step.config
     keys = {f.name for f, _ in option_fields(type(from_file))} - PIPELINE_ONLY.get(step, set())
     run = NOT_OPTIONS | (STAGE_RUN if step in STAGES else set())
-    assert {p.name for p in _command(STEPS[step][0]).params if not p.hidden} - run == keys  # hidden: old spellings
+    # hidden: old spellings; on_error is a run option and pack's and the cache's own
+    assert {p.name for p in _command(STEPS[step][0]).params if not p.hidden} - (run - keys) == keys
     from_cli = _cli_config(step, tmp_path, monkeypatch)
     references = {f.name for f, _ in option_fields(type(from_file)) if f.metadata.get("step_ref")}  # @STEP in a file
     compared = dataclasses.asdict(from_file).keys() - references - {"serve"}  # the servers a pipeline step starts
@@ -81,8 +82,8 @@ def test_a_pack_steps_shard_size_sets_its_number_of_shards(tmp_path):
 
 def test_a_pack_step_refuses_an_unknown_key_and_lists_the_known_ones(tmp_path):
     pipeline = tmp_path / "p.toml"
-    pipeline.write_text('[[stage]]\nuse = "pack"\nshard_sise = 3\n')
-    with pytest.raises(ValueError, match=r"unknown option\(s\) shard_sise; valid: .*shard_size"):
+    pipeline.write_text('[[stage]]\nuse = "pack"\nval_fractoin = 0.1\n')
+    with pytest.raises(ValueError, match=r"unknown option\(s\) val_fractoin; valid: .*val_fraction"):
         load_pipeline(pipeline)
 
 
@@ -127,7 +128,7 @@ def test_chat_prepare_takes_the_keys_of_its_config():
 
 def test_serve_takes_the_options_a_regenerate_step_takes_as_serve_keys(tmp_path):
     """`fuelline serve --ports 30001` and a regenerate step's `serve_ports = "30001"` are one option."""
-    command_only = {"log_dir", "servers_file", "check_interval", "extra_args"}  # where a foreground command writes
+    command_only = {"log_dir", "servers_file", "check_interval", "extra_args", "quiet"}  # a foreground command's own
     serve = {f.name: f for f, _ in option_fields(ServeConfig)}
     assert {p.name for p in _command(["serve"]).params} - command_only == serve.keys()
     pipeline = tmp_path / "p.toml"
@@ -144,7 +145,7 @@ def test_the_report_has_no_options_but_its_run_directory():
     from fuelline.pipeline.registry import step_class
 
     assert option_fields(step_class("report").Config) == []
-    assert {p.name for p in _command(["report"]).params} == {"run_dir", "as_json"}
+    assert {p.name for p in _command(["report"]).params} == {"run_dir", "as_json", "quiet"}
 
 
 def test_a_step_resumes_refuses_other_options_naming_them_and_restarts(tmp_path):
@@ -199,3 +200,29 @@ def test_an_output_made_before_an_option_existed_is_found_again_at_its_default(t
     pipeline.write_text('[[stage]]\nuse = "tokenizer"\nvocab_size = 300\nmin_frequency = 3\n')
     with pytest.raises(StepOutputMismatch, match=r"different config\.min_frequency"):
         run_pipeline(load_pipeline(pipeline), tmp_path / "run", input=[str(docs)], progress=False)
+
+
+def test_an_output_made_before_a_rename_or_a_moved_option_is_found_again_and_a_change_is_refused(tmp_path):
+    """An older identity is read in today's terms: regenerate's `reasoning` and `turns` are now
+    `store_reasoning` and `regenerate_turns`. A pack of chat records made with the old chat-encoding
+    defaults is refused, naming the option."""
+    from fuelline.chat.regenerate_step import RegenerateStep
+    from fuelline.pack.packer import PackConfig
+    from fuelline.pipeline.options import identity_history, identity_values
+    from fuelline.pipeline.stats import StepStats
+    from fuelline.pipeline.workdir import StepOutputMismatch, WorkDir
+
+    step = RegenerateStep()
+    now = step.identity([])
+    renamed = {"store_reasoning": "reasoning", "regenerate_turns": "turns"}
+    old = {**now, "config": {renamed.get(k, k): v for k, v in now["config"].items()}}
+    StepStats("regenerate", 1, 1, identity=old).write(tmp_path / "regenerated")
+    assert step.work_dir(tmp_path / "regenerated", []).finished()["resumed"]
+    kept = RegenerateStep(RegenerateStep.Config(store_reasoning="keep"))  # the same output, asked with another value
+    with pytest.raises(StepOutputMismatch, match=r"different config\.store_reasoning; pass --restart"):
+        kept.work_dir(tmp_path / "regenerated", []).finished()
+
+    chat = {"config": identity_values(PackConfig(template="chat"))}
+    StepStats("pack", 1, 1, identity={"config": {**chat["config"], "chat_template": "chatml"}}).write(tmp_path / "sft")
+    with pytest.raises(StepOutputMismatch, match=r"different config\.chat_template; pass --restart"):
+        WorkDir(tmp_path / "sft", chat, **identity_history(PackConfig)).finished()

@@ -28,7 +28,7 @@ from fuelline.fingerprints import tokenizer_fingerprint
 from fuelline.model_source import resolve_model
 from fuelline.formats.target_cache import MANIFEST, Layout
 from fuelline.io.paths import expand_inputs
-from fuelline.pipeline.options import identity_defaults, identity_values
+from fuelline.pipeline.options import identity_history, identity_values
 from fuelline.pipeline.shards import describe_inputs
 from fuelline.pipeline.workdir import WorkDir, not_a_step_output
 
@@ -53,8 +53,7 @@ def build_cache(model: str | os.PathLike, inputs: list[str], output: str | os.Pa
     output = Path(output)
     try:
         if ranks.rank == 0:
-            step_dir = WorkDir(output, build_identity(model, inputs, config, name),
-                               defaults=identity_defaults(CacheConfig))
+            step_dir = WorkDir(output, build_identity(model, inputs, config, name), **identity_history(CacheConfig))
             with step_dir.lock():
                 if restart:
                     step_dir.restart()

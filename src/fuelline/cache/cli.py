@@ -8,7 +8,8 @@ import click
 
 from fuelline.cache.export import ExportConfig
 from fuelline.cache.plan import CacheConfig
-from fuelline.cli_options import at_least, config_params, given
+from fuelline.cli_options import (at_least, config_params, given, old_progress_option, quiet_option, restart_option,
+                                   workers_option)
 
 ESTIMATE_KEYS = {"layers", "chat_template", "max_length", "min_loss_tokens", "format", "hidden_dtype"}
 
@@ -21,10 +22,9 @@ def cache() -> None:
 @cache.command(params=[
     click.Option(["--input", "-i", "inputs"], multiple=True, required=True, help="chat records (files, dirs, globs)"),
     click.Option(["--output", "-o"], required=True, type=click.Path(file_okay=False), help="the cache directory"),
-    *config_params(CacheConfig),
-    click.Option(["--restart"], is_flag=True, help="delete what the output directory holds and build again"),
-    click.Option(["--progress/--no-progress"], default=True, show_default=True, help="progress bars")])
-def build(inputs, output, restart, progress, **values):
+    *config_params(CacheConfig), restart_option("delete what the output directory holds and build again"),
+    quiet_option(), old_progress_option()])
+def build(inputs, output, restart, quiet, **values):
     """Run the target over the conversations once and store its hidden states (resumable; torchrun for ranks)."""
     from fuelline.cache.ranks import Ranks
     from fuelline.cache.step import CacheStep
@@ -34,7 +34,7 @@ def build(inputs, output, restart, progress, **values):
 
     step = CacheStep(build_dataclass(CacheConfig, given(values), "fuelline cache build"))
     step.ranks = ranks = Ranks.from_env()  # torchrun's RANK, WORLD_SIZE, LOCAL_RANK: read here, once
-    stats = step.run(list(inputs), output, RunOptions(restart=restart, progress=progress), {})
+    stats = step.run(list(inputs), output, RunOptions(restart=restart, progress=not quiet), {})
     if ranks.rank != 0:  # under torchrun, rank 0 reports
         return
     click.echo(summary(stats, output))
@@ -73,7 +73,7 @@ def cache_numbers(stats: dict) -> str:
     click.Option(["--input", "-i", "inputs"], multiple=True, help="chat records: count their tokens exactly"),
     click.Option(["--tokens"], type=float, callback=at_least(1), help="instead of --input: the number of tokens (e.g. 1.56e9)"),
     click.Option(["--samples"], type=float, default=0, callback=at_least(0), help="with --tokens: the number of conversations"),
-    *config_params(CacheConfig, ESTIMATE_KEYS)])
+    *config_params(CacheConfig, ESTIMATE_KEYS), quiet_option(shows_progress=False)])
 def estimate(model, hidden_size, inputs, tokens, samples, **values):
     """Print the bytes a cache will take, for each format and hidden dtype, before any forward pass."""
     from fuelline.cache.estimate import estimate_from_counts, estimate_from_inputs, format_table
@@ -115,7 +115,7 @@ def _report(problems: list[str], ok: str) -> None:
     click.echo(ok)
 
 
-@cache.command()
+@cache.command(params=[quiet_option(shows_progress=False)])
 @click.argument("path", type=click.Path(exists=True, file_okay=False))
 def verify(path):
     """Check manifest, index, bounds and every record's checksum; exit 1 when anything is wrong, 2 when
@@ -125,7 +125,7 @@ def verify(path):
     _report(verify_cache(path), f"ok: {path}")
 
 
-@cache.command()
+@cache.command(params=[quiet_option(shows_progress=False)])
 @click.argument("path", type=click.Path(exists=True, file_okay=False))
 def info(path):
     """Summarize a cache: format, samples, tokens, bytes, layers, model."""
@@ -134,7 +134,7 @@ def info(path):
     click.echo(format_info(cache_info(path)))
 
 
-@cache.command()
+@cache.command(params=[quiet_option(shows_progress=False)])
 @click.argument("path", type=click.Path(exists=True, file_okay=False))
 @click.option("--draft-config", required=True, type=click.Path(exists=True, dir_okay=False),
               help="the draft model's config (JSON or TOML) with target_layer_ids, hidden_size, "
@@ -147,7 +147,7 @@ def validate(path, draft_config, target_model):
     _report(validate_for_draft(path, draft_config, target_model=target_model), f"ok: {path} fits {draft_config}")
 
 
-@cache.command()
+@cache.command(params=[quiet_option(shows_progress=False)])
 @click.argument("first", type=click.Path(exists=True, file_okay=False))
 @click.argument("second", type=click.Path(exists=True, file_okay=False))
 def compare(first, second):
@@ -166,14 +166,13 @@ def compare(first, second):
                  help="the trainer's format: specforge (SpecForge's offline hidden-state files)"),
     click.Argument(["cache_dir"], metavar="CACHE"),
     click.Option(["--output", "-o"], required=True, type=click.Path(), help="the export directory"),
-    *config_params(ExportConfig),
-    click.Option(["--workers"], type=int, callback=at_least(1), help="files written at once (threads)  [default: every core]"),
-    click.Option(["--restart"], is_flag=True, help="delete what the output directory holds and export again"),
+    *config_params(ExportConfig), workers_option(),
+    restart_option("delete what the output directory holds and export again"),
     click.Option(["--verify/--no-verify"], default=True, show_default=True,
                  help="on a rerun, check every file's checksum against the export's journal (--no-verify: sizes "
                       "only) and rewrite what is missing, short or changed"),
-    click.Option(["--progress/--no-progress"], default=True, show_default=True, help="progress bar")])
-def export(to, cache_dir, output, workers, restart, verify, progress, **values):
+    quiet_option(), old_progress_option()])
+def export(to, cache_dir, output, workers, restart, verify, quiet, **values):
     """Write a cache as a trainer's offline data: SpecForge's rows_*/data_*.ckpt files (resumable; a rerun
     checks every file and repairs what it finds)."""
     from fuelline.cache.export import ExportStep
@@ -182,7 +181,7 @@ def export(to, cache_dir, output, workers, restart, verify, progress, **values):
 
     step = ExportStep(build_dataclass(ExportConfig, given(values), "fuelline cache export"))
     step.verify = verify
-    stats = step.run([cache_dir], output, RunOptions(workers=workers, restart=restart, progress=progress), {})
+    stats = step.run([cache_dir], output, RunOptions(workers=workers, restart=restart, progress=not quiet), {})
     click.echo(export_summary(stats, output))
 
 
@@ -216,7 +215,8 @@ def _listed(items: list) -> str:
     return ", ".join(f"data_{i}" if isinstance(i, int) else str(i) for i in items)
 
 
-@cache.command("vocab-map")
+@cache.command("vocab-map", params=[workers_option(), restart_option("delete the mapping, its counts and stats, and count again"),
+                                    quiet_option(), old_progress_option()])
 @click.argument("source", metavar="CACHE_OR_PACK", type=click.Path(exists=True, file_okay=False))
 @click.option("--draft-vocab", "draft_vocab", required=True, type=click.IntRange(min=1),
               help="the draft model's vocabulary size (SpecForge's draft_vocab_size)")
@@ -225,13 +225,10 @@ def _listed(items: list) -> str:
 @click.option("--target-vocab", "target_vocab", type=click.IntRange(min=1), default=None,
               help="the target model's config vocab_size  [default: the cache's model config.json; a token "
                    "dataset's tokenizer size]")
-@click.option("--workers", type=click.IntRange(min=1), default=None, help="passes counted at once  [default: every core]")
 @click.option("--verify/--no-verify", default=True, show_default=True,
               help="check every record's checksum (a token dataset: every file's sha256) before trusting it; "
                    "--no-verify reads only the ids and masks, checking what opening checks")
-@click.option("--progress/--no-progress", default=True, show_default=True, help="progress bar")
-@click.option("--restart", is_flag=True, help="delete the mapping, its counts and stats, and count again")
-def vocab_map(source, draft_vocab, output, target_vocab, workers, verify, progress, restart):
+def vocab_map(source, draft_vocab, output, target_vocab, workers, verify, quiet, restart):
     """SpecForge's draft vocabulary (vocab_mapping.pt: d2t, t2d) from the supervised tokens of a cache or a
     `pack --template chat` token dataset, with the share of supervised tokens it covers."""
     import os
@@ -239,6 +236,6 @@ def vocab_map(source, draft_vocab, output, target_vocab, workers, verify, progre
     from fuelline.cache.vocab_map import build_vocab_mapping, format_summary
 
     stats = build_vocab_mapping(source, output, draft_vocab_size=draft_vocab, target_vocab_size=target_vocab,
-                                workers=workers or len(os.sched_getaffinity(0)), progress=progress, verify=verify,
+                                workers=workers or len(os.sched_getaffinity(0)), progress=not quiet, verify=verify,
                                 restart=restart)
     click.echo(format_summary(stats))

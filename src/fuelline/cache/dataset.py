@@ -42,7 +42,8 @@ from fuelline.formats.target_cache_checks import opened, verify_record_checksum
 
 HIDDEN = ("target_hidden_states", "target_last_hidden_states")
 RETURNED = ("input_ids", "loss_mask") + HIDDEN + SCALES  # attention_mask is all ones: never returned
-HIDDEN_DTYPES = {"bfloat16": torch.bfloat16, "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
+# the hidden dtype a manifest names (`fuelline.formats.target_cache.HIDDEN_DTYPES`'s values) as a torch dtype
+TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
 FIELD_DTYPES = {"input_ids": torch.int32, "loss_mask": torch.uint8, "target_hidden_scales": torch.float32,
                 "target_last_hidden_scales": torch.float32}
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -69,7 +70,7 @@ class CacheDataset(Dataset):
         self.layout = layout_of(self.manifest)
         self.fuelline = self.layout.format == FUELLINE
         self.verify_checksums = verify_checksums and self.fuelline  # version 2 has no checksums
-        hidden = HIDDEN_DTYPES[self.manifest["hidden_dtype"]]
+        hidden = TORCH_DTYPES[self.manifest["hidden_dtype"]]
         self._dtypes = {name: hidden if name in HIDDEN else FIELD_DTYPES[name]
                         for name in RETURNED if name in self.layout.fields}
         index, self._sizes = opened(self.path, self.manifest, self.layout)  # the index checked as a whole

@@ -54,16 +54,17 @@ from pathlib import Path
 import orjson
 
 from fuelline.cache.export_files import JOURNAL, Journal, check_files, digest, journal_bytes, read_journal, strays
-from fuelline.formats.target_cache import BF16, INDEX, STATS, checksum, manifest_digest
+from fuelline.formats.specforge import METHODS
+from fuelline.formats.target_cache import BF16, INDEX, checksum, manifest_digest
 from fuelline.io.atomic import atomic_write, remove_temp_files, write_bytes_atomic
-from fuelline.pipeline.options import check_bounds, identity_defaults, identity_values, option
+from fuelline.io.stage_layout import STATS_FILE
+from fuelline.pipeline.options import Options, identity_history, identity_values, option
 from fuelline.pipeline.stats import StepStats, read_stats
 from fuelline.pipeline.step import Step
 from fuelline.pipeline.workdir import WorkDir
 from fuelline.pipeline.workers import RunOptions
 from fuelline.progress import progress_bar
 
-METHODS = ("eagle3", "dspark", "dflash")  # fuelline.cache.specforge.METHODS (tested equal), without importing torch
 GROUP = 2000  # files per folder: SpecForge's --file-group-size default
 MANIFEST_FILE, RECORD_IDS_FILE = "fuelline_export.json", "record_ids.txt"
 EXPORT_FORMAT = "fuelline.specforge-export"
@@ -72,7 +73,7 @@ NONFINITE = ("error", "skip")
 
 
 @dataclass
-class ExportConfig:
+class ExportConfig(Options):
     """The options of `fuelline cache export --to specforge`; all of them decide the files."""
 
     method: str = option("eagle3", "the SpecForge method the files are for (eagle3: aux_hidden_state and "
@@ -83,13 +84,6 @@ class ExportConfig:
     limit: int | None = option(None, "export only the first N samples of the cache", min=1)
     nonfinite: str = option("error", "a NaN or Inf in a hidden state: error (stop, naming the sample) or skip "
                                      "(no file for it; listed in the export's manifest)", choices=NONFINITE)
-
-    def __post_init__(self):
-        if self.method not in METHODS:
-            raise ValueError(f"method must be one of {', '.join(METHODS)}, not {self.method!r}")
-        if self.nonfinite not in NONFINITE:
-            raise ValueError(f"nonfinite must be error or skip, not {self.nonfinite!r}")
-        check_bounds(self)
 
     @property
     def extension(self) -> str:
@@ -105,7 +99,7 @@ def file_path(output: Path, sample: int, extension: str) -> Path:
 def cache_identity(cache) -> dict:
     """What identifies a cache's content without reading its shards: digests of its manifest and of
     its index (a fuelline index holds every record's checksum), and its build's identity."""
-    build = read_stats(cache.path / STATS)
+    build = read_stats(cache.path / STATS_FILE)
     index = (cache.path / INDEX).read_bytes()
     return {"manifest_digest": f"{manifest_digest(cache.manifest):016x}", "index_digest": f"{checksum(index):016x}",
             "build": build.get("identity") if build else None}
@@ -125,7 +119,7 @@ def export_specforge(cache: str | os.PathLike, output: str | os.PathLike, config
         raise ValueError(f"workers must be at least 1, not {workers}")
     dataset = CacheDataset(cache)  # every check that reads no record: a non-cache fails here
     identity = {"task": ExportStep.name, "config": identity_values(config), "cache": cache_identity(dataset)}
-    step_dir = WorkDir(output, identity, defaults=identity_defaults(ExportConfig))
+    step_dir = WorkDir(output, identity, **identity_history(ExportConfig))
     with step_dir.lock():
         if restart:
             step_dir.restart()

@@ -33,10 +33,10 @@ from fuelline.formats import chat_record
 from fuelline.formats.chat_record import ChatRecordError
 from fuelline.formats.target_cache import FORMATS, FUELLINE, HIDDEN_DTYPES, Layout
 from fuelline.io.atomic import AtomicFile, atomic_write, write_bytes_atomic
-from fuelline.chat.templates import RecordErrors, Supervision
+from fuelline.chat.encoding_options import ChatEncoding, RecordErrors
 from fuelline.io.readers import READ_ERROR_REASONS
 from fuelline.io.rejects import Rejects
-from fuelline.pipeline.options import check_bounds, group, option
+from fuelline.pipeline.options import group, option
 
 BUILD_DIR = ".build"
 ENCODE_BATCH = 512
@@ -45,8 +45,9 @@ REJECTS = "rejects.jsonl.zst"  # in .build/ while planning, then in the cache's 
 
 
 @dataclass
-class CacheConfig:
-    """Everything that decides a cache's bytes (and, last, how it is run: device, checks, writes).
+class CacheConfig(ChatEncoding):
+    """Everything that decides a cache's bytes (and, last, how it is run: device, checks, writes); the
+    options that encode the conversations are `pack --template chat`'s too (`ChatEncoding`).
     The model is not part of `identity_values`: the build identity records its name and fingerprint."""
 
     model: str = option("", "the target model: its directory (config, weights, tokenizer), or a Hub id (Qwen/Qwen3-4B) "
@@ -55,12 +56,7 @@ class CacheConfig:
     layers: list[int] = option(factory=list, comma_list=True, required=True,
                                help="layer ids to capture, ascending (e.g. 1,9,17,25,33); -1 is the embedding output; "
                                     "the final decoder layer is not allowed")
-    chat_template: str = option("auto", "chatml, qwen, qwen3, qwen-deepspec (DeepSpec's own samples), llama3, "
-                                         "gemma4, FILE.toml[:NAME], or auto (the tokenizer's own)")
-    supervision: Supervision = group(Supervision)  # reasoning, train_turns, special_text
     errors: RecordErrors = group(RecordErrors)  # on_error
-    max_length: int = option(4096, "longest conversation in tokens; longer ones are cut at a turn boundary", min=1)
-    min_loss_tokens: int = option(14, "drop conversations with fewer supervised tokens", min=0)
     format: str = option(FUELLINE, "deepspec-v2: DeepSpec's version 2, byte for byte; fuelline: checksums, ids, fp8",
                          choices=FORMATS)
     hidden_dtype: str = option("bf16", "fp8: e4m3 with a scale per token and layer (fuelline format), half the bytes",
@@ -77,18 +73,10 @@ class CacheConfig:
 
     def __post_init__(self):
         """Options are checked here, before a tokenizer or model is loaded: a mistake costs nothing."""
-        from fuelline.chat.templates import get_template
-
+        super().__post_init__()
         if not self.layers:
             raise ValueError("--layers: give at least one layer id to capture")
-        if self.hidden_dtype not in HIDDEN_DTYPES:
-            raise ValueError(f"--hidden-dtype must be one of {', '.join(HIDDEN_DTYPES)}, not {self.hidden_dtype!r}")
         layout_for(self, hidden_size=1)  # the format module's checks: format, dtype and the two together
-        check_bounds(self)
-        try:
-            get_template(self.chat_template)  # `auto` is checked against the tokenizer when it is loaded
-        except (ValueError, OSError) as e:
-            raise ValueError(f"--chat-template {self.chat_template}: {e}") from None
 
 
 def require_transformers() -> None:
@@ -150,7 +138,7 @@ def encode_inputs(inputs: list[str], model: str | os.PathLike, config: CacheConf
     mask (uint8) to the open files and every record left out to `rejects`; with on_error="raise" a
     record that cannot be read, breaks the record contract or cannot be rendered is an error naming
     its file and line (and id)."""
-    from fuelline.chat.encode import ConversationError, encode_chats, load_tokenizer
+    from fuelline.chat.encode import ConversationError, load_tokenizer
     from fuelline.io import expand_inputs, iter_file_records
     from fuelline.progress import progress_bar
 
@@ -162,9 +150,7 @@ def encode_inputs(inputs: list[str], model: str | os.PathLike, config: CacheConf
     def flush():
         nonlocal at, truncated
         try:
-            results = encode_chats([r for _, _, r in batch], tokenizer, config.chat_template, config.max_length,
-                                   min_loss_tokens=config.min_loss_tokens, on_error=on_error,
-                                   **asdict(config.supervision))
+            results = config.encode([r for _, _, r in batch], tokenizer, on_error=on_error)
         except ConversationError as e:  # an index in the batch: name the file, line and id instead
             path, line, record = batch[e.index]
             raise ValueError(f"{path}:{line}: record {record['id']!r}: {e.message}") from None

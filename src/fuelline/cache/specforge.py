@@ -39,13 +39,9 @@ from torch.utils.data import Dataset
 
 from fuelline.cache.dataset import CacheDataset
 from fuelline.cache.fp8 import dequantize
+from fuelline.formats.specforge import METHODS, STATE_KEYS
 from fuelline.formats.target_cache import CacheFormatError
 
-# method -> (the key of the captured layers' states, the key of the final state or None)
-STATE_KEYS = {"eagle3": ("aux_hidden_state", "hidden_state"),
-              "dspark": ("hidden_states", "target_last_hidden_states"),
-              "dflash": ("hidden_states", None)}
-METHODS = tuple(STATE_KEYS)  # also spelled out in fuelline.cache.export, whose options the CLI lists without torch
 DEFAULT_MAX_LEN = 2048  # SpecForge's default --max-length
 
 

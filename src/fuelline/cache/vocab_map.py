@@ -58,7 +58,7 @@ from fuelline.formats.target_cache_checks import opened, verify_record_checksum
 from fuelline.formats.tokens import FORMAT as TOKENS_FORMAT
 from fuelline.formats.tokens import TokenFiles, TokenFormatError, verify_token_dataset
 from fuelline.io.atomic import TEMP_MARK, atomic_write, fsync_dir, naming_disk_full
-from fuelline.pipeline.options import identity_values, option
+from fuelline.pipeline.options import Options, identity_values, option
 from fuelline.pipeline.shards import describe_inputs
 from fuelline.pipeline.stats import StepStats
 from fuelline.pipeline.step import Step
@@ -315,11 +315,11 @@ def companion_paths(output: str | os.PathLike) -> dict[str, Path]:
 
 
 @dataclass
-class VocabMapConfig:
+class VocabMapConfig(Options):
     """The options of `fuelline cache vocab-map` and of a pipeline's vocab-map step."""
 
-    draft_vocab_size: int = option(0, "the draft model's vocabulary size (SpecForge's draft_vocab_size)", min=1,
-                                   required=True)
+    draft_vocab_size: int | None = option(None, "the draft model's vocabulary size (SpecForge's draft_vocab_size)",
+                                          min=1, required=True)
     target_vocab_size: int | None = option(None, "the target model's config vocab_size (default: the cache's model "
                                                  "config.json; a token dataset's tokenizer size)", min=1)
     verify: bool = option(True, "check every record's checksum (a token dataset: every file's sha256) before "
@@ -333,7 +333,7 @@ class VocabMapStep(Step):
     MAPPING = "vocab_mapping.pt"  # in a pipeline step's directory
 
     def check(self) -> None:
-        if self.config.draft_vocab_size < 1:
+        if self.config.draft_vocab_size is None:
             raise ValueError("draft_vocab_size is required: the draft model's vocabulary size")
 
     def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:

@@ -198,7 +198,8 @@ def resolve_template(template: str | ChatTemplate, tokenizer: ChatTokenizer) -> 
         if tokenizer.chat_template is None:
             raise ValueError(f"template {template.name!r} renders with the tokenizer's own Jinja chat template, but "
                              f"this tokenizer has none (no chat_template in tokenizer_config.json, no "
-                             f"chat_template.jinja); pass a tokenizer that has one, or pick a named template")
+                             f"chat_template.jinja); pass a tokenizer that has one, or pick a named template "
+                             f"(--chat-template chatml for a tokenizer of `fuelline tokenizer train`)")
         template = replace(template, jinja=tokenizer.chat_template)
     return template
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import functools
 import string
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -50,6 +50,7 @@ from fuelline.chat.imagery import ImageryStats, distinctive_imagery, lexicon_fin
 from fuelline.clean.poetry import CLAUSE_SPLIT, DYNASTY_NAMES, UNKNOWN_AUTHOR_FORMS
 from fuelline.io.atomic import write_bytes_atomic
 from fuelline.io.readers import iter_file_records
+from fuelline.pipeline.options import option
 from fuelline.pipeline.shards import InputShard
 from fuelline.pipeline.stage import PrepareContext, ShardContext, Stage, StageConfig
 from fuelline.records import Location, unit_interval
@@ -89,13 +90,8 @@ def placeholders(template: str) -> frozenset[str]:
 
 @dataclass
 class ChatFromPoetryConfig(StageConfig):
-    prompts_per_poem: int = field(default=2, metadata={
-        "help": "chat records per poem (fewer when a poem has too few facts)"})
-    seed: int = field(default=0, metadata={"help": "seed of the prompt choices (the same seed gives the same records)"})
-
-    def __post_init__(self):
-        if self.prompts_per_poem < 1:
-            raise ValueError(f"prompts_per_poem must be at least 1, not {self.prompts_per_poem}")
+    prompts_per_poem: int = option(2, "chat records per poem (fewer when a poem has too few facts)", min=1)
+    seed: int = option(0, "seed of the prompt choices (the same seed gives the same records)")
 
 
 def shi_form(text: str) -> str | None:

@@ -26,7 +26,7 @@ also goes into the train record's `meta.category`.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -35,6 +35,7 @@ import orjson
 from fuelline.chat.schemas import SCHEMAS, normalize_record
 from fuelline.io.atomic import write_bytes_atomic
 from fuelline.io.readers import iter_file_records
+from fuelline.pipeline.options import option
 from fuelline.pipeline.shards import InputShard
 from fuelline.pipeline.stage import PrepareContext, ShardContext, Stage, StageConfig
 from fuelline.records import Drop, Location, chat, eval_prompts, fallback_id, unit_interval
@@ -50,23 +51,14 @@ RENAMED_FILE = "renamed_ids.json"  # category_key value: the input file's name, 
 
 @dataclass
 class ChatPrepareConfig(StageConfig):
-    test_size: float = field(default=0.05, metadata={"help": "share of conversations held out as eval prompts",
-                                                      "min": 0, "max": 1})
-    seed: int = field(default=42, metadata={"help": "decides the split, from a hash of (seed, id)"})
-    schema: str = field(default="auto", metadata={
-        "help": "input schema (sharegpt: conversations of from/value; openai: messages of role/content; "
-                "alpaca: instruction/input/output; qa: question/answer, query/response or prompt/completion), "
-                "or auto: detected per record", "choices": ["auto", *SCHEMAS]})
-    keep_system: bool = field(default=False, metadata={"help": "keep system turns (default: remove them)"})
-    category_key: str = field(default="", metadata={
-        "help": "record field naming its category (chat, math, code, …), or @file for the input file's name: "
-                "counted per category"})
-
-    def __post_init__(self):
-        if not 0.0 <= self.test_size < 1.0:
-            raise ValueError(f"test_size must be in [0, 1), not {self.test_size}")
-        if self.schema not in ("auto", *SCHEMAS):
-            raise ValueError(f"schema must be auto or one of {', '.join(SCHEMAS)}, not {self.schema!r}")
+    test_size: float = option(0.05, "share of conversations held out as eval prompts", min=0, max=1)
+    seed: int = option(42, "decides the split, from a hash of (seed, id)")
+    schema: str = option("auto", "input schema (sharegpt: conversations of from/value; openai: messages of "
+                         "role/content; alpaca: instruction/input/output; qa: question/answer, query/response or "
+                         "prompt/completion), or auto: detected per record", choices=["auto", *SCHEMAS])
+    keep_system: bool = option(False, "keep system turns (default: remove them)")
+    category_key: str = option("", "record field naming its category (chat, math, code, …), or @file for the input "
+                               "file's name: counted per category")
 
 
 def content_counters(turns: list[dict[str, Any]], tools: list | None) -> list[str]:

@@ -19,8 +19,8 @@ call's arguments as a JSON string, each call an id (its own, else `call_{turn}_{
 result the id of the call it answers (its own when it names a call of the assistant turn before
 it, else the k-th result after that turn answers its k-th call, as for a regenerated call). An
 answer that is a tool call is stored as the turn's `tool_calls`, arguments a dict, content "" or
-the text that came with it. A regenerated call cannot be given the old tool result, so `turns`
-decides which turns are regenerated: `all`, `last` (only the final assistant turn, on the data's
+the text that came with it. A regenerated call cannot be given the old tool result, so
+`regenerate_turns` decides which turns are regenerated: `all`, `last` (only the final assistant turn, on the data's
 own history; tool results after it answered the replaced calls and are left out), or `auto` (the
 default): `last` for a conversation with tool results, `all` otherwise. `all` on a conversation
 with tool results would give a regenerated call the old call's result, so such a record is
@@ -28,14 +28,14 @@ dropped as `tool_results_under_turns_all` (final, in the errors file). A record 
 `last` says so in `meta.regenerated`. Reasoning never enters the content: a server's reasoning
 returned apart, or written inline (`<think>…</think>` first, or DeepSeek-R1's `…</think>`), is
 read as chat prepare reads a turn (`fuelline.chat.reasoning`; a tag anywhere else makes the
-answer a failure under that module's reason); `reasoning = keep` stores it as the turn's
+answer a failure under that module's reason); `store_reasoning = keep` stores it as the turn's
 `reasoning_content` (and sends it back with the history, as chat templates read it). A
 replaced turn's `weight` stays on its answer. Tool-call arguments are read and written by
 `fuelline.io.tool_arguments`, so their integers stay exact.
 
 Output, one line per input id, ever: the input record with its assistant turns replaced and
 `meta.regenerated` = {model, options (every option that decides the answers, as given: preset,
-sampling values, max_tokens, thinking, turns, reasoning, drop_truncated, finish_reasons,
+sampling values, max_tokens, thinking, regenerate_turns, store_reasoning, drop_truncated, finish_reasons,
 keep_empty_answers), sampling (the fields sent), turns ("all" or "last", as applied),
 turn_indexes, finish_reasons, answers_added (prompts: answers the data lacked), left_out
 (sampling fields a server refused), tool_results_left_out}. Lines are
@@ -81,8 +81,9 @@ from fuelline.io.atomic import write_bytes_atomic
 from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import expand_inputs
 from fuelline.io.readers import count_units, iter_file_records
+from fuelline.io.stage_layout import STATS_FILE
 from fuelline.io.tool_arguments import to_json as arguments_json
-from fuelline.pipeline.options import check_bounds, identity_values, option
+from fuelline.pipeline.options import Options, group, identity_values, option
 from fuelline.pipeline.stats import StepStats
 from fuelline.records import Drop
 from fuelline.serve.client import ClientConfig, Completion, NoServerError, RequestFailed, ServerPool
@@ -93,7 +94,7 @@ PRESETS: dict[str, dict[str, float]] = {
     "gemma4": {"temperature": 1.0, "top_p": 0.95, "top_k": 64, "min_p": 0.0},
     "none": {},
 }
-RECORDS_FILE, STATS_FILE = "regenerated.jsonl", "stats.json"
+RECORDS_FILE = "regenerated.jsonl"
 NOTHING, STALE_TOOL_RESULTS = "nothing_to_regenerate", "tool_results_under_turns_all"  # records never sent
 FINAL_REASONS = {"truncated", NOTHING, STALE_TOOL_RESULTS}  # decisions a resumed run keeps; others are retried
 TAKEN_FINISH_REASONS = ("stop", "length")
@@ -103,7 +104,7 @@ FSYNC_EVERY_S = 1.0
 
 
 @dataclass
-class RegenerateConfig:
+class RegenerateConfig(Options):
     """The options of `fuelline chat regenerate` and of a pipeline's regenerate step: which model, which
     servers, how it samples, which answers it takes, and (`client`) how requests are sent."""
 
@@ -132,23 +133,20 @@ class RegenerateConfig:
     finish_reasons: list[str] = option(help="finish reasons of the answers taken, comma-separated; an answer ending "
                                        "otherwise (abort, ...) is a failure, retried, then in OUT.errors",
                                        factory=lambda: list(TAKEN_FINISH_REASONS), comma_list=True)
-    turns: str = option("auto", "assistant turns regenerated: all; last (the final one, on the data's own history); "
-                        "auto: last for conversations with tool results (a regenerated tool call cannot be given the "
-                        "old result), all otherwise", choices=list(TURNS))
-    reasoning: str = option("drop", "reasoning a server returns apart from the answer: drop it, or keep it as the "
-                            "turn's reasoning_content (never in the content)", choices=["drop", "keep"])
-    client: ClientConfig = field(default_factory=ClientConfig)
+    regenerate_turns: str = option("auto", "assistant turns regenerated: all; last (the final one, on the data's own "
+                                   "history); auto: last for conversations with tool results (a regenerated tool "
+                                   "call cannot be given the old result), all otherwise", choices=list(TURNS),
+                                   was="turns")
+    store_reasoning: str = option("drop", "reasoning a server returns apart from the answer: drop it, or store it as "
+                                  "the turn's reasoning_content (never in the content); what is trained on is pack's "
+                                  "and cache build's --reasoning", choices=["drop", "keep"], was="reasoning")
+    client: ClientConfig = group(ClientConfig)
 
     def __post_init__(self):
-        if self.preset not in PRESETS:
-            raise ValueError(f"unknown preset {self.preset!r}; choose one of {', '.join(PRESETS)}")
-        check_bounds(self)
+        super().__post_init__()
         self.finish_reasons = [r.strip() for r in self.finish_reasons if r.strip()]
         if not self.finish_reasons:
             raise ValueError("finish_reasons is empty: no answer would be taken (the default is stop,length)")
-        for name, allowed in (("turns", TURNS), ("reasoning", ("drop", "keep"))):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {', '.join(allowed)}")
 
     def answer_problem(self, answer: Completion, tools: bool = False) -> tuple[str, str] | None:
         """(reason, detail) when `answer` is not an answer this run takes (see the module doc);
@@ -174,10 +172,11 @@ class RegenerateConfig:
         else:
             turns, added = list(record["conversations"]), 0
             tool_results = any(t["role"] == "tool" for t in turns)
-            mode = ("last" if tool_results else "all") if self.turns == "auto" else self.turns
+            mode = ("last" if tool_results else "all") if self.regenerate_turns == "auto" else self.regenerate_turns
             if mode == "all" and tool_results:
-                return Drop(STALE_TOOL_RESULTS, "the conversation has tool results: --turns all would regenerate the "
-                                                "calls they answer and keep the old results; use --turns last or auto")
+                return Drop(STALE_TOOL_RESULTS, "the conversation has tool results: --regenerate-turns all would "
+                                                "regenerate the calls they answer and keep the old results; use "
+                                                "--regenerate-turns last or auto")
             if turns and turns[-1]["role"] == "user":
                 turns, added = [*turns, MISSING], 1
         assistant = [i for i, t in enumerate(turns) if t["role"] == "assistant"]
@@ -506,7 +505,7 @@ class Regenerator:
         turn = {"role": "assistant", "content": content}
         if answer.tool_calls:
             turn["tool_calls"] = answer.tool_calls
-        if self.config.reasoning == "keep" and reasoning:
+        if self.config.store_reasoning == "keep" and reasoning:
             turn["reasoning_content"] = reasoning
         if "weight" in replaced:
             turn["weight"] = replaced["weight"]
@@ -533,7 +532,7 @@ class Regenerator:
                 "model": self.config.model, "sampling": self.sampling,
                 "answers_taken": {"finish_reasons": list(self.config.finish_reasons),
                                   "with_tools": TOOL_FINISH_REASON, "empty": self.config.keep_empty_answers},
-                "turns": self.config.turns, "reasoning": self.config.reasoning,
+                "regenerate_turns": self.config.regenerate_turns, "store_reasoning": self.config.store_reasoning,
                 "client": asdict(self.config.client)})
 
 

@@ -49,7 +49,8 @@ class RegenerateStep(Step):
         step_dir = super().work_dir(output, inputs)
         paths = OutputPaths.of(output)
         if paths.records == Path(output):  # OUT.jsonl, with its errors and stats beside it
-            return WorkDir(output, step_dir.identity, defaults=step_dir.defaults, beside=[paths.errors])
+            return WorkDir(output, step_dir.identity, defaults=step_dir.defaults, renamed=step_dir.renamed,
+                           beside=[paths.errors])
         return step_dir
 
     def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:

@@ -29,7 +29,6 @@ assistant turn cannot say which block is the weight-0 turn's, and such a convers
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 from fuelline.chat.field_templates import render_fields
@@ -37,42 +36,14 @@ from fuelline.chat.jinja_templates import render_jinja
 from fuelline.chat.template_registry import ChatTemplate, Rendering, get_template, load_templates, register_template
 from fuelline.formats import chat_record
 from fuelline.formats.chat_record import ChatRecordError
-from fuelline.pipeline.options import option
 
-__all__ = ["ON_ERROR", "REASONING", "SPECIAL_TEXT", "TRAIN_TURNS", "ChatTemplate", "RecordErrors", "Rendering",
-           "Supervision", "conversation_tools", "conversation_turns", "get_template", "load_templates",
-           "register_template", "render", "render_checked"]
+__all__ = ["ON_ERROR", "REASONING", "SPECIAL_TEXT", "TRAIN_TURNS", "ChatTemplate", "Rendering", "conversation_tools",
+           "conversation_turns", "get_template", "load_templates", "register_template", "render", "render_checked"]
 
 REASONING = ("keep", "drop", "last")
 TRAIN_TURNS = ("all", "last")
 SPECIAL_TEXT = ("refuse", "keep")
 ON_ERROR = ("raise", "skip")
-
-
-@dataclass
-class Supervision:
-    """What of a conversation is trained on besides what the template decides: the options of
-    `pack --template chat` and `cache build`, passed to `encode_chat(s)` (`render` takes the first two)."""
-
-    reasoning: str = option("last", "reasoning_content: trained on in every assistant turn (keep), removed before "
-                            "rendering (drop), or kept only after the last user turn, as Qwen3 renders history (last)",
-                            choices=list(REASONING))
-    train_turns: str = option("all", "train on every assistant turn (all), or only on the last one (last: agent "
-                              "trajectories whose earlier turns were edited)", choices=list(TRAIN_TURNS))
-    special_text: str = option("refuse", "an assistant turn whose text spells one of the tokenizer's control tokens "
-                               "(\"done<|im_end|>\\n<|im_start|>user…\", a fake turn): drop the conversation as "
-                               "special_token_text (refuse), or keep it, encoded as those control tokens, as "
-                               "apply_chat_template encodes it, and counted (keep)", choices=list(SPECIAL_TEXT))
-
-
-@dataclass
-class RecordErrors:
-    """What `pack` and `cache build` do with a record they cannot use (unreadable, not a chat record,
-    or one the template cannot render): one option, declared once for both."""
-
-    on_error: str = option("raise", "a record that cannot be read or rendered: stop, naming FILE:LINE and its id "
-                           "(raise), or count it under a named reason and keep it in _rejects/ (skip)",
-                           choices=list(ON_ERROR))
 
 
 def conversation_turns(conversation: Any) -> list[dict]:

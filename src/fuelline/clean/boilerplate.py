@@ -47,7 +47,7 @@ import re
 import shutil
 import tempfile
 import unicodedata
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -59,6 +59,7 @@ from fuelline.io.atomic import atomic_write, run_once
 from fuelline.io.paths import expand_inputs
 from fuelline.io.readers import RecordError, iter_file_records
 from fuelline.io.spill import PARTITIONS, group_ranges, hash_partition, read_spill, spill_counts, write_spill
+from fuelline.pipeline.options import option
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.pipeline.stage import PrepareContext, ShardContext, Stage, StageConfig
 from fuelline.records import Location
@@ -92,33 +93,24 @@ class BoilerplateConfig(StageConfig):
     documents: doc_freq 0.2) scores 0.07 + 0.30 + 0.05 = 0.42 and stays. Every margin is ≥ 0.08.
     """
 
-    alpha: float = field(default=0.35, metadata={"help": "weight of doc_freq (share of documents, log scale)"})
-    beta: float = field(default=0.30, metadata={"help": "weight of pos_consistency (share at the document's edges)"})
-    gamma: float = field(default=0.30, metadata={"help": "weight of template_similarity (separators, ©, 首页, …)"})
-    delta: float = field(default=0.05, metadata={"help": "weight of short_text_score (1 for short lines)"})
-    threshold: float = field(default=0.5, metadata={"help": "remove a line whose weighted score is above this"})
-    min_doc_freq: int = field(default=5, metadata={"help": "a line in fewer documents is never removed"})
-    edge_fraction: float = field(default=0.05, metadata={"help": "share of lines at each end counted as edge"})
-    saturation: float = field(default=0.01, metadata={"help": "share of documents from which doc_freq is 1"})
-    short_width: int = field(default=16, metadata={"help": "short_text_score is 1 up to this many columns"})
-    long_width: int = field(default=80, metadata={"help": "short_text_score is 0 from this many columns on"})
-    max_line_chars: int = field(default=300, metadata={"help": "longer lines are content: never counted nor removed"})
+    alpha: float = option(0.35, "weight of doc_freq (share of documents, log scale)", min=0)
+    beta: float = option(0.30, "weight of pos_consistency (share at the document's edges)", min=0)
+    gamma: float = option(0.30, "weight of template_similarity (separators, ©, 首页, …)", min=0)
+    delta: float = option(0.05, "weight of short_text_score (1 for short lines)", min=0)
+    threshold: float = option(0.5, "remove a line whose weighted score is above this")
+    min_doc_freq: int = option(5, "a line in fewer documents is never removed (a line must recur)", min=2)
+    edge_fraction: float = option(0.05, "share of lines at each end counted as edge", min=0, max=0.5)
+    saturation: float = option(0.01, "share of documents from which doc_freq is 1 (above 0)", max=1)
+    short_width: int = option(16, "short_text_score is 1 up to this many columns", min=1)
+    long_width: int = option(80, "short_text_score is 0 from this many columns on", min=2)
+    max_line_chars: int = option(300, "longer lines are content: never counted nor removed", min=1)
 
     def __post_init__(self):
-        for name in ("alpha", "beta", "gamma", "delta"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"boilerplate: {name} must be ≥ 0, found {getattr(self, name)}")
-        if self.min_doc_freq < 2:
-            raise ValueError(f"boilerplate: min_doc_freq must be ≥ 2 (a line must recur), found {self.min_doc_freq}")
-        if not 0 <= self.edge_fraction <= 0.5:
-            raise ValueError(f"boilerplate: edge_fraction must be in [0, 0.5], found {self.edge_fraction}")
-        if not 0 < self.saturation <= 1:
-            raise ValueError(f"boilerplate: saturation must be in (0, 1], found {self.saturation}")
-        if not 0 < self.short_width < self.long_width:
-            raise ValueError(f"boilerplate: need 0 < short_width < long_width, found {self.short_width}, "
-                             f"{self.long_width}")
-        if self.max_line_chars < 1:
-            raise ValueError(f"boilerplate: max_line_chars must be ≥ 1, found {self.max_line_chars}")
+        super().__post_init__()
+        if self.saturation <= 0:  # above 0: beyond what `option(min=)` says
+            raise ValueError(f"saturation must be above 0, found {self.saturation}")
+        if not self.short_width < self.long_width:
+            raise ValueError(f"short_width must be below long_width, found {self.short_width}, {self.long_width}")
 
 
 # --- lines and their text features ---------------------------------------------------------

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 from fuelline.clean.boilerplate import BoilerplateStage
@@ -10,6 +10,7 @@ from fuelline.clean.poetry import clean_poem
 from fuelline.clean.web import WebRules, clean_web_text
 from fuelline.io.readers import iter_file_records
 from fuelline.io.rejects import Rejects
+from fuelline.pipeline.options import option
 from fuelline.pipeline.shards import InputShard
 from fuelline.pipeline.stage import PrepareContext, ShardContext, Stage, StageConfig
 from fuelline.records import Drop, Location, document_from_raw, fallback_id
@@ -19,25 +20,16 @@ CONVERSIONS = ["none", "t2s", "s2t", "tw2s", "hk2s", "s2tw"]  # OpenCC configura
 
 @dataclass
 class CleanConfig(StageConfig):
-    profile: str = field(default="poetry", metadata={"help": "rules to apply", "choices": ["poetry", "web"]})
-    convert: str = field(default="none", metadata={
-        "help": "OpenCC script conversion of the text: t2s traditional to simplified, s2t simplified to "
-                "traditional, tw2s/hk2s Taiwan/Hong Kong traditional to simplified, s2tw simplified to Taiwan "
-                "traditional; none leaves the script as it is", "choices": CONVERSIONS})
-    text_key: str = field(default="text", metadata={"help": "web profile: field holding the text"})
-    max_han: int = field(default=3000, metadata={"help": "poetry profile: drop poems longer than this (Han characters)",
-                                                 "min": 1})
-    min_chars: int = field(default=WebRules.min_chars, metadata={"help": "web profile: shortest text kept", "min": 0})
-    min_words: int = field(default=WebRules.min_words, metadata={"help": "web profile: fewest words (CJK: characters)",
-                                                                 "min": 0})
-    boilerplate: bool | None = field(default=None, metadata={
-        "help": "strip boilerplate lines (default: on for web, off for poetry; see the boilerplate stage)"})
-
-    def __post_init__(self):
-        if self.profile not in ("poetry", "web"):
-            raise ValueError(f"profile must be 'poetry' or 'web', not {self.profile!r}")
-        if self.convert not in CONVERSIONS:
-            raise ValueError(f"convert must be one of {', '.join(CONVERSIONS)}, not {self.convert!r}")
+    profile: str = option("poetry", "rules to apply", choices=["poetry", "web"])
+    convert: str = option("none", "OpenCC script conversion of the text: t2s traditional to simplified, s2t "
+                          "simplified to traditional, tw2s/hk2s Taiwan/Hong Kong traditional to simplified, s2tw "
+                          "simplified to Taiwan traditional; none leaves the script as it is", choices=CONVERSIONS)
+    text_key: str = option("text", "web profile: field holding the text")
+    max_han: int = option(3000, "poetry profile: drop poems longer than this (Han characters)", min=1)
+    min_chars: int = option(WebRules.min_chars, "web profile: shortest text kept", min=0)
+    min_words: int = option(WebRules.min_words, "web profile: fewest words (CJK: characters)", min=0)
+    boilerplate: bool | None = option(None, "strip boilerplate lines (default: on for web, off for poetry; see the "
+                                      "boilerplate step)")
 
 
 class CleanStage(Stage):

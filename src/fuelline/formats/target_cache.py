@@ -58,7 +58,6 @@ MANIFEST, INDEX = "manifest.json", "samples.idx"
 DEEPSPEC_V2, FUELLINE = "deepspec-v2", "fuelline"
 FORMATS = (DEEPSPEC_V2, FUELLINE)
 FUELLINE_FORMAT_NAME, FUELLINE_VERSION, DEEPSPEC_VERSION = "fuelline.target-cache", 2, 2
-STATS = "stats.json"  # the build's record: what verify and the reader compare the manifest with
 BF16, FP8 = "bfloat16", "float8_e4m3fn"
 HIDDEN_DTYPES = {"bf16": BF16, "bfloat16": BF16, "fp8": FP8, "float8_e4m3fn": FP8}
 TOKEN_DTYPE, MASK_DTYPE, SCALE_DTYPE = "int32", "uint8", "float32"

@@ -30,9 +30,10 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from fuelline.formats.target_cache import (ALIGN, FUELLINE, INDEX, MANIFEST, STATS, TENSORS, CacheFormatError,
+from fuelline.formats.target_cache import (ALIGN, FUELLINE, INDEX, MANIFEST, TENSORS, CacheFormatError,
                                            Layout, cache_format, checksum, index_checksums, manifest_digest,
                                            read_index)
+from fuelline.io.stage_layout import STATS_FILE
 
 LIMIT = 20  # problems of one kind listed before they are only counted
 READ_BUFFER = 16 << 20
@@ -102,16 +103,16 @@ def opened(directory: Path, manifest: dict, layout: Layout) -> tuple[np.ndarray,
 
 def check_stats(directory: Path, manifest: dict, problems: Problems) -> None:
     """The manifest against stats.json's record of the build, when the build left one."""
-    path = directory / STATS
+    path = directory / STATS_FILE
     if not path.exists():
         return
     try:
         stats = orjson.loads(path.read_bytes())
     except (OSError, orjson.JSONDecodeError) as e:
-        problems.add("stats", f"{STATS}: cannot be read ({e}): the build's record to check {MANIFEST} against")
+        problems.add("stats", f"{STATS_FILE}: cannot be read ({e}): the build's record to check {MANIFEST} against")
         return
     if not isinstance(stats, dict):
-        problems.add("stats", f"{STATS}: not a JSON object")
+        problems.add("stats", f"{STATS_FILE}: not a JSON object")
         return
     for key, where in [("format", ("cache", "format"))] + list(STATS_FIELDS.items()):
         found, recorded = _lookup(stats, where)
@@ -119,11 +120,11 @@ def check_stats(directory: Path, manifest: dict, problems: Problems) -> None:
             continue  # recorded by an older build, or not a field of this format (a removed one changes the digest)
         value = cache_format(manifest) if key == "format" else manifest[key]
         if value != recorded:
-            problems.add("manifest", f"{MANIFEST}: {key} is {value!r}, but {STATS} records {recorded!r} for the "
+            problems.add("manifest", f"{MANIFEST}: {key} is {value!r}, but {STATS_FILE} records {recorded!r} for the "
                                      "build: the manifest was edited, or the files are from different builds")
     digest = stats.get("manifest_digest")
     if digest is not None and digest != f"{manifest_digest(manifest):016x}":
-        problems.add("manifest", f"{MANIFEST}: its digest is {manifest_digest(manifest):016x}, {STATS} records "
+        problems.add("manifest", f"{MANIFEST}: its digest is {manifest_digest(manifest):016x}, {STATS_FILE} records "
                                  f"{digest} for the build: the manifest was edited after the build")
 
 

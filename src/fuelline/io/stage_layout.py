@@ -18,4 +18,5 @@ STAGE_PART_PREFIX = "part-"
 DONE_DIR, REJECTS_DIR, PREPARE_DIR, STATS_FILE = "_done", "_rejects", "_prepare", "stats.json"
 # What every step writes beside its data, in a stage directory or not; never records, so a
 # directory read skips them.
-BOOKKEEPING_FILES = {STATS_FILE, "pipeline.json", "funnel.json"}
+PIPELINE_FILE = "pipeline.json"  # RUN/pipeline.json: the steps of a `fuelline run` and their directories, in order
+BOOKKEEPING_FILES = {STATS_FILE, PIPELINE_FILE, "funnel.json"}

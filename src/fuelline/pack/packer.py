@@ -28,7 +28,7 @@ import os
 import shutil
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -44,8 +44,8 @@ from fuelline.io.remote import refuse_url
 from fuelline.io.stage_layout import REJECTS_DIR, STAGE_PART_PREFIX
 from fuelline.pack.templates import TEMPLATES
 from fuelline.chat.encode import ConversationError
-from fuelline.chat.templates import RecordErrors, Supervision
-from fuelline.pipeline.options import group, identity_defaults, identity_values, option
+from fuelline.chat.encoding_options import ChatEncoding, RecordErrors
+from fuelline.pipeline.options import group, identity_history, identity_values, option
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.pipeline.stats import StepStats
 from fuelline.pipeline.workdir import WorkDir
@@ -56,22 +56,19 @@ SPLITS = ("train", "val")
 SHARD_ARRAYS = ("ids", "val", "lengths", "mask", "dropped")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 BATCH_SIZE = 4096  # records per encode batch of the tokenizer
+CHAT_ENCODING = {f.name for f in fields(ChatEncoding)}
 
 
 @dataclass
-class PackConfig:
-    """The options of `fuelline pack` and of a pipeline's pack step, declared once for both."""
+class PackConfig(ChatEncoding):
+    """The options of `fuelline pack` and of a pipeline's pack step, declared once for both; those that
+    encode chat records (`--template chat`) are cache build's too (`ChatEncoding`)."""
 
     tokenizer: str = option("@tokenizer", "tokenizer directory (from `fuelline tokenizer train` or `from-tiktoken`;"
                             " in a pipeline file also @STEP)", identity=False, step_ref=True)
     template: str = option("poetry", "documents: poetry or plain; chat records (SFT): chat, with an assistant-only "
                            "mask", choices=list(TEMPLATES))
-    chat_template: str = option("chatml", "--template chat: chatml, qwen, qwen3, qwen-deepspec, llama3, gemma4, "
-                                "or auto (the tokenizer's own Jinja)")
-    supervision: Supervision = group(Supervision)  # --template chat: reasoning, train_turns, special_text
     errors: RecordErrors = group(RecordErrors)  # on_error
-    max_length: int = option(0, "--template chat: cut longer conversations at a turn boundary (0: no limit)", min=0)
-    min_loss_tokens: int = option(1, "--template chat: drop conversations with fewer supervised tokens", min=0)
     metadata_dropout: float = option(0.25, "share of poetry documents packed without title, author and dynasty",
                                       min=0, max=1)
     val_fraction: float = option(0.05, "share of documents that go to val/", min=0, max=1)
@@ -79,26 +76,12 @@ class PackConfig:
     dtype: str = option("auto", "token id type on disk; auto: uint16 when the vocabulary fits, else uint32",
                         choices=["auto", *DTYPES])
     threads: int = option(0, "tokenizer threads per worker (0: the library's own)", identity=False, min=0)
-    shard_size: int = option(50_000, "records per shard: the unit of work of a worker and of resume", min=1)
 
     def template_options(self, tokenizer_dir: str | os.PathLike) -> dict:
         options = {"metadata_dropout": self.metadata_dropout, "seed": self.seed}
         if self.template == "chat":
-            options.update(chat_template=self.chat_template, max_length=self.max_length,
-                           min_loss_tokens=self.min_loss_tokens, tokenizer_dir=os.fspath(tokenizer_dir),
-                           **asdict(self.supervision), **asdict(self.errors))
+            options.update(encoding=self, on_error=self.errors.on_error, tokenizer_dir=os.fspath(tokenizer_dir))
         return options
-
-    def __post_init__(self):
-        if self.template not in TEMPLATES:
-            raise ValueError(f"template must be one of {', '.join(TEMPLATES)}, not {self.template!r}")
-        for name in ("metadata_dropout", "val_fraction"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), not {getattr(self, name)}")
-        if self.dtype not in ("auto", *DTYPES):
-            raise ValueError(f"dtype must be auto, uint16 or uint32, not {self.dtype!r}")
-        if self.max_length < 0 or self.min_loss_tokens < 0:
-            raise ValueError("max_length and min_loss_tokens must not be negative")
 
 
 _tokenizers: dict[str, object] = {}
@@ -186,7 +169,11 @@ def _render_shard(shard: InputShard, template, on_error: str, rejects: Rejects):
 
 
 def _identity(files: list[Path], tokenizer_dir: Path, config: PackConfig) -> dict:
-    return {"config": identity_values(config), "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer_dir),
+    """The options that decide the output (the chat-encoding ones only for chat records), the tokenizer, the inputs."""
+    values = identity_values(config)
+    if config.template != "chat":
+        values = {k: v for k, v in values.items() if k not in CHAT_ENCODING}
+    return {"config": values, "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer_dir),
             "inputs": describe_inputs(files)}
 
 
@@ -243,17 +230,17 @@ def split_stats(manifest: dict, lengths: np.ndarray, dropped: int) -> dict:
 
 def pack(inputs, tokenizer_dir: str | os.PathLike, output: str | os.PathLike, config: PackConfig | None = None, *,
          workers: int | None = None, restart: bool = False, progress: bool = True,
-         executor: str = "local", ray_address: str | None = None) -> dict:
+         executor: str = "local", ray_address: str | None = None, shard_size: int = RunOptions.shard_size) -> dict:
     """Pack document records into OUTPUT/train and OUTPUT/val; return (and write) stats.json.
 
     `tokenizer_dir` is `config.tokenizer` made a directory by the caller (a pipeline's @STEP).
 
-    `executor` and `ray_address` choose where the shards are tokenized (`RunOptions`); the bytes
-    are the same on either.
+    `executor`, `ray_address` and `shard_size` (`RunOptions`) choose where and in what pieces the
+    shards are tokenized; the bytes are the same either way.
     """
     refuse_url(output, "pack")  # inputs may be URLs (`expand_inputs`)
     config = config or PackConfig()
-    run_options = RunOptions(workers=workers, executor=executor, ray_address=ray_address)
+    run_options = RunOptions(workers=workers, executor=executor, ray_address=ray_address, shard_size=shard_size)
     output, tokenizer_dir = Path(output), Path(tokenizer_dir)
     from tokenizers import Tokenizer
 
@@ -266,7 +253,7 @@ def pack(inputs, tokenizer_dir: str | os.PathLike, output: str | os.PathLike, co
     # refuses a tokenizer without the template's special tokens, before anything is written
     boundary = TEMPLATES[config.template](tokenizer, **config.template_options(tokenizer_dir)).boundary_ids()
     files = expand_inputs(inputs)
-    step_dir = WorkDir(output, _identity(files, tokenizer_dir, config), defaults=identity_defaults(PackConfig))
+    step_dir = WorkDir(output, _identity(files, tokenizer_dir, config), **identity_history(PackConfig))
     with step_dir.lock():
         return _pack(files, tokenizer, tokenizer_dir, step_dir, config, (dtype, *boundary), run_options, restart,
                      progress)
@@ -286,7 +273,7 @@ def _pack(files, tokenizer, tokenizer_dir: Path, step_dir: WorkDir, config: Pack
         _remove_leftovers(output)  # a run killed between stats.json and its cleanup
         return finished  # packed already
     plan = step_dir.begin(lambda: any(workdir.glob(f"{STAGE_PART_PREFIX}*.json")),
-                          lambda: {"shards": [s.to_json() for s in plan_shards(files, config.shard_size)]})
+                          lambda: {"shards": [s.to_json() for s in plan_shards(files, run_options.shard_size)]})
     if step_dir.resumed:
         remove_temp_files(output)  # of writes a killed run left half done (we hold the output's lock)
     shards = [InputShard(**s) for s in plan["shards"]]

@@ -17,4 +17,4 @@ class PackStep(Step):
     def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:
         return pack(inputs, resolve_step(self.config.tokenizer, steps), output, self.config, workers=options.workers,
                     restart=options.restart, progress=options.progress, executor=options.executor,
-                    ray_address=options.ray_address)
+                    ray_address=options.ray_address, shard_size=options.shard_size)

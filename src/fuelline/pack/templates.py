@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fuelline.chat.encoding_options import ChatEncoding
 from fuelline.clean.poetry import DYNASTY_NAMES
 from fuelline.formats import chat_record
 from fuelline.records import Drop, unit_interval
@@ -178,22 +179,19 @@ class ChatPackTemplate(Template):
     name = "chat"
     needs = ()
 
-    def __init__(self, tokenizer, *, chat_template: str = "chatml", max_length: int = 0, min_loss_tokens: int = 1,
-                 tokenizer_dir: str | None = None, reasoning: str = "last", train_turns: str = "all",
-                 special_text: str = "refuse", on_error: str = "raise", **options):
+    def __init__(self, tokenizer, *, encoding: ChatEncoding, on_error: str = "raise", tokenizer_dir: str | None = None,
+                 **options):
         super().__init__(tokenizer, **options)
         from fuelline.chat.encode import load_tokenizer, resolve_template
 
         self.chat_tokenizer = load_tokenizer(tokenizer_dir if tokenizer_dir else tokenizer)
-        self.chat_template = resolve_template(chat_template, self.chat_tokenizer)
+        self.chat_template = resolve_template(encoding.chat_template, self.chat_tokenizer)
         end = self.chat_template.end_of_turn
         if end and tokenizer.token_to_id(end) is None:
             raise ValueError(f"the tokenizer has no single-id token for {end!r}, the end of turn of chat template "
                              f"{self.chat_template.name!r}; use the target model's tokenizer, or one trained by "
                              f"`fuelline tokenizer train` (it reserves ChatML's markers)")
-        self.max_length, self.min_loss_tokens = max_length or None, min_loss_tokens
-        self.supervision = {"reasoning": reasoning, "train_turns": train_turns, "special_text": special_text,
-                            "on_error": on_error}
+        self.encoding, self.on_error = encoding, on_error
 
     def boundary_ids(self) -> tuple[int | None, int | None]:
         """A named template's own bos and end of turn, a Jinja template's the tokenizer's bos and eos token
@@ -209,10 +207,8 @@ class ChatPackTemplate(Template):
         return chat_record.check(record)
 
     def render(self, records: list[dict]) -> Rendered:
-        from fuelline.chat.encode import encode_chats
-
-        results = encode_chats(records, self.chat_tokenizer, self.chat_template,  # whole: with their tools
-                               self.max_length, min_loss_tokens=self.min_loss_tokens, **self.supervision)
+        results = self.encoding.encode(records, self.chat_tokenizer, self.chat_template,  # whole: with their tools
+                                       on_error=self.on_error)
         kept = np.array([not isinstance(r, Drop) for r in results], dtype=bool)
         encoded = [r for r in results if not isinstance(r, Drop)]
         drops = [(k, r) for k, r in enumerate(results) if isinstance(r, Drop)]

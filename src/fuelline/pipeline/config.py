@@ -1,8 +1,8 @@
 """Typed stage options, and pipeline files: an ordered list of stages in TOML.
 
-    [defaults]              # run options for every stage (each may override them)
+    [defaults]              # run options for every step (each may override them)
     workers = 2
-    on_error = "skip"
+    on_error = "skip"       # also pack's and the cache's own on_error, unless their table sets it
     executor = "ray"        # optional: Ray tasks instead of local processes (docs/ray.md)
     ray_address = "auto"    #   on the cluster at this address (none: one started for the run)
 
@@ -32,14 +32,15 @@ from fuelline.io.atomic import write_bytes_atomic
 from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import expand_inputs
 from fuelline.io.remote import refuse_url
-from fuelline.pipeline.options import bound_problem, build_config, option_fields, replaced_names
+from fuelline.io.stage_layout import PIPELINE_FILE
+from fuelline.pipeline.options import build_config, option_fields, option_problem, replaced_names
 from fuelline.pipeline.ray_executor import RayExecutor
 from fuelline.pipeline.registry import make_step, step_class
 from fuelline.pipeline.step import Step, resolve_step
 from fuelline.pipeline.workdir import StepOutputMismatch
 from fuelline.pipeline.workers import RunOptions
 
-RUN_OPTION_KEYS = {f.name for f in dataclasses.fields(RunOptions)} - {"restart", "progress"}
+RUN_OPTION_KEYS = {f.name for f, _ in option_fields(RunOptions)}  # restart and progress are the command line's
 
 
 def _check_type(value: Any, hint: Any) -> bool:
@@ -80,7 +81,7 @@ def describe_type(hint: Any) -> str:
 
 def build_dataclass(cls: type, values: dict[str, Any], where: str):
     """An instance of dataclass `cls` from `values` (its options, pipeline/options.py), refusing
-    unknown keys, earlier spellings, wrong types and values outside an option's declared range:
+    unknown keys, earlier spellings, wrong types, and values outside an option's declared choices or range:
     the one check of what the CLI and a pipeline file give."""
     fields = {f.name: (f, hint) for f, hint in option_fields(cls)}
     for old, (name, hint) in replaced_names(cls).items():
@@ -93,9 +94,12 @@ def build_dataclass(cls: type, values: dict[str, Any], where: str):
         field_, hint = fields[key]
         if not _check_type(value, hint):
             raise ValueError(f"{where}: option {key!r} must be {describe_type(hint)}, found {value!r}")
-        if problem := bound_problem(field_, value):
+        if problem := option_problem(field_, value):
             raise ValueError(f"{where}: option {key!r} {problem}")
-    return build_config(cls, values)
+    try:
+        return build_config(cls, values)
+    except ValueError as e:  # a check across options (`bands` with `rows`), or a chat template that does not exist
+        raise ValueError(f"{where}: {e}") from None
 
 
 @dataclass
@@ -128,19 +132,20 @@ def load_pipeline(path: str | os.PathLike) -> list[PipelineStep]:
         where = f"{path} [[stage]] #{i}"
         table = dict(table)
         if "use" not in table:
-            raise ValueError(f"{where}: missing key 'use' (the stage to run)")
+            raise ValueError(f"{where}: missing key 'use' (the step to run)")
         use = table.pop("use")
         cls = step_class(use)
         name = table.pop("name", cls.name)
         if name in names:
-            raise ValueError(f"{where}: stage name {name!r} is used twice; give one a distinct 'name'")
+            raise ValueError(f"{where}: step name {name!r} is used twice; give one a distinct 'name'")
         names.add(name)
         inputs = table.pop("input", [])
         inputs = [inputs] if isinstance(inputs, str) else list(inputs)
-        own = {f.name for f, _ in option_fields(cls.Config)}  # pack's shard_size is its own, not the run's
+        own = {f.name for f, _ in option_fields(cls.Config)}  # pack's and the cache's on_error are their own
         run_values = {**defaults, **{k: table.pop(k) for k in list(table) if k in RUN_OPTION_KEYS - own}}
         options = build_dataclass(RunOptions, run_values, where)
-        config = build_dataclass(cls.Config, table, f"{where} ({cls.name})")
+        shared = {k: v for k, v in defaults.items() if k in own}  # [defaults] on_error = "skip" reaches them too
+        config = build_dataclass(cls.Config, {**shared, **table}, f"{where} ({cls.name})")
         step = make_step(use, config)
         try:
             step.check()
@@ -204,10 +209,11 @@ def _run_steps(steps: list[PipelineStep], step_options: list[RunOptions], run_di
         else:
             inputs = last_records
         if not inputs and step.step.needs_input:
-            raise ValueError(f"stage {step.name!r} has no input: give --input or set 'input' in the pipeline file")
+            raise ValueError(f"step {step.name!r} has no input: give --input or set 'input' in the pipeline file")
         out = run_dir / f"{i:02d}-{step.name}"
         layout.append({"name": step.name, "stage": step.step.name, "dir": out.name})
-        write_bytes_atomic(run_dir / "pipeline.json", orjson.dumps({"stages": layout}, option=orjson.OPT_INDENT_2) + b"\n")
+        write_bytes_atomic(run_dir / PIPELINE_FILE,
+                           orjson.dumps({"stages": layout}, option=orjson.OPT_INDENT_2) + b"\n")
         try:
             stats = step.step.run(inputs, out, options, outputs)
         except StepOutputMismatch as e:

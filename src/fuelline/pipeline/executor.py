@@ -44,7 +44,7 @@ from fuelline.io.readers import READ_ERROR_REASONS, iter_file_records
 from fuelline.io.rejects import Rejects
 from fuelline.io.stage_layout import DONE_DIR, PREPARE_DIR, REJECTS_DIR, STAGE_PART_PREFIX, PLAN_FILE
 from fuelline.io.writers import OUTPUT_FORMATS, RecordWriter, open_writer
-from fuelline.pipeline.options import identity_defaults
+from fuelline.pipeline.options import identity_history
 from fuelline.pipeline.output import OutputStore, open_output
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.pipeline.stage import PrepareContext, ShardContext, Stage
@@ -174,8 +174,9 @@ class _StageDir(WorkDir):
     """A stage's output directory in its store (a URL's staging directory), with the parts it
     wrote into other directories (`targets` outside it)."""
 
-    def __init__(self, store: OutputStore, identity: dict, defaults: dict, outside: list[Path]):
-        super().__init__(store.directory, identity, name=str(store), defaults=defaults)
+    def __init__(self, store: OutputStore, identity: dict, history: dict, outside: list[Path]):
+        """`history`: `identity_history` of the stage's Config."""
+        super().__init__(store.directory, identity, name=str(store), **history)
         self.store, self.outside = store, outside
 
     def lock(self):
@@ -276,7 +277,7 @@ def run_stage(stage: Stage, inputs, output_dir: str | os.PathLike, options: RunO
     files = expand_inputs(inputs)
     targets = output_targets(stage, store.directory, store.locations(output_locations))
     step_dir = _StageDir(store, _identity(stage, files, options, targets, store.directory),
-                         identity_defaults(type(stage.config)), _outside_targets(targets, store.directory))
+                         identity_history(type(stage.config)), _outside_targets(targets, store.directory))
     with step_dir.lock():
         return _run_locked(stage, files, step_dir, options, targets)
 

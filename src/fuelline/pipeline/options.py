@@ -9,6 +9,9 @@ A field whose type is itself such a dataclass is a group (regenerate's `client`,
 options are the step's options too, with flat names (`concurrency`, not `client.concurrency`), or
 with the group's prefix (the servers a regenerate step starts: `serve_model` is `fuelline serve`'s
 `model`).
+
+A Config derives from `Options`, so that an option's choices and range are checked where the
+Config is built, whether from the CLI, a pipeline file or Python: declared once, checked once.
 """
 
 from __future__ import annotations
@@ -25,23 +28,26 @@ INT64_LIMIT = 1 << 63
 
 def option(default: Any = NO_DEFAULT, help: str = "", *, factory: Callable[[], Any] | None = None,
            choices: list[str] | tuple[str, ...] | None = None, identity: bool = True,
-           step_ref: bool = False, flag: str | None = None, comma_list: bool = False,
+           step_ref: bool = False, flag: str | None = None, short: str | None = None, comma_list: bool = False,
            existing_file: bool = False, size: bool = False, user: bool = True,
            min: float | None = None, max: float | None = None, required: bool = False,
-           replaces: tuple[str, str] | None = None) -> Any:
+           replaces: tuple[str, str] | None = None, was: str | None = None) -> Any:
     """A Config field. `step_ref`: a directory that a pipeline file may name as @STEP (an earlier
     step's output, the default there); the CLI requires it and checks that it exists. `flag`: the
-    CLI flag when it is not the field's name (`--server` for `servers`); `comma_list`: a list given
-    on the CLI as one comma-separated value (`--finish-reasons stop,length`); `existing_file`: the
-    CLI checks that the file exists; `size`: a byte count, that the CLI also takes as 64GiB.
+    CLI flag when it is not the field's name (`--server` for `servers`), `short` its one-letter
+    alias (`-w`); `comma_list`: a list given on the CLI as one comma-separated value
+    (`--finish-reasons stop,length`); `existing_file`: the CLI checks that the file exists;
+    `size`: a byte count, that the CLI also takes as 64GiB.
     `min`/`max`: the smallest and largest value that makes sense (inclusive), refused otherwise on
     the CLI and in pipeline files alike (`bound_problem`); `required`: the step cannot run without
     it (the CLI marks it so). `replaces`: (old name, how to write it now), an earlier spelling of
-    this option that is refused with that hint. `user=False`: a tuning knob for tests and
-    benchmarks, neither a CLI option nor a pipeline key."""
-    metadata = {"help": help, "identity": identity, "step_ref": step_ref, "flag": flag, "comma_list": comma_list,
-                "existing_file": existing_file, "size": size, "user": user, "min": min, "max": max,
-                "required": required, "replaces": replaces}
+    this option that is refused with that hint. `was`: the earlier name of this very option (same
+    values): refused with the new name, and read as this option in the identity of an output made
+    before the rename. `user=False`: a tuning knob for tests and benchmarks, neither a CLI option
+    nor a pipeline key."""
+    metadata = {"help": help, "identity": identity, "step_ref": step_ref, "flag": flag, "short": short,
+                "comma_list": comma_list, "existing_file": existing_file, "size": size, "user": user, "min": min,
+                "max": max, "required": required, "replaces": replaces, "was": was}
     if choices:
         metadata["choices"] = list(choices)
     if factory is not None:
@@ -68,12 +74,23 @@ def bound_problem(field: dataclasses.Field, value: Any) -> str | None:
     return None
 
 
-def check_bounds(config) -> None:
-    """Refuse a field of `config` outside its declared range: for a Config's `__post_init__`, so
-    that a Config built in Python is held to the ranges the CLI and pipeline files are."""
-    for f in dataclasses.fields(config):
-        if (problem := bound_problem(f, getattr(config, f.name))) is not None:
-            raise ValueError(f"{f.name} {problem}")
+def option_problem(field: dataclasses.Field, value: Any) -> str | None:
+    """Why `value` is not one of `field`'s declared choices or is outside its range, or None."""
+    choices = field.metadata.get("choices")
+    if choices and isinstance(value, str) and value not in choices:
+        return f"must be one of {', '.join(choices)}, not {value!r}"
+    return bound_problem(field, value)
+
+
+class Options:
+    """Base of every Config of options: its choices and ranges are checked when it is built, from
+    the CLI, a pipeline file or Python alike. A Config with checks across options (`bands` and
+    `rows` together) adds a `__post_init__` that calls this one first."""
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            if (problem := option_problem(f, getattr(self, f.name))) is not None:
+                raise ValueError(f"{f.name} {problem}")
 
 
 def bounds_text(field: dataclasses.Field) -> str:
@@ -93,8 +110,14 @@ def _number(value: float | None) -> str | None:
 
 def replaced_names(cls: type) -> dict[str, tuple[str, str]]:
     """{old name: (its option now, how to write it)} of the earlier spellings `cls`'s options replace."""
-    return {f.metadata["replaces"][0]: (f.name, f.metadata["replaces"][1])
-            for f, _ in option_fields(cls) if f.metadata.get("replaces")}
+    found = {}
+    for f, _ in option_fields(cls):
+        if f.metadata.get("replaces"):
+            found[f.metadata["replaces"][0]] = (f.name, f.metadata["replaces"][1])
+        if f.metadata.get("was"):
+            flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+            found[f.metadata["was"]] = (f.name, f"the same option under its new name: {f.name} = … ({flag} …)")
+    return found
 
 
 def parse_size(text: str) -> int:
@@ -134,12 +157,22 @@ def _groups(cls: type) -> dict[str, tuple[type, str]]:
             if dataclasses.is_dataclass(hints[f.name])}
 
 
+def _own_first(cls: type) -> list[dataclasses.Field]:
+    """The fields of `cls`, those it declares itself before those of a base it shares options with
+    (`ChatEncoding`): `--help` lists first what the command is about."""
+    depth = {}
+    for level, klass in enumerate(cls.__mro__):
+        for name in vars(klass).get("__annotations__", {}):
+            depth.setdefault(name, level)
+    return sorted(dataclasses.fields(cls), key=lambda f: depth.get(f.name, 0))
+
+
 def option_fields(cls: type) -> list[tuple[dataclasses.Field, Any]]:
     """(field, type hint) of every user option of Config class `cls`, those of its groups included
     (a prefixed group's fields under their prefixed names)."""
     hints, groups = typing.get_type_hints(cls), _groups(cls)
     found = []
-    for f in dataclasses.fields(cls):
+    for f in _own_first(cls):
         if f.name in groups:
             group_cls, prefix = groups[f.name]
             for inner, hint in option_fields(group_cls):
@@ -172,7 +205,11 @@ def identity_values(config) -> dict[str, Any]:
     return values
 
 
-def identity_defaults(cls: type) -> dict[str, Any]:
-    """The identity values of Config class `cls` at their defaults: what an option added since an
-    output was made stands for in that output's identity (`fuelline.pipeline.workdir`)."""
-    return {f.name: default_of(f) for f, _ in option_fields(cls) if f.metadata.get("identity", True)}
+def identity_history(cls: type) -> dict[str, dict[str, Any]]:
+    """How the identity of an output made by an earlier version reads now (`fuelline.pipeline.workdir`'s
+    `WorkDir(…, **identity_history(Config))`): `defaults`, the identity values of Config class `cls`
+    at their defaults (what an option added since stands for), and `renamed`, {earlier name: name
+    now} of the options renamed since (`was`)."""
+    fields = option_fields(cls)
+    return {"defaults": {f.name: default_of(f) for f, _ in fields if f.metadata.get("identity", True)},
+            "renamed": {f.metadata["was"]: f.name for f, _ in fields if f.metadata.get("was")}}

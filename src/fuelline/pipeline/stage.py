@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable, Iterator, Sequence
 
 from fuelline.io.rejects import Rejects
-from fuelline.pipeline.options import identity_values
+from fuelline.pipeline.options import Options, identity_values
 from fuelline.pipeline.shards import InputShard
 from fuelline.records import Drop, Location
 
@@ -55,8 +55,8 @@ class PrepareContext:
 
 
 @dataclass
-class StageConfig:
-    """Base of every stage's options; fields become CLI options and pipeline-file keys."""
+class StageConfig(Options):
+    """Base of every stage's options (`option` fields): they become CLI options and pipeline-file keys."""
 
 
 class Stage:

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from fuelline.io.paths import expand_inputs
 from fuelline.io.remote import is_url
-from fuelline.pipeline.options import identity_defaults, identity_values
+from fuelline.pipeline.options import identity_history, identity_values
 from fuelline.pipeline.shards import describe_inputs
 from fuelline.pipeline.workdir import WorkDir
 from fuelline.pipeline.workers import RunOptions
@@ -49,7 +49,7 @@ class Step:
 
     def work_dir(self, output: Path, inputs: list[str]) -> WorkDir:
         """The step's output directory with this run's identity (`fuelline.pipeline.workdir`)."""
-        return WorkDir(output, self.identity(inputs), defaults=identity_defaults(self.Config))
+        return WorkDir(output, self.identity(inputs), **identity_history(self.Config))
 
     def check(self) -> None:
         """Raise on what is known to be wrong before anything runs (a model that does not exist), so

@@ -21,9 +21,11 @@ fingerprints of what it reads (a tokenizer, a model). Running a step again, unde
 - anything else is refused, naming what differs (`StepOutputMismatch`): `--restart` (in a
   pipeline `--restart-from STEP`) deletes it, or the user chooses another output. An output
   that holds something but no plan marker is no step's and is never touched.
-An option added to a step after an output was made is absent from that output's identity; it
-stands for the option's default (`defaults`), so an output made before the option existed is
-still found again when the option keeps its default.
+An output made by an earlier version is read in today's terms: an option added since stands for
+its default (`defaults`), one renamed since is read under its new name (`renamed`), and one that
+is no longer part of the identity (removed, or moved to the run options as pack's shard_size) is
+left out; so an output made before such a change is still found again when the options it was
+made with are today's (`WorkDir(…, **identity_history(Config))`).
 """
 
 from __future__ import annotations
@@ -95,10 +97,12 @@ class WorkDir:
     `path` with the files beside it that belong to it (`OUT.jsonl.errors`)."""
 
     def __init__(self, path: str | os.PathLike, identity: dict[str, Any], name: str | None = None,
-                 defaults: dict[str, Any] | None = None, beside: Sequence[Path] | None = None):
+                 defaults: dict[str, Any] | None = None, renamed: dict[str, str] | None = None,
+                 beside: Sequence[Path] | None = None):
         self.path = Path(path)
         self.identity = identity
         self.defaults = defaults or {}  # identity["config"] values an older output's identity may lack
+        self.renamed = renamed or {}  # {earlier name: name now} of identity["config"] keys
         self.name = name or os.fspath(self.path)  # what messages call it: a URL whose staging directory is `path`
         self.started = time.perf_counter()
         self.is_file = beside is not None
@@ -153,11 +157,14 @@ class WorkDir:
         return resumed(stats, self.started)
 
     def _completed(self, existing: dict[str, Any]) -> dict[str, Any]:
-        """`existing` with the defaults of the options it predates."""
-        config = existing.get("config")
-        if not isinstance(config, dict) or not self.defaults:
+        """`existing` in today's terms: renamed options under their names now, the defaults of the
+        options it predates, without the options no longer in the identity."""
+        config, now = existing.get("config"), self.identity.get("config")
+        if not isinstance(config, dict) or not isinstance(now, dict):
             return existing
-        return {**existing, "config": {**{k: v for k, v in self.defaults.items() if k not in config}, **config}}
+        config = {self.renamed.get(k, k): v for k, v in config.items()}
+        config = {**{k: v for k, v in self.defaults.items() if k not in config}, **config}
+        return {**existing, "config": {k: v for k, v in config.items() if k in now}}
 
     def resumes(self, existing: dict[str, Any], *, anything_finished: bool) -> bool:
         """Whether to resume the unfinished work recorded here with identity `existing`: True when it is

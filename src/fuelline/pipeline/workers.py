@@ -19,7 +19,7 @@ from typing import Callable, Protocol, Self, Sequence
 from tqdm import tqdm
 
 from fuelline.pipeline.lifetime import die_with_parent
-from fuelline.pipeline.options import option
+from fuelline.pipeline.options import Options, option
 from fuelline.pipeline.ray_executor import RayExecutor  # imports Ray itself only when it is opened
 from fuelline.pipeline.shards import InputShard
 from fuelline.progress import progress_bar
@@ -28,23 +28,30 @@ EXECUTORS = ("local", "ray")
 
 
 @dataclass
-class RunOptions:
-    """How a stage is run. output_format, shard_size, on_error and keep_rejects decide its output (its
-    encoding, its shard files, what becomes of a bad record); the others only how it is made."""
+class RunOptions(Options):
+    """How a step is run. output_format, shard_size, on_error and keep_rejects decide its output (its
+    encoding, its shard files, what becomes of a bad record); the others only how it is made. Shared
+    by every command that runs steps (`cli_options.run_params`) and a pipeline file's [defaults] and
+    step tables; `restart` and `progress` are the command line's own (`--restart`, `--quiet`)."""
 
-    workers: int | None = option(None, "processes (default: all cores)", min=1)
-    shard_size: int = option(50_000, "lines per shard", min=1)
-    output_format: str = "jsonl.zst"
-    on_error: str = "raise"
-    keep_rejects: bool = True
-    restart: bool = False  # discard what the output directory holds
-    progress: bool = True
-    executor: str = "local"  # local: processes on this machine; ray: Ray tasks (`ray_executor`)
-    ray_address: str | None = None  # executor ray: "auto" or HOST:PORT; None starts a cluster here for the run
+    workers: int | None = option(None, "how many run at once: processes (threads for cache export and vocab-map, "
+                                 "whose work is reading and writing)  [default: one per core]", min=1, short="-w")
+    shard_size: int = option(50_000, "records per shard: the unit of work of a worker and of resume", min=1)
+    output_format: str = option("jsonl.zst", "output format of a record step", choices=["jsonl.zst", "parquet"],
+                                flag="--format")
+    on_error: str = option("raise", "malformed records of a record step: stop with FILE:LINE, or count and keep "
+                           "them in _rejects/", choices=["raise", "skip"])
+    keep_rejects: bool = option(True, "keep the records a step drops in _rejects/ (--no-rejects: count them only)",
+                                flag="--rejects")
+    restart: bool = option(False, "discard what the output directory holds", user=False)
+    progress: bool = option(True, "progress bars", user=False)
+    executor: str = option("local", "local: processes on this machine; ray: Ray tasks, same output (docs/ray.md)",
+                           choices=list(EXECUTORS))
+    ray_address: str | None = option(None, "--executor ray: the running cluster to use, auto or HOST:PORT (default: "
+                                     "start one here for the run)")
 
     def __post_init__(self):
-        if self.executor not in EXECUTORS:
-            raise ValueError(f"executor must be {' or '.join(EXECUTORS)}, not {self.executor!r}")
+        super().__post_init__()
         if self.ray_address is not None and self.executor != "ray":
             raise ValueError(f"ray_address {self.ray_address!r} is for the ray executor, but executor is "
                              f"{self.executor!r}: set executor to \"ray\" (--executor ray) or drop the address")

@@ -7,16 +7,18 @@ from pathlib import Path
 
 import orjson
 
+from fuelline.io.stage_layout import PIPELINE_FILE, STATS_FILE
+
 
 def load_funnel(run_dir: str | os.PathLike) -> dict:
     """Every step's numbers in order, with a check that records in = out + dropped."""
     run_dir = Path(run_dir)
-    layout_path = run_dir / "pipeline.json"
+    layout_path = run_dir / PIPELINE_FILE
     if not layout_path.exists():
-        raise FileNotFoundError(f"{run_dir}: no pipeline.json; is this the run directory of `fuelline run`?")
+        raise FileNotFoundError(f"{run_dir}: no {PIPELINE_FILE}; is this the run directory of `fuelline run`?")
     steps = []
     for entry in orjson.loads(layout_path.read_bytes())["stages"]:
-        stats_path = run_dir / entry["dir"] / "stats.json"
+        stats_path = run_dir / entry["dir"] / STATS_FILE
         if entry["stage"] == "report" or not stats_path.exists():
             continue
         stats = orjson.loads(stats_path.read_bytes())

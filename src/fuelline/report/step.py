@@ -9,6 +9,7 @@ import orjson
 
 from fuelline.io.atomic import write_bytes_atomic
 from fuelline.io.stage_layout import STATS_FILE
+from fuelline.pipeline.options import Options
 from fuelline.pipeline.shards import describe_inputs
 from fuelline.pipeline.stats import StepStats
 from fuelline.pipeline.step import Step
@@ -30,7 +31,7 @@ def build_report(run_dir: Path, directory: Path) -> dict:
 
 
 @dataclass
-class ReportConfig:
+class ReportConfig(Options):
     """The report has no options: it shows the run as it is."""
 
 

@@ -8,7 +8,7 @@ import time
 
 import click
 
-from fuelline.cli_options import at_least, config_params, given
+from fuelline.cli_options import at_least, config_params, given, quiet_option
 from fuelline.serve.launcher import ServeConfig
 
 
@@ -24,6 +24,7 @@ class _StopRequested(Exception):
                  help="JSON list of the servers for clients  [default: LOG_DIR/servers.json]"),
     click.Option(["--check-interval"], type=float, default=5.0, show_default=True, callback=at_least(0.1),
                  help="seconds between health checks while running"),
+    quiet_option(shows_progress=False),
     click.Argument(["extra_args"], nargs=-1, type=click.UNPROCESSED, metavar="[-- ENGINE ARGS...]")])
 def serve_command(log_dir, servers_file, check_interval, extra_args, **values):
     """Start one inference server per port and keep them healthy until Ctrl-C.

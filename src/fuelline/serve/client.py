@@ -48,7 +48,7 @@ import orjson
 
 from fuelline.io import json_exact
 from fuelline.io.tool_arguments import ArgumentsError, parse_arguments
-from fuelline.pipeline.options import option
+from fuelline.pipeline.options import Options, option
 from fuelline.serve.stream import EventDecoder, StreamedAnswer, StreamError
 
 RETRYABLE_STATUS = {408, 429, 500, 502, 503, 504}
@@ -106,7 +106,7 @@ class Server:
 
 
 @dataclass
-class ClientConfig:
+class ClientConfig(Options):
     """How requests are sent and retried; none of it changes the answers, so none is part of a step's identity."""
 
     concurrency: int = option(64, "requests in flight per server", identity=False, min=1)

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Self
 
 from fuelline.model_source import CONFIG_ONLY, resolve_model
-from fuelline.pipeline.options import option
+from fuelline.pipeline.options import Options, option
 from fuelline.serve import engines
 from fuelline.serve.network import cannot_listen, probe_models, served_name, server_url
 from fuelline.serve.processes import describe_exit, exit_status, signal_group
@@ -69,7 +69,7 @@ class _Options:
 
 
 @dataclass
-class ServeConfig:
+class ServeConfig(Options):
     """The options of `fuelline serve`, declared once; a pipeline's regenerate step takes them as
     `serve_*` keys for the servers it starts for itself."""
 

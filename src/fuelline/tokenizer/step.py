@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fuelline.pipeline.options import option
+from fuelline.pipeline.options import Options, option
 from fuelline.pipeline.stats import StepStats
 from fuelline.pipeline.step import Step
 from fuelline.pipeline.workers import RunOptions
@@ -13,7 +13,7 @@ from fuelline.tokenizer.train import MIN_VOCAB_SIZE, PRETOKENIZE, train_tokenize
 
 
 @dataclass
-class TokenizerConfig:
+class TokenizerConfig(Options):
     """The options of `fuelline tokenizer train` and of a pipeline's tokenizer step."""
 
     vocab_size: int = option(4096, "tokens in the vocabulary, merges included", min=MIN_VOCAB_SIZE,
