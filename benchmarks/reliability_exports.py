@@ -210,7 +210,7 @@ def vocab_map_on_damage(work: Path, source: Path, label: str, examples: int, see
     from fuelline.formats.errors import FormatError
 
     target_vocab = 5000 if label == "pack output" else model_vocab(work)
-    original = mapping(source, work / "vm-reference", target_vocab)
+    original = mapping(source, work / f"vm-reference-{label.replace(' ', '-')}", target_vocab)
     names = sorted(p.relative_to(source).as_posix() for p in source.rglob("*")
                    if p.is_file() and not p.name.startswith(".") and p.name != "stats.json")
     tally = Tally(f"vocab-map: damaged {label} ({examples} cases)")
@@ -228,8 +228,8 @@ def vocab_map_on_damage(work: Path, source: Path, label: str, examples: int, see
         def outcome() -> str:
             result = judged(lambda: mapping(directory, out, target_vocab), original, (FormatError, ValueError),
                             str(directory))
-            if result == "clear_error" and out.exists() and any(out.iterdir()):
-                return "leftover"  # refused, yet a mapping was written
+            if result == "clear_error" and out.exists() and any(not p.name.startswith(".") for p in out.iterdir()):
+                return "leftover"  # refused, yet a mapping was written (a hidden plan marker is no mapping)
             return result
 
         result, note = isolated(outcome)
