@@ -242,7 +242,8 @@ def refused_alike(work: Path, tokenizer_dir: Path) -> Tally:
     source.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in [good, *CONTRACT_BREAKS]))
     expected = sorted((reason, line) for line, reason in enumerate(reasons, start=2))
     code, stderr = run(cli("pack", "-i", source, "--tokenizer", tokenizer_dir, "-o", work / "contract-pack",
-                           "--template", "chat", "-w", "1", "-q", "--on-error", "skip"), timeout=TRIAL_LIMIT_S)
+                           "--template", "chat", "--chat-template", "chatml", "-w", "1", "-q", "--on-error", "skip"),
+                       timeout=TRIAL_LIMIT_S)
     rejects = sorted((r["reason"], r["line"]) for r in read_records(work / "contract-pack" / "_rejects")) \
         if code == 0 else stderr[-300:]
     tally.add("ok" if rejects == expected else "silent_wrong", f"pack: {rejects}, expected {expected}")

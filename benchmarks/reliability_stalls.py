@@ -118,8 +118,10 @@ def server_trial(work: Path, chats: Path, servers: list[tuple[str, ...]], option
 TOOLS = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]
 OPEN = {"id": "open", "conversations": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "old"},
                                         {"role": "user", "content": "Color?"}]}
+# Valid records with nothing to answer (an empty conversation is no valid record: the contract's refusal,
+# family (j)).
 NOTHING = [{"id": "system-only", "conversations": [{"role": "system", "content": "Be brief."}]},
-           {"id": "empty", "conversations": []}, {"id": "no-turns", "turns": []}]
+           {"id": "system-only-2", "conversations": [{"role": "system", "content": "Answer in French."}]}]
 TOOL_RESULTS = {"id": "tool", "tools": TOOLS, "conversations": [
     {"role": "user", "content": "Time?"},
     {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "get_time",
