@@ -6,7 +6,6 @@ one help text, for the CLI and for pipeline files alike. Heavy imports happen in
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from pathlib import Path
