@@ -210,7 +210,7 @@ def vocab_map_on_damage(work: Path, source: Path, label: str, examples: int, see
     from fuelline.formats.errors import FormatError
 
     target_vocab = 5000 if label == "pack output" else model_vocab(work)
-    original = mapping(source, work / "vm-reference", target_vocab)
+    original = mapping(source, work / f"vm-reference-{label.replace(' ', '-')}", target_vocab)  # one per source
     names = sorted(p.relative_to(source).as_posix() for p in source.rglob("*")
                    if p.is_file() and not p.name.startswith(".") and p.name != "stats.json")
     tally = Tally(f"vocab-map: damaged {label} ({examples} cases)")
