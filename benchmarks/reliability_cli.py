@@ -167,8 +167,8 @@ def odd_values_in_pipeline_files(work: Path, docs: Path, full: bool) -> Tally:
             pipeline = work / f"p-{key}-{list(TOML_VALUES).index(value)}.toml"
             table = f"{key} = {TOML_VALUES[value]}\n"
             model = f'model = "{work}"\nlayers = [1]\n' if stage == "cache" else ""
-            pipeline.write_text(f"[defaults]\n{table}[[stage]]\nuse = \"clean\"\n" if stage is None else
-                                f"[[stage]]\nuse = \"{stage}\"\n{model}{table}")
+            pipeline.write_text(f"[defaults]\n{table}[[step]]\nuse = \"clean\"\n" if stage is None else
+                                f"[[step]]\nuse = \"{stage}\"\n{model}{table}")
             args = ["run", str(pipeline), "--run-dir", str(work / f"run-{pipeline.stem}"), "-i", str(docs), "-q"]
             outcome, note = _isolated_judged(args, repr(key), impossible)
             tally.add(outcome, f"{key} = {value}: {note}")
@@ -245,7 +245,7 @@ def stopped_and_rerun(work: Path, docs: Path, trials: int, rng: random.Random) -
     """`fuelline run` killed and rerun (and run whole): same outputs, no lock or temp file left."""
     tally = Tally("fuelline run stopped and rerun: locks and temp files")
     pipeline = work / "clean-dedup.toml"
-    pipeline.write_text('[defaults]\nworkers = 2\nshard_size = 4\n[[stage]]\nuse = "clean"\n[[stage]]\nuse = "dedup"\n')
+    pipeline.write_text('[defaults]\nworkers = 2\nshard_size = 4\n[[step]]\nuse = "clean"\n[[step]]\nuse = "dedup"\n')
     argv = lambda root: cli("run", pipeline, "--run-dir", root / "run", "-i", docs, "-q")  # noqa: E731
     started = time.perf_counter()
     code, stderr = run(argv(work / "ref"))

@@ -76,7 +76,7 @@ def assert_one_line_error(result, *fragments):
 
 
 def write_pipeline(path, stage_table):
-    path.write_text(f'[[stage]]\nuse = "dedup"\n{stage_table}\n', encoding="utf-8")
+    path.write_text(f'[[step]]\nuse = "dedup"\n{stage_table}\n', encoding="utf-8")
     return path
 
 
@@ -86,7 +86,11 @@ def test_ordinary_mistakes_give_one_line_and_exit_2(tmp_path):
 
     bad_type = write_pipeline(tmp_path / "type.toml", 'threshold = "high"')
     result = fuelline("run", str(bad_type), "-o", str(tmp_path / "run1"), "-i", str(missing))
-    assert_one_line_error(result, f"{bad_type} [[stage]] #1 (dedup): option 'threshold' must be a number, found 'high'")
+    assert_one_line_error(result, f"{bad_type} [[step]] #1 (dedup): option 'threshold' must be a number, found 'high'")
+
+    mixed = tmp_path / "mixed.toml"
+    mixed.write_text('[[step]]\nuse = "clean"\n[[stage]]\nuse = "dedup"\n', encoding="utf-8")
+    assert_one_line_error(fuelline("run", str(mixed), "-o", str(tmp_path / "run0")), "both [[step]] and [[stage]]")
 
     unknown = write_pipeline(tmp_path / "unknown.toml", "treshold = 0.9")
     result = fuelline("run", str(unknown), "-o", str(tmp_path / "run2"))
@@ -103,6 +107,10 @@ def test_ordinary_mistakes_give_one_line_and_exit_2(tmp_path):
 
 
 def test_debug_shows_the_traceback(tmp_path):
+    mixed = tmp_path / "mixed.toml"
+    mixed.write_text('[[step]]\nuse = "clean"\n[[stage]]\nuse = "dedup"\n', encoding="utf-8")
+    assert_one_line_error(fuelline("run", str(mixed), "-o", str(tmp_path / "run0")), "both [[step]] and [[stage]]")
+
     unknown = write_pipeline(tmp_path / "unknown.toml", "treshold = 0.9")
     result = fuelline_process("--debug", "run", str(unknown), "-o", str(tmp_path / "run"))  # Python prints it
     assert result.returncode != 0
@@ -136,7 +144,7 @@ def test_summary_line_points_at_the_rejects(tmp_path):
     assert kept.exit_code == 0 and "malformed_json 1" in kept.stdout and "rejected records" not in kept.stdout
 
     pipeline = tmp_path / "p.toml"
-    pipeline.write_text('[defaults]\non_error = "skip"\n[[stage]]\nuse = "ingest"\n', encoding="utf-8")
+    pipeline.write_text('[defaults]\non_error = "skip"\n[[step]]\nuse = "ingest"\n', encoding="utf-8")
     result = fuelline("run", str(pipeline), "-o", str(tmp_path / "run"), "-i", str(source), "-q")
     assert result.exit_code == 0, (result.stderr, result.exception)
     assert f"(rejected records in {tmp_path / 'run' / '01-ingest' / '_rejects'}/)" in result.stdout

@@ -46,7 +46,7 @@ def test_thinking_is_one_flag_pair_and_the_old_spelling_is_refused_with_the_new_
     assert old.stderr == ("error: fuelline chat regenerate: option 'disable_thinking' is now 'thinking': write "
                           "thinking = false (--no-thinking) for disable_thinking = true\n")
     pipeline = tmp_path / "p.toml"
-    pipeline.write_text('[[stage]]\nuse = "regenerate"\ndisable_thinking = true\n')
+    pipeline.write_text('[[step]]\nuse = "regenerate"\ndisable_thinking = true\n')
     with pytest.raises(ValueError, match=r"#1 \(regenerate\): option 'disable_thinking' is now 'thinking'"):
         load_pipeline(pipeline)
 
@@ -73,7 +73,7 @@ def test_thinking_is_one_flag_pair_and_the_old_spelling_is_refused_with_the_new_
 ])
 def test_impossible_numbers_on_the_command_line_are_one_line_and_exit_2(args, says, tmp_path):
     pipeline = tmp_path / "p.toml"
-    pipeline.write_text('[[stage]]\nuse = "clean"\n')
+    pipeline.write_text('[[step]]\nuse = "clean"\n')
     args = [a.format(dir=tmp_path, pipeline=pipeline) for a in args]
     if args[:2] == ["chat", "prepare"]:
         args += ["-i", str(pipeline), "--train-output", str(tmp_path / "out"), "--eval-output", str(tmp_path / "ev")]
@@ -88,15 +88,15 @@ def test_impossible_numbers_on_the_command_line_are_one_line_and_exit_2(args, sa
 
 
 @pytest.mark.parametrize("table, says", [
-    ('[defaults]\nworkers = 0\n[[stage]]\nuse = "clean"\n', "[defaults]: option 'workers' must be at least 1, found 0"),
-    ('[[stage]]\nuse = "clean"\nshard_size = -1\n', "#1: option 'shard_size' must be at least 1, found -1"),
-    ('[[stage]]\nuse = "pack"\nval_fraction = 1e300\n', "option 'val_fraction' must be between 0 and 1, found 1e+300"),
-    ('[[stage]]\nuse = "regenerate"\nmax_tokens = 0\n', "option 'max_tokens' must be at least 1, found 0"),
-    ('[[stage]]\nuse = "regenerate"\ntemperature = nan\n', "option 'temperature' must be a number, not nan"),
-    ('[[stage]]\nuse = "regenerate"\nconcurrency = "64"\n', "option 'concurrency' must be an integer, found '64'"),
-    ('[[stage]]\nuse = "dedup"\nnum_perm = 0\n', "option 'num_perm' must be at least 1, found 0"),
-    ('[[stage]]\nuse = "dedup"\nkeep = "last"\n', "(dedup): option 'keep' must be one of first, longest, not 'last'"),
-    ('[[stage]]\nuse = "pack"\nchat_template = "chatlm"\n', "--chat-template chatlm: unknown chat template 'chatlm'"),
+    ('[defaults]\nworkers = 0\n[[step]]\nuse = "clean"\n', "[defaults]: option 'workers' must be at least 1, found 0"),
+    ('[[step]]\nuse = "clean"\nshard_size = -1\n', "#1: option 'shard_size' must be at least 1, found -1"),
+    ('[[step]]\nuse = "pack"\nval_fraction = 1e300\n', "option 'val_fraction' must be between 0 and 1, found 1e+300"),
+    ('[[step]]\nuse = "regenerate"\nmax_tokens = 0\n', "option 'max_tokens' must be at least 1, found 0"),
+    ('[[step]]\nuse = "regenerate"\ntemperature = nan\n', "option 'temperature' must be a number, not nan"),
+    ('[[step]]\nuse = "regenerate"\nconcurrency = "64"\n', "option 'concurrency' must be an integer, found '64'"),
+    ('[[step]]\nuse = "dedup"\nnum_perm = 0\n', "option 'num_perm' must be at least 1, found 0"),
+    ('[[step]]\nuse = "dedup"\nkeep = "last"\n', "(dedup): option 'keep' must be one of first, longest, not 'last'"),
+    ('[[step]]\nuse = "pack"\nchat_template = "chatlm"\n', "--chat-template chatlm: unknown chat template 'chatlm'"),
 ])
 def test_impossible_values_in_a_pipeline_file_are_refused_when_it_is_loaded(table, says, tmp_path):
     pipeline = tmp_path / "p.toml"
@@ -151,6 +151,6 @@ def test_a_regenerate_step_refuses_the_earlier_keys_naming_the_new_ones(key, now
     from fuelline.pipeline.config import load_pipeline
 
     pipeline = tmp_path / "p.toml"
-    pipeline.write_text(f'[[stage]]\nuse = "regenerate"\n{key} = "keep"\n')
+    pipeline.write_text(f'[[step]]\nuse = "regenerate"\n{key} = "keep"\n')
     with pytest.raises(ValueError, match=rf"#1 \(regenerate\): option '{key}' is now '{now}'"):
         load_pipeline(pipeline)

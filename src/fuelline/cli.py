@@ -6,7 +6,6 @@ one help text, for the CLI and for pipeline files alike. Heavy imports happen in
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +18,7 @@ from fuelline.pipeline.registry import STAGES, step_class
 from fuelline.pipeline.stats import dominant_drop, require_kept
 from fuelline.pipeline.workers import RunOptions
 from fuelline.cache.cli import cache as cache_group, cache_numbers
-from fuelline.chat.regenerate import RegenerateConfig
+from fuelline.chat.regenerate_config import RegenerateConfig
 from fuelline.cli_options import (at_least, config_params, given, quiet_option, restart_option, run_options,
                                    run_params, workers_option)
 from fuelline.serve.cli import serve_command
@@ -313,7 +312,7 @@ chat.add_command(_chat_prepare_command())
 def regenerate_command(inputs, output, resume, restart, quiet, **values):
     from dataclasses import replace
 
-    from fuelline.chat.regenerate import resolve_servers
+    from fuelline.chat.regenerate_config import resolve_servers
     from fuelline.pipeline.config import build_dataclass
 
     step = step_class("regenerate")

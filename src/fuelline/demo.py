@@ -26,28 +26,28 @@ DEMO_PIPELINE = """\
 [defaults]
 on_error = "skip"
 
-[[stage]]
+[[step]]
 use = "clean"
 profile = "poetry"
 convert = "t2s"
 
-[[stage]]
+[[step]]
 use = "boilerplate"
 
-[[stage]]
+[[step]]
 use = "dedup"
 
-[[stage]]
+[[step]]
 use = "tokenizer"
 vocab_size = 1024
 
-[[stage]]
+[[step]]
 use = "pack"
 template = "poetry"
 metadata_dropout = 0.25
 val_fraction = 0.05
 
-[[stage]]
+[[step]]
 use = "report"
 """
 

@@ -198,7 +198,7 @@ def test_the_command_and_a_pipeline_step_take_the_same_options(tmp_path):
     assert shown - runs == {f.name for f, _ in option_fields(ExportConfig)}
     write_cache(tmp_path / "cache", num_samples=4)
     pipeline = tmp_path / "p.toml"
-    pipeline.write_text(f'[[stage]]\nuse = "specforge-export"\ninput = "{tmp_path / "cache"}"\nmethod = "dflash"\n'
+    pipeline.write_text(f'[[step]]\nuse = "specforge-export"\ninput = "{tmp_path / "cache"}"\nmethod = "dflash"\n'
                         'compress = true\n')
     (stats,) = run_pipeline(load_pipeline(pipeline), tmp_path / "run", progress=False)
     assert stats["stage"] == "specforge-export" and stats["records_out"] == 4

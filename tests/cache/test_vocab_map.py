@@ -304,6 +304,10 @@ def test_the_command_writes_specforges_mapping_and_says_its_coverage(tmp_path):
     write_cache(tmp_path / "cache", num_samples=20, max_len=30)
     out = tmp_path / "maps" / "vocab_mapping.pt"
     runner = CliRunner()
+    for args, says in ((["-o", str(out)], "error: --draft-vocab (draft_vocab_size in a pipeline step) is required"),
+                       (["--draft-vocab", "0", "-o", str(out)], "error: --draft-vocab must be at least 1, found 0")):
+        refused = runner.invoke(main, ["cache", "vocab-map", str(tmp_path / "cache"), *args])
+        assert refused.exit_code == 2 and says in refused.output and "Traceback" not in refused.output
     missing = runner.invoke(main, ["cache", "vocab-map", str(tmp_path / "cache"), "--draft-vocab", "50", "-o", str(out)])
     assert missing.exit_code == 2 and "pass --target-vocab" in missing.output and "Traceback" not in missing.output
     assert not out.exists()
@@ -315,6 +319,9 @@ def test_the_command_writes_specforges_mapping_and_says_its_coverage(tmp_path):
     assert torch.equal(saved["d2t"], d2t) and torch.equal(saved["t2d"], t2d)
     stats = orjson.loads(companion_paths(out)["stats"].read_bytes())
     assert f"coverage {stats['coverage']:.2%} of supervised tokens" in result.output
+    again = runner.invoke(main, ["cache", "vocab-map", str(tmp_path / "cache"), "--draft-vocab", "50", "-o", str(out),
+                                 "--target-vocab", str(TARGET), "--no-verify"])  # verify decides nothing written
+    assert again.exit_code == 0 and torch.equal(torch.load(out)["d2t"], d2t), again.output
 
 
 def test_a_damaged_record_is_refused_and_no_verify_counts_only_what_opening_checks(cache, tmp_path):

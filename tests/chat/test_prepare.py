@@ -256,8 +256,8 @@ def test_pipeline_prepares_then_dedups_user_turns(tmp_path):
                for i in range(400)]  # every prompt twice, with different answers
     source = write_jsonl(tmp_path / "in.jsonl", records)
     pipeline = tmp_path / "chat.toml"
-    pipeline.write_text('[[stage]]\nuse = "chat-prepare"\ntest_size = 0.0\n\n'
-                        '[[stage]]\nuse = "dedup"\ncompare = "user_turns"\n')
+    pipeline.write_text('[[step]]\nuse = "chat-prepare"\ntest_size = 0.0\n\n'
+                        '[[step]]\nuse = "dedup"\ncompare = "user_turns"\n')
     stats = run_pipeline(load_pipeline(pipeline), tmp_path / "run", input=[str(source)], workers=1, progress=False)
     assert stats[0]["outputs"]["train"] == 400
     assert stats[1]["records_in"] == 400 and stats[1]["dropped"] == {"exact_duplicate": 200}
@@ -280,7 +280,7 @@ def test_report_shows_categories_and_step_outputs_are_addressable(tmp_path):
     math = write_jsonl(tmp_path / "math.jsonl", [{"id": f"m{i}", "question": "q", "answer": "a"} for i in range(50)])
     code = write_jsonl(tmp_path / "code.jsonl", [{"id": f"c{i}", "instruction": "i", "output": ""} for i in range(5)])
     pipeline = tmp_path / "chat.toml"
-    pipeline.write_text('[[stage]]\nuse = "chat-prepare"\ncategory_key = "@file"\ntest_size = 0.2\n')
+    pipeline.write_text('[[step]]\nuse = "chat-prepare"\ncategory_key = "@file"\ntest_size = 0.2\n')
     run_pipeline(load_pipeline(pipeline), tmp_path / "run", input=[str(math), str(code)], workers=1, progress=False)
     funnel = load_funnel(tmp_path / "run")
     (step,) = funnel["steps"]

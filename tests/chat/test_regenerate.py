@@ -396,8 +396,8 @@ def test_pipeline_step_prepares_regenerates_reports_and_skips_when_done(tmp_path
     source = shared_file("chat/gsm8k-train.jsonl.zst")
     with echo_servers((), ("--fault", "http500", "--fault-every", "5")) as urls:
         pipeline = tmp_path / "chat.toml"
-        pipeline.write_text('[[stage]]\nuse = "chat-prepare"\ntest_size = 0.98\n\n'
-                            f'[[stage]]\nuse = "regenerate"\nmodel = "echo"\nservers = {orjson.dumps(urls).decode()}\n'
+        pipeline.write_text('[[step]]\nuse = "chat-prepare"\ntest_size = 0.98\n\n'
+                            f'[[step]]\nuse = "regenerate"\nmodel = "echo"\nservers = {orjson.dumps(urls).decode()}\n'
                             'preset = "qwen3"\nconcurrency = 8\n')
         first = run_pipeline(load_pipeline(pipeline), tmp_path / "run", input=[str(source)], progress=False)
         again = run_pipeline(load_pipeline(pipeline), tmp_path / "run", input=[str(source)], progress=False)

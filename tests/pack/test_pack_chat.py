@@ -140,7 +140,7 @@ def test_tool_records_pack_with_their_tools_and_the_supervision_options(qwen_dir
     source = tmp_path / "tools.jsonl"
     source.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
     pipeline = tmp_path / "p.toml"
-    pipeline.write_text(f'[defaults]\nworkers = 1\n[[stage]]\nuse = "pack"\ntokenizer = "{qwen_dir}"\ntemplate = "chat"\n'
+    pipeline.write_text(f'[defaults]\nworkers = 1\n[[step]]\nuse = "pack"\ntokenizer = "{qwen_dir}"\ntemplate = "chat"\n'
                         'chat_template = "qwen3"\nval_fraction = 0.0\nreasoning = "drop"\ntrain_turns = "last"\n')
     stats = run_pipeline(load_pipeline(pipeline), tmp_path / "run", input=[str(source)], progress=False)[0]
     assert stats["records_out"] == len(records)

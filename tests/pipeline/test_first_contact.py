@@ -31,7 +31,7 @@ def test_a_run_stopped_by_bad_input_can_be_retried_with_other_options(tmp_path):
 def test_a_missing_input_leaves_nothing_behind(tmp_path):
     with pytest.raises(FileNotFoundError):
         run_stage(CleanStage(), [tmp_path / "missing.jsonl"], tmp_path / "out", RunOptions(workers=1, progress=False))
-    pipeline = write_lines(tmp_path / "p.toml", ['[[stage]]', 'use = "clean"'])
+    pipeline = write_lines(tmp_path / "p.toml", ['[[step]]', 'use = "clean"'])
     with pytest.raises(FileNotFoundError):
         run_pipeline(load_pipeline(pipeline), tmp_path / "run", input=[str(tmp_path / "missing.jsonl")], progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.toml"]
@@ -39,8 +39,8 @@ def test_a_missing_input_leaves_nothing_behind(tmp_path):
 
 
 def test_report_step_writes_where_the_report_command_writes_and_finished_steps_say_resumed(poems, tmp_path):
-    pipeline = write_lines(tmp_path / "p.toml", ['[[stage]]', 'use = "tokenizer"', 'vocab_size = 400',
-                                                 '[[stage]]', 'use = "report"'])
+    pipeline = write_lines(tmp_path / "p.toml", ['[[step]]', 'use = "tokenizer"', 'vocab_size = 400',
+                                                 '[[step]]', 'use = "report"'])
     first = run_pipeline(load_pipeline(pipeline), tmp_path / "run", input=[str(poems[0])], progress=False)
     assert first[1]["report"] == str(tmp_path / "run" / "report" / "report.html")
     assert (tmp_path / "run" / "report" / "funnel.json").exists()
@@ -69,7 +69,7 @@ def test_tiny_inputs_warn(tmp_path):
 def test_a_finished_run_and_a_rerun_leave_no_lock_files(tmp_path):
     """`.NAME.lock` files stayed in runs/ after every finished run (one per step and the run's own)."""
     source = write_lines(tmp_path / "in.jsonl", ['{"title": "t", "author": "a", "paragraphs": ["床前明月光，疑是地上霜。"]}'])
-    pipeline = write_lines(tmp_path / "p.toml", ['[[stage]]', 'use = "clean"', '[[stage]]', 'use = "dedup"'])
+    pipeline = write_lines(tmp_path / "p.toml", ['[[step]]', 'use = "clean"', '[[step]]', 'use = "dedup"'])
     for _ in range(2):  # the rerun finds both steps done
         run_pipeline(load_pipeline(pipeline), tmp_path / "runs" / "r", input=[str(source)], workers=1, progress=False)
         assert [p.name for p in (tmp_path / "runs").rglob("*.lock")] == []

@@ -155,8 +155,8 @@ def test_sigkill_of_a_pipeline_ends_every_worker_and_a_resume_gives_the_same_byt
     """Killed in its second step, dedup, while it hashes: the resume keeps the finished first step."""
     raw, _ = corpus
     pipeline = tmp_path / "p.toml"
-    pipeline.write_text('[defaults]\nworkers = 2\nshard_size = 2500\n\n[[stage]]\nuse = "clean"\n\n'
-                        '[[stage]]\nuse = "dedup"\n')
+    pipeline.write_text('[defaults]\nworkers = 2\nshard_size = 2500\n\n[[step]]\nuse = "clean"\n\n'
+                        '[[step]]\nuse = "dedup"\n')
     invoke(fuelline("run", str(pipeline), "-o", str(tmp_path / "reference"), "-i", str(raw), "-q"), "-w", "1")
     command = fuelline("run", str(pipeline), "-o", str(tmp_path / "run"), "-i", str(raw), "-q")
     family = kill_mid_run(command, tmp_path / "run" / "02-dedup" / "_prepare" / "shards" / "*" / "done.json",

@@ -210,10 +210,10 @@ def test_a_pipeline_file_runs_its_steps_on_ray_and_the_command_line_may_say_loca
         ray_address = "{ray_address}"
         shard_size = {SHARD}
 
-        [[stage]]
+        [[step]]
         use = "clean"
 
-        [[stage]]
+        [[step]]
         use = "pack"
         tokenizer = "{tokenizer_dir}"
     """.replace("\n        ", "\n"))
@@ -353,7 +353,7 @@ def test_a_pipeline_without_an_address_runs_on_one_ray_instance_of_its_own_that_
     (`ray_address`); a real process, so that what outlives it can be looked for."""
     pipeline = tmp_path / "pipeline.toml"
     pipeline.write_text(f'[defaults]\nexecutor = "ray"\nworkers = 2\nshard_size = {SHARD}\n\n'
-                        '[[stage]]\nuse = "clean"\n\n[[stage]]\nuse = "dedup"\n')
+                        '[[step]]\nuse = "clean"\n\n[[step]]\nuse = "dedup"\n')
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # Ray's files, instead of /tmp/ray
     command = subprocess.Popen([sys.executable, "-c", COUNTED_RUN, "run", str(pipeline), "-o", str(tmp_path / "run"),
                                 "-i", str(raw), "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

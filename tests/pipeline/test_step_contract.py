@@ -109,7 +109,7 @@ def inputs(tmp_path_factory, tiny_qwen3_dir):
         _run(*_cache_args(found, base / "cache"))
         found["cache"] = base / "cache"
         run_dir = base / "run"  # a run for the report: one clean step
-        (base / "clean.toml").write_text('[[stage]]\nuse = "clean"\nworkers = 1\n')
+        (base / "clean.toml").write_text('[[step]]\nuse = "clean"\nworkers = 1\n')
         _run("run", base / "clean.toml", "-i", raw, "--run-dir", run_dir, "-q")
         found["run"] = run_dir
         yield found
@@ -182,7 +182,7 @@ def test_chat_regenerate_resumed_with_another_model_sampling_or_preset_is_refuse
 
 def test_run_restart_from_redoes_one_step_and_keeps_the_earlier_ones(inputs, tmp_path):
     pipeline, other = tmp_path / "p.toml", tmp_path / "q.toml"
-    steps = '[[stage]]\nuse = "clean"\nworkers = 1\n\n[[stage]]\nuse = "tokenizer"\nvocab_size = {}\n'
+    steps = '[[step]]\nuse = "clean"\nworkers = 1\n\n[[step]]\nuse = "tokenizer"\nvocab_size = {}\n'
     pipeline.write_text(steps.format(300))
     other.write_text(steps.format(320))
     run = ["--run-dir", tmp_path / "run", "-i", inputs["raw"], "-q"]

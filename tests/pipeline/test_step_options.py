@@ -57,7 +57,7 @@ def _cli_config(step, tmp_path, monkeypatch, *given):
 @pytest.mark.parametrize("step", STEPS)
 def test_the_cli_and_a_pipeline_file_take_the_same_keys_and_defaults(step, tmp_path, monkeypatch):
     pipeline = tmp_path / "p.toml"
-    pipeline.write_text(f'[[stage]]\nuse = "{step}"\n{STEPS[step][2].format(dir=tmp_path)}')
+    pipeline.write_text(f'[[step]]\nuse = "{step}"\n{STEPS[step][2].format(dir=tmp_path)}')
     from_file = load_pipeline(pipeline)[0].step.config
     keys = {f.name for f, _ in option_fields(type(from_file))} - PIPELINE_ONLY.get(step, set())
     run = NOT_OPTIONS | (STAGE_RUN if step in STAGES else set())
@@ -73,8 +73,8 @@ def test_a_pack_steps_shard_size_sets_its_number_of_shards(tmp_path):
     docs = tmp_path / "docs.jsonl"
     docs.write_bytes(b"".join(orjson.dumps({"id": f"d{i}", "text": f"春眠不觉晓 {i}"}) + b"\n" for i in range(7)))
     pipeline = tmp_path / "p.toml"
-    pipeline.write_text('[defaults]\nworkers = 1\n[[stage]]\nuse = "tokenizer"\nvocab_size = 300\n'
-                        f'[[stage]]\nuse = "pack"\ninput = "{docs}"\ntemplate = "plain"\nshard_size = 3\n')
+    pipeline.write_text('[defaults]\nworkers = 1\n[[step]]\nuse = "tokenizer"\nvocab_size = 300\n'
+                        f'[[step]]\nuse = "pack"\ninput = "{docs}"\ntemplate = "plain"\nshard_size = 3\n')
     stats = run_pipeline(load_pipeline(pipeline), tmp_path / "run", input=[str(docs)], progress=False)
     assert stats[1]["records_out"] == 7
     assert sum(stats[1]["encoder"].values()) == 3  # one entry per shard: 3 + 3 + 1 records
@@ -82,7 +82,7 @@ def test_a_pack_steps_shard_size_sets_its_number_of_shards(tmp_path):
 
 def test_a_pack_step_refuses_an_unknown_key_and_lists_the_known_ones(tmp_path):
     pipeline = tmp_path / "p.toml"
-    pipeline.write_text('[[stage]]\nuse = "pack"\nval_fractoin = 0.1\n')
+    pipeline.write_text('[[step]]\nuse = "pack"\nval_fractoin = 0.1\n')
     with pytest.raises(ValueError, match=r"unknown option\(s\) val_fractoin; valid: .*val_fraction"):
         load_pipeline(pipeline)
 
@@ -94,7 +94,7 @@ def test_regenerate_options_reach_its_config_from_the_cli_and_from_a_pipeline_fi
     assert (from_cli.servers, from_cli.finish_reasons, from_cli.client.concurrency, from_cli.thinking) == \
         (["a:1", "b:2"], ["stop", "abort"], 3, False)
     pipeline = tmp_path / "p.toml"
-    pipeline.write_text('[[stage]]\nuse = "regenerate"\nmodel = "m"\nconcurrency = 3\nfinish_reasons = ["stop"]\n')
+    pipeline.write_text('[[step]]\nuse = "regenerate"\nmodel = "m"\nconcurrency = 3\nfinish_reasons = ["stop"]\n')
     step = load_pipeline(pipeline)[0].step
     assert (step.config.client.concurrency, step.config.finish_reasons) == (3, ["stop"])
     identity = step.identity([])["config"]
@@ -109,7 +109,7 @@ def test_cache_build_takes_sizes_layers_and_inline_writes_as_users_write_them(tm
         ([-1, 3], 1 << 30, True, 4 << 30)
     monkeypatch.undo()
     pipeline = tmp_path / "p.toml"
-    pipeline.write_text(f'[[stage]]\nuse = "cache"\nmodel = "{tmp_path}"\nlayers = [2]\nqueue_bytes = 1024\n'
+    pipeline.write_text(f'[[step]]\nuse = "cache"\nmodel = "{tmp_path}"\nlayers = [2]\nqueue_bytes = 1024\n'
                         'device = "cpu"\n')  # the model is resolved when the file is loaded: a directory
     step = load_pipeline(pipeline)[0].step
     assert step.config.queue_bytes == 1024
@@ -132,12 +132,12 @@ def test_serve_takes_the_options_a_regenerate_step_takes_as_serve_keys(tmp_path)
     serve = {f.name: f for f, _ in option_fields(ServeConfig)}
     assert {p.name for p in _command(["serve"]).params} - command_only == serve.keys()
     pipeline = tmp_path / "p.toml"
-    pipeline.write_text(f'[[stage]]\nuse = "regenerate"\nserve_model = "{tmp_path}"\nserve_ports = "30001"\n')
+    pipeline.write_text(f'[[step]]\nuse = "regenerate"\nserve_model = "{tmp_path}"\nserve_ports = "30001"\n')
     config = load_pipeline(pipeline)[0].step.config
     assert (config.serve.model, config.serve.ports, config.serve.engine) == (str(tmp_path), "30001",
                                                                              ServeConfig().engine)
     with pytest.raises(ValueError, match=r"unknown option\(s\) serve_prots; valid: .*serve_ports"):
-        pipeline.write_text('[[stage]]\nuse = "regenerate"\nserve_prots = "30001"\n')
+        pipeline.write_text('[[step]]\nuse = "regenerate"\nserve_prots = "30001"\n')
         load_pipeline(pipeline)
 
 
@@ -157,8 +157,8 @@ def test_a_step_resumes_refuses_other_options_naming_them_and_restarts(tmp_path)
     docs = tmp_path / "docs.jsonl"
     docs.write_bytes(b"".join(orjson.dumps({"id": f"d{i}", "text": f"春眠不觉晓 {i}"}) + b"\n" for i in range(7)))
     pipeline, other = tmp_path / "p.toml", tmp_path / "q.toml"
-    pipeline.write_text('[[stage]]\nuse = "tokenizer"\nvocab_size = 300\n')
-    other.write_text('[[stage]]\nuse = "tokenizer"\nvocab_size = 320\n')
+    pipeline.write_text('[[step]]\nuse = "tokenizer"\nvocab_size = 300\n')
+    other.write_text('[[step]]\nuse = "tokenizer"\nvocab_size = 320\n')
     first = run_pipeline(load_pipeline(pipeline), tmp_path / "run", input=[str(docs)], progress=False)[0]
     again = run_pipeline(load_pipeline(pipeline), tmp_path / "run", input=[str(docs)], progress=False)[0]
     assert again["resumed"] and again["identity"] == first["identity"] and "resumed" not in first
@@ -189,7 +189,7 @@ def test_an_output_made_before_an_option_existed_is_found_again_at_its_default(t
     docs = tmp_path / "docs.jsonl"
     docs.write_bytes(b"".join(orjson.dumps({"id": f"d{i}", "text": f"春眠不觉晓 {i}"}) + b"\n" for i in range(7)))
     pipeline = tmp_path / "p.toml"
-    pipeline.write_text('[[stage]]\nuse = "tokenizer"\nvocab_size = 300\n')
+    pipeline.write_text('[[step]]\nuse = "tokenizer"\nvocab_size = 300\n')
     run_pipeline(load_pipeline(pipeline), tmp_path / "run", input=[str(docs)], progress=False)
     stats_file = tmp_path / "run" / "01-tokenizer" / "stats.json"
     stats = orjson.loads(stats_file.read_bytes())
@@ -197,7 +197,7 @@ def test_an_output_made_before_an_option_existed_is_found_again_at_its_default(t
     stats_file.write_bytes(orjson.dumps(stats))
     again = run_pipeline(load_pipeline(pipeline), tmp_path / "run", input=[str(docs)], progress=False)[0]
     assert again["resumed"]
-    pipeline.write_text('[[stage]]\nuse = "tokenizer"\nvocab_size = 300\nmin_frequency = 3\n')
+    pipeline.write_text('[[step]]\nuse = "tokenizer"\nvocab_size = 300\nmin_frequency = 3\n')
     with pytest.raises(StepOutputMismatch, match=r"different config\.min_frequency"):
         run_pipeline(load_pipeline(pipeline), tmp_path / "run", input=[str(docs)], progress=False)
 

@@ -170,7 +170,7 @@ def test_cli_refuses_a_model_that_is_neither_a_directory_nor_a_hub_model_at_once
 
 
 def test_a_pipeline_whose_regenerate_step_serves_a_missing_model_is_refused_when_loaded(tmp_path, monkeypatch):
-    """Before any step runs (chat-prepare first would run for nothing): at load, naming the stage."""
+    """Before any step runs (chat-prepare first would run for nothing): at load, naming the step."""
     import huggingface_hub.constants
 
     from fuelline.pipeline.config import load_pipeline
@@ -178,9 +178,9 @@ def test_a_pipeline_whose_regenerate_step_serves_a_missing_model_is_refused_when
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     pipeline = tmp_path / "p.toml"
-    pipeline.write_text('[[stage]]\nuse = "chat-prepare"\n\n[[stage]]\nuse = "regenerate"\n'
+    pipeline.write_text('[[step]]\nuse = "chat-prepare"\n\n[[step]]\nuse = "regenerate"\n'
                         f'serve_model = "{tmp_path / "no-model"}"\n')
-    with pytest.raises(FileNotFoundError, match=r"p.toml \[\[stage\]\] #2 \(regenerate\): .*no-model: no such model"):
+    with pytest.raises(FileNotFoundError, match=r"p.toml \[\[step\]\] #2 \(regenerate\): .*no-model: no such model"):
         load_pipeline(pipeline)
     result = fuelline("run", str(pipeline), "--run-dir", str(tmp_path / "run"), "-i", str(pipeline))
     assert result.exit_code == 2 and "no such model directory" in result.stderr

@@ -8,6 +8,7 @@ import click
 
 from fuelline.cache.export import ExportConfig
 from fuelline.cache.plan import CacheConfig
+from fuelline.cache.vocab_map import VocabMapConfig
 from fuelline.cli_options import (at_least, config_params, given, old_progress_option, quiet_option, restart_option,
                                    workers_option)
 
@@ -215,27 +216,19 @@ def _listed(items: list) -> str:
     return ", ".join(f"data_{i}" if isinstance(i, int) else str(i) for i in items)
 
 
-@cache.command("vocab-map", params=[workers_option(), restart_option("delete the mapping, its counts and stats, and count again"),
-                                    quiet_option(), old_progress_option()])
-@click.argument("source", metavar="CACHE_OR_PACK", type=click.Path(exists=True, file_okay=False))
-@click.option("--draft-vocab", "draft_vocab", required=True, type=click.IntRange(min=1),
-              help="the draft model's vocabulary size (SpecForge's draft_vocab_size)")
-@click.option("--output", "-o", required=True, type=click.Path(dir_okay=False),
-              help="the mapping file to write (vocab_mapping.pt); its counts and stats go beside it")
-@click.option("--target-vocab", "target_vocab", type=click.IntRange(min=1), default=None,
-              help="the target model's config vocab_size  [default: the cache's model config.json; a token "
-                   "dataset's tokenizer size]")
-@click.option("--verify/--no-verify", default=True, show_default=True,
-              help="check every record's checksum (a token dataset: every file's sha256) before trusting it; "
-                   "--no-verify reads only the ids and masks, checking what opening checks")
-def vocab_map(source, draft_vocab, output, target_vocab, workers, verify, quiet, restart):
+@cache.command("vocab-map", params=[
+    click.Argument(["source"], metavar="CACHE_OR_PACK", type=click.Path(exists=True, file_okay=False)),
+    click.Option(["--output", "-o"], required=True, type=click.Path(dir_okay=False),
+                 help="the mapping file to write (vocab_mapping.pt); its counts and stats go beside it"),
+    *config_params(VocabMapConfig), workers_option(),
+    restart_option("delete the mapping, its counts and stats, and count again"), quiet_option(), old_progress_option()])
+def vocab_map(source, output, workers, quiet, restart, **values):
     """SpecForge's draft vocabulary (vocab_mapping.pt: d2t, t2d) from the supervised tokens of a cache or a
     `pack --template chat` token dataset, with the share of supervised tokens it covers."""
     import os
 
     from fuelline.cache.vocab_map import build_vocab_mapping, format_summary
 
-    stats = build_vocab_mapping(source, output, draft_vocab_size=draft_vocab, target_vocab_size=target_vocab,
-                                workers=workers or len(os.sched_getaffinity(0)), progress=not quiet, verify=verify,
-                                restart=restart)
+    stats = build_vocab_mapping(source, output, **given(values), workers=workers or len(os.sched_getaffinity(0)),
+                                progress=not quiet, restart=restart)
     click.echo(format_summary(stats))

@@ -30,7 +30,6 @@ from pathlib import Path
 import orjson
 
 from fuelline.formats.target_cache import checksum, checksum_of
-from fuelline.io.atomic import write_bytes_atomic
 
 JOURNAL = "fuelline_export_files.jsonl"
 SPECFORGE_SUFFIXES = (".ckpt", ".ckpt.gz")  # what SpecForge's offline walker takes from a directory tree
@@ -93,10 +92,6 @@ class Journal:
 
     def close(self) -> None:
         self.file.close()
-
-
-def finish_journal(output: Path, entries: dict[int, dict], count: int) -> None:
-    write_bytes_atomic(output / JOURNAL, journal_bytes(entries, count))
 
 
 def check_files(paths: dict[int, Path], entries: dict[int, dict], *, verify: bool,

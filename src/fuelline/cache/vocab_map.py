@@ -319,11 +319,13 @@ class VocabMapConfig(Options):
     """The options of `fuelline cache vocab-map` and of a pipeline's vocab-map step."""
 
     draft_vocab_size: int | None = option(None, "the draft model's vocabulary size (SpecForge's draft_vocab_size)",
-                                          min=1, required=True)
+                                          min=1, required=True, flag="--draft-vocab")
     target_vocab_size: int | None = option(None, "the target model's config vocab_size (default: the cache's model "
-                                                 "config.json; a token dataset's tokenizer size)", min=1)
+                                                 "config.json; a token dataset's tokenizer size)", min=1,
+                                           flag="--target-vocab")
     verify: bool = option(True, "check every record's checksum (a token dataset: every file's sha256) before "
-                                "trusting it", identity=False)
+                                "trusting it; without: read only the ids and masks, checking what opening checks",
+                          identity=False)
 
 
 class VocabMapStep(Step):
@@ -334,7 +336,8 @@ class VocabMapStep(Step):
 
     def check(self) -> None:
         if self.config.draft_vocab_size is None:
-            raise ValueError("draft_vocab_size is required: the draft model's vocabulary size")
+            raise ValueError("--draft-vocab (draft_vocab_size in a pipeline step) is required: the draft model's "
+                             "vocabulary size")
 
     def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:
         if len(inputs) != 1:
@@ -360,7 +363,7 @@ class VocabMapStep(Step):
         return StepStats(self.name, stats["samples"], stats["samples"], details=stats)
 
 
-def build_vocab_mapping(source: str | os.PathLike, output: str | os.PathLike, *, draft_vocab_size: int,
+def build_vocab_mapping(source: str | os.PathLike, output: str | os.PathLike, *, draft_vocab_size: int | None = None,
                         target_vocab_size: int | None = None, workers: int = 1, progress: bool = False,
                         verify: bool = True, restart: bool = False) -> dict:
     """Count `source` (`count_supervised`), map (`vocab_mapping`) and write the mapping, the counts
@@ -374,6 +377,7 @@ def build_vocab_mapping(source: str | os.PathLike, output: str | os.PathLike, *,
     if Path(output).is_dir():
         raise IsADirectoryError(f"{output}: a directory; -o names the mapping file to write (e.g. vocab_mapping.pt)")
     step = VocabMapStep(VocabMapConfig(draft_vocab_size, target_vocab_size, verify))
+    step.check()
     step_dir = step.output_dir(source, Path(output), single_file=True)
     options = RunOptions(workers=workers, restart=restart, progress=progress)
     return step_dir.run_once(lambda: step._map(source, step_dir, options), restart=restart)

@@ -29,11 +29,11 @@ DEMO_PIPELINE = """\
 [defaults]
 on_error = "skip"
 
-[[stage]]
+[[step]]
 use = "chat-prepare"
 test_size = 0.05
 
-[[stage]]
+[[step]]
 use = "regenerate"
 input = "@chat-prepare"
 serve_model = "{model}"
@@ -44,7 +44,7 @@ max_tokens = 12
 temperature = 0.0
 concurrency = 8
 
-[[stage]]
+[[step]]
 use = "cache"
 model = "{model}"
 layers = [-1, 0, 1]
@@ -56,7 +56,7 @@ batch_tokens = 4096
 min_shards = 2
 device = "cpu"
 
-[[stage]]
+[[step]]
 use = "report"
 """
 

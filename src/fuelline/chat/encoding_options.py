@@ -15,8 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from fuelline.chat.templates import ON_ERROR, REASONING, SPECIAL_TEXT, TRAIN_TURNS, ChatTemplate, get_template
+from fuelline.chat.templates import REASONING, SPECIAL_TEXT, TRAIN_TURNS, ChatTemplate, get_template
 from fuelline.pipeline.options import Options, option
+from fuelline.pipeline.workers import on_error_option
 
 TEMPLATE_NAMES = "chatml, qwen, qwen3, qwen-deepspec (DeepSpec's own samples), llama3, gemma4, FILE.toml[:NAME]"
 
@@ -63,8 +64,7 @@ class ChatEncoding(Options):
 @dataclass
 class RecordErrors(Options):
     """What `pack` and `cache build` do with a record they cannot use (unreadable, not a chat record,
-    or one the template cannot render): one option, declared once for both."""
+    or one the template cannot render): their own option, so that their identity keeps it, declared
+    where the run options' is (`on_error_option`)."""
 
-    on_error: str = option("raise", "a record that cannot be read or rendered: stop, naming FILE:LINE and its id "
-                           "(raise), or count it under a named reason and keep it in _rejects/ (skip)",
-                           choices=list(ON_ERROR))
+    on_error: str = on_error_option()

@@ -3,56 +3,20 @@
 A draft model for speculative decoding must learn the target's own distribution, so each
 assistant turn is replaced, in order, by the target's answer to the conversation so far, where
 the earlier assistant turns are already the regenerated ones; system, user and tool turns are
-kept. Requests go to any number of OpenAI-compatible servers (`fuelline.serve.client`).
+kept. Requests go to any number of OpenAI-compatible servers (`fuelline.serve.client`), as many
+at once as they take; this module is the orchestrator that reads the input, feeds the requests
+and writes what comes back. What each record asks and which answers are taken is
+`fuelline.chat.regenerate_config`; the output files and what a resumed run reads from them,
+`fuelline.chat.regenerate_files`; the turns as OpenAI messages, `fuelline.chat.openai_messages`.
 
-Prompts. A conversation that ends with a user turn gets the answer to it, appended; an eval record
-of `chat prepare` (`{"id", "turns": [user contents]}`) becomes the chat record of its user turns,
-each answered in order on the answers before it (as DeepSpec regenerates its prompts). A record
-with nothing to answer (no assistant turn, no user turn at its end) is never written: it goes to
-the errors file as `nothing_to_regenerate`, a final decision like `truncated`. A record that
-breaks the chat record contract (`fuelline.formats.chat_record`; an empty conversation, a tool
-call without a name, tool calls on a user turn …) stops the run at its line before it is sent,
-under the reason pack and cache build would give it.
-
-Tools. A record's `tools` go with each of its requests, and its turns as OpenAI messages: a tool
-call's arguments as a JSON string, each call an id (its own, else `call_{turn}_{k}`), each tool
-result the id of the call it answers (its own when it names a call of the assistant turn before
-it, else the k-th result after that turn answers its k-th call, as for a regenerated call). An
-answer that is a tool call is stored as the turn's `tool_calls`, arguments a dict, content "" or
-the text that came with it. A regenerated call cannot be given the old tool result, so
-`regenerate_turns` decides which turns are regenerated: `all`, `last` (only the final assistant turn, on the data's
-own history; tool results after it answered the replaced calls and are left out), or `auto` (the
-default): `last` for a conversation with tool results, `all` otherwise. `all` on a conversation
-with tool results would give a regenerated call the old call's result, so such a record is
-dropped as `tool_results_under_turns_all` (final, in the errors file). A record regenerated
-`last` says so in `meta.regenerated`. Reasoning never enters the content: a server's reasoning
-returned apart, or written inline (`<think>…</think>` first, or DeepSeek-R1's `…</think>`), is
-read as chat prepare reads a turn (`fuelline.chat.reasoning`; a tag anywhere else makes the
-answer a failure under that module's reason); `store_reasoning = keep` stores it as the turn's
-`reasoning_content` (and sends it back with the history, as chat templates read it). A
-replaced turn's `weight` stays on its answer. Tool-call arguments are read and written by
-`fuelline.io.tool_arguments`, so their integers stay exact.
-
-Output, one line per input id, ever: the input record with its assistant turns replaced and
-`meta.regenerated` = {model, options (every option that decides the answers, as given: preset,
-sampling values, max_tokens, thinking, regenerate_turns, store_reasoning, drop_truncated, finish_reasons,
-keep_empty_answers), sampling (the fields sent), turns ("all" or "last", as applied),
-turn_indexes, finish_reasons, answers_added (prompts: answers the data lacked), left_out
-(sampling fields a server refused), tool_results_left_out}. Lines are
-appended whole, in the order answers arrive, and flushed; the file is fsynced every second and
-at the end. `resume` reads the ids already written (a torn last line, from a kill mid-write, is
-cut off first) and skips exactly those, so nothing is done twice or missed whatever order results
-came in; that the output was made with the same model, options and inputs is the step's resume
-contract (`RegenerateStep`, `fuelline.pipeline.workdir`), which the command and pipelines keep. A conversation whose request failed for good goes to the errors file (`OUT.errors`,
-never a data suffix, so it is not read as records) with the reason; `drop_truncated` sends
-answers cut by `max_tokens` there too, as a final decision that a resumed run does not redo,
-while failures are retried by a resumed run (which first removes them from the errors file).
-
-An answer is only taken when it is one: an empty or whitespace-only content without tool calls,
-or a finish reason other than `finish_reasons` (default stop and length, and tool_calls for a
-record with tools; a server's "abort" comes with partial text), or tool-call arguments that are
-not a JSON object, is a failure, retried like a dropped connection, so no later turn is
-conditioned on it; `keep_empty_answers` and `finish_reasons` widen this on purpose.
+A record that breaks the chat record contract (`fuelline.formats.chat_record`; an empty
+conversation, a tool call without a name, tool calls on a user turn …) stops the run at its line
+before it is sent, under the reason pack and cache build would give it. A record's `tools` go
+with each of its requests; an answer that is a tool call is stored as the turn's `tool_calls`,
+arguments a dict, content "" or the text that came with it. A record regenerated `last` says so
+in `meta.regenerated`; a replaced turn's `weight` stays on its answer. That a resumed output was
+made with the same model, options and inputs is the step's resume contract (`RegenerateStep`,
+`fuelline.pipeline.workdir`), which the command and pipelines keep.
 
 Stats (stats.json beside the output) follow the stage contract and describe the whole input,
 however many resumed runs made the output: records in = written + dropped by reason (failed,
@@ -65,242 +29,22 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterator
 
-import orjson
-
-from fuelline.chat.reasoning import ReasoningError, split_reasoning
+from fuelline.chat.openai_messages import openai_messages
+from fuelline.chat.regenerate_config import TOOL_FINISH_REASON, Plan, RegenerateConfig, answer_reasoning
+from fuelline.chat.regenerate_files import Appender, Earlier, OutputPaths, begun, earlier_runs
 from fuelline.formats.chat_record import ChatRecordError, check, check_prompts
-from fuelline.io import json_exact
-from fuelline.io.atomic import write_bytes_atomic
 from fuelline.io.lock import exclusive_output
 from fuelline.io.paths import expand_inputs
 from fuelline.io.readers import count_units, iter_file_records
-from fuelline.io.stage_layout import STATS_FILE
-from fuelline.io.tool_arguments import to_json as arguments_json
-from fuelline.pipeline.options import Options, group, identity_values, option
+from fuelline.pipeline.options import identity_values
 from fuelline.pipeline.stats import StepStats
 from fuelline.records import Drop
-from fuelline.serve.client import ClientConfig, Completion, NoServerError, RequestFailed, ServerPool
-
-# Recommended sampling of each target family in non-thinking mode (temperature, top_p, top_k, min_p).
-PRESETS: dict[str, dict[str, float]] = {
-    "qwen3": {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.0},
-    "gemma4": {"temperature": 1.0, "top_p": 0.95, "top_k": 64, "min_p": 0.0},
-    "none": {},
-}
-RECORDS_FILE = "regenerated.jsonl"
-NOTHING, STALE_TOOL_RESULTS = "nothing_to_regenerate", "tool_results_under_turns_all"  # records never sent
-FINAL_REASONS = {"truncated", NOTHING, STALE_TOOL_RESULTS}  # decisions a resumed run keeps; others are retried
-TAKEN_FINISH_REASONS = ("stop", "length")
-TOOL_FINISH_REASON = "tool_calls"  # taken as well for a record with tools
-TURNS = ("auto", "all", "last")
-FSYNC_EVERY_S = 1.0
-
-
-@dataclass
-class RegenerateConfig(Options):
-    """The options of `fuelline chat regenerate` and of a pipeline's regenerate step: which model, which
-    servers, how it samples, which answers it takes, and (`client`) how requests are sent."""
-
-    model: str = option("", "model name sent with each request (default: the servers file's)")
-    servers: list[str] = option(help="HOST:PORT or URL of an OpenAI-compatible server", factory=list,
-                                flag="--server", identity=False)
-    servers_file: str = option("", "written by `fuelline serve`", existing_file=True, identity=False)
-    preset: str = option("none", "the target family's recommended sampling (qwen3: temperature 0.7, top-p 0.8, "
-                         "top-k 20; gemma4: 1.0, 0.95, 64; none: the server's defaults); explicit values override it",
-                         choices=list(PRESETS))
-    temperature: float | None = option(None, "sampling temperature (default: the preset's, else the server's)",
-                                       min=0)
-    top_p: float | None = option(None, "nucleus sampling: keep the smallest set of tokens with this mass", min=0,
-                                 max=1)
-    top_k: int | None = option(None, "sample among the K most likely tokens (-1: all, as vLLM writes it)", min=-1)
-    min_p: float | None = option(None, "drop tokens below this share of the likeliest token's probability",
-                                 min=0, max=1)
-    max_tokens: int = option(4096, "most tokens generated per answer", min=1)
-    thinking: bool | None = option(None, "send chat_template_kwargs {enable_thinking: false} (--no-thinking) or "
-                                   "{enable_thinking: true} (--thinking)  [default: neither, the template's own]",
-                                   replaces=("disable_thinking", "write thinking = false (--no-thinking) for "
-                                             "disable_thinking = true"))
-    drop_truncated: bool = option(False, "drop conversations with an answer cut by --max-tokens")
-    keep_empty_answers: bool = option(False, "take empty and whitespace-only answers (default: failures, retried, "
-                                      "then in OUT.errors)")
-    finish_reasons: list[str] = option(help="finish reasons of the answers taken, comma-separated; an answer ending "
-                                       "otherwise (abort, ...) is a failure, retried, then in OUT.errors",
-                                       factory=lambda: list(TAKEN_FINISH_REASONS), comma_list=True)
-    regenerate_turns: str = option("auto", "assistant turns regenerated: all; last (the final one, on the data's own "
-                                   "history); auto: last for conversations with tool results (a regenerated tool "
-                                   "call cannot be given the old result), all otherwise", choices=list(TURNS),
-                                   was="turns")
-    store_reasoning: str = option("drop", "reasoning a server returns apart from the answer: drop it, or store it as "
-                                  "the turn's reasoning_content (never in the content); what is trained on is pack's "
-                                  "and cache build's --reasoning", choices=["drop", "keep"], was="reasoning")
-    client: ClientConfig = group(ClientConfig)
-
-    def __post_init__(self):
-        super().__post_init__()
-        self.finish_reasons = [r.strip() for r in self.finish_reasons if r.strip()]
-        if not self.finish_reasons:
-            raise ValueError("finish_reasons is empty: no answer would be taken (the default is stop,length)")
-
-    def answer_problem(self, answer: Completion, tools: bool = False) -> tuple[str, str] | None:
-        """(reason, detail) when `answer` is not an answer this run takes (see the module doc);
-        `tools`: the request carried tools, so a tool call's finish reason is taken too."""
-        calls = "".join(f" calling {c['function']['name']}" for c in answer.tool_calls)
-        said = f"{answer.server} answered {answer.content[:100]!r}{calls} with finish reason {answer.finish_reason!r}"
-        try:
-            content, _ = answer_reasoning(answer)
-        except ReasoningError as e:
-            return e.reason, f"{said}: {e.detail}"
-        if not self.keep_empty_answers and not content.strip() and not answer.tool_calls:
-            return "empty_answer", said
-        taken = [*self.finish_reasons, *([TOOL_FINISH_REASON] if tools else [])]
-        if answer.finish_reason not in taken:
-            return f"finish_{answer.finish_reason}", f"{said}, not {' or '.join(taken)}"
-        return None
-
-    def plan(self, record: dict) -> Plan | Drop:
-        """What `record` asks of the servers (see the module doc), or why it asks nothing it can be given."""
-        if "conversations" not in record:  # an eval record: every user turn answered, in order
-            turns = [t for content in record["turns"] for t in ({"role": "user", "content": content}, MISSING)]
-            mode, added = "all", len(record["turns"])
-        else:
-            turns, added = list(record["conversations"]), 0
-            tool_results = any(t["role"] == "tool" for t in turns)
-            mode = ("last" if tool_results else "all") if self.regenerate_turns == "auto" else self.regenerate_turns
-            if mode == "all" and tool_results:
-                return Drop(STALE_TOOL_RESULTS, "the conversation has tool results: --regenerate-turns all would "
-                                                "regenerate the calls they answer and keep the old results; use "
-                                                "--regenerate-turns last or auto")
-            if turns and turns[-1]["role"] == "user":
-                turns, added = [*turns, MISSING], 1
-        assistant = [i for i, t in enumerate(turns) if t["role"] == "assistant"]
-        if not assistant:
-            roles = ", ".join(t["role"] for t in turns) or "no turn"
-            return Drop(NOTHING, f"no assistant turn and no user turn at the end to answer ({roles})")
-        return Plan(turns, assistant if mode == "all" else assistant[-1:], mode, added)
-
-    def sampling(self) -> dict[str, Any]:
-        """The request fields: the preset's values, overridden by explicit ones."""
-        values = dict(PRESETS[self.preset])
-        for name in ("temperature", "top_p", "top_k", "min_p"):
-            if getattr(self, name) is not None:
-                values[name] = getattr(self, name)
-        values["max_tokens"] = self.max_tokens
-        if self.thinking is not None:
-            values["chat_template_kwargs"] = {"enable_thinking": self.thinking}
-        return values
-
-
-def answer_reasoning(answer: Completion) -> tuple[str, str | None]:
-    """(content, reasoning) of an answer: a reasoning the server returned apart, or one inline
-    in its content (`fuelline.chat.reasoning`); `ReasoningError` for a tag elsewhere."""
-    return split_reasoning(answer.content, answer.reasoning_content, f"the answer of {answer.server}")
-
-
-MISSING = {"role": "assistant", "content": ""}  # where an answer the data lacks goes
-
-
-@dataclass(frozen=True)
-class Plan:
-    """One record's requests: its turns (answers the data lacks in place, empty), the indexes
-    regenerated, "all" or "last" as applied, and how many answers were added."""
-
-    turns: list[dict]
-    targets: list[int]
-    mode: str
-    added: int
-
-
-@dataclass(frozen=True)
-class OutputPaths:
-    records: Path
-    errors: Path
-    stats: Path
-
-    @classmethod
-    def of(cls, output: str | os.PathLike) -> OutputPaths:
-        """`OUT.jsonl` (with OUT.jsonl.errors and OUT.stats.json), or a directory holding all three."""
-        output = Path(output)
-        if output.suffix == ".jsonl":
-            return cls(output, output.with_name(output.name + ".errors"), output.with_suffix(".stats.json"))
-        return cls(output / RECORDS_FILE, output / f"{RECORDS_FILE}.errors", output / STATS_FILE)
-
-
-def _ids_of_lines(path: Path, cut_torn_line: bool) -> Iterator[tuple[int, dict]]:
-    """(line number, record) of a file this step appends to; a torn last line is cut off first."""
-    if not path.exists():
-        return
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        complete = data.rfind(b"\n") + 1
-        if cut_torn_line:
-            with open(path, "r+b") as f:
-                f.truncate(complete)
-                os.fsync(f.fileno())
-        data = data[:complete]
-    for number, line in enumerate(data.splitlines(), start=1):
-        try:
-            record = orjson.loads(line)
-            yield number, record
-        except orjson.JSONDecodeError:
-            raise ValueError(f"{path}:{number}: not a JSON line in the middle of the file: it was changed by "
-                             "something else than fuelline; repair or remove it") from None
-
-
-@dataclass
-class Earlier:
-    """What earlier runs left: ids written and dropped for good, and the counts of what was written."""
-
-    written: set[str] = field(default_factory=set)
-    dropped: dict[str, str] = field(default_factory=dict)  # id → reason, of the decisions a resume keeps
-    finish_reasons: Counter = field(default_factory=Counter)
-    truncated_kept: int = 0
-
-
-def earlier_runs(paths: OutputPaths) -> Earlier:
-    """What earlier runs left. Errors that are not final are removed from the errors file (atomically):
-    this run retries them, and lists them again if they fail again."""
-    earlier = Earlier()
-    for _, record in _ids_of_lines(paths.records, True):
-        earlier.written.add(record["id"])
-        regenerated = record.get("meta", {}).get("regenerated", {})
-        reasons = regenerated.get("finish_reasons", [])
-        earlier.finish_reasons.update(reasons)
-        earlier.truncated_kept += "length" in reasons
-    final = [r for _, r in _ids_of_lines(paths.errors, True) if r.get("reason") in FINAL_REASONS]
-    earlier.dropped = {r["id"]: r["reason"] for r in final}
-    if paths.errors.exists():
-        write_bytes_atomic(paths.errors, b"".join(orjson.dumps(r) + b"\n" for r in final))
-    return earlier
-
-
-class _Appender:
-    """Whole lines appended and flushed; fsynced at most every second, and on close."""
-
-    def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.file = open(path, "ab")
-        self.count = 0
-        self._synced = time.monotonic()
-
-    def write(self, record: dict) -> None:
-        self.file.write(json_exact.dumps(record) + b"\n")
-        self.file.flush()
-        self.count += 1
-        if time.monotonic() - self._synced > FSYNC_EVERY_S:
-            os.fsync(self.file.fileno())
-            self._synced = time.monotonic()
-
-    def close(self) -> None:
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.file.close()
+from fuelline.serve.client import Completion, NoServerError, RequestFailed, ServerPool
 
 
 def _check_record(record: dict, source: Path, line: int) -> None:
@@ -310,37 +54,6 @@ def _check_record(record: dict, source: Path, line: int) -> None:
     problem = check_prompts(record) if prompts else check(record)
     if problem is not None:
         raise ChatRecordError(problem.reason, problem.detail, f"{source}:{line}")
-
-
-def openai_messages(turns: list[dict]) -> list[dict]:
-    """`turns` as OpenAI chat messages (see the module doc). A tool result answers the call of the
-    assistant turn before it that its own id names, else the call at its position: a regenerated
-    call's id is never the one an old result names."""
-    messages: list[dict] = []
-    calls: list[tuple[str, str]] = []  # (id, name) of the last assistant turn's calls
-    answered = 0  # tool results since that turn
-    for i, turn in enumerate(turns):
-        message = {"role": turn["role"], "content": turn["content"]}
-        if turn["role"] == "assistant":
-            made = turn.get("tool_calls", [])
-            calls, answered = [(c.get("id") or f"call_{i}_{k}", c["function"]["name"]) for k, c in enumerate(made)], 0
-            if made:
-                message["tool_calls"] = [{"id": call_id, "type": "function", "function": {
-                    "name": name, "arguments": arguments_json(c["function"]["arguments"])}}
-                    for (call_id, name), c in zip(calls, made)]
-            if "reasoning_content" in turn:  # under the field's older name and vLLM's newer one
-                message["reasoning_content"] = message["reasoning"] = turn["reasoning_content"]
-        elif turn["role"] == "tool":
-            own = turn.get("tool_call_id")
-            ids = dict(calls)
-            call_id, name = (own, ids[own]) if own in ids else calls[answered] if answered < len(calls) else (own, None)
-            answered += 1
-            if call_id:
-                message["tool_call_id"] = call_id
-            if turn.get("name") or name:
-                message["name"] = turn.get("name") or name
-        messages.append(message)
-    return messages
 
 
 @dataclass
@@ -392,7 +105,7 @@ class Regenerator:
         from fuelline.progress import progress_bar
 
         total = sum(count_units(f) or 0 for f in self.files)
-        outputs, errors = _Appender(self.paths.records), _Appender(self.paths.errors)
+        outputs, errors = Appender(self.paths.records), Appender(self.paths.errors)
         bar = progress_bar(total=total, initial=len(earlier.written) + len(earlier.dropped), desc="regenerate",
                            unit="conv", disable=not self.progress, smoothing=0.1)
         try:
@@ -410,7 +123,7 @@ class Regenerator:
             outputs.close()
             errors.close()
 
-    async def _feed(self, queue: asyncio.Queue, skip: set[str], errors: _Appender, bar, workers: int) -> None:
+    async def _feed(self, queue: asyncio.Queue, skip: set[str], errors: Appender, bar, workers: int) -> None:
         seen: set[str] = set()
         for source in self.files:
             for line, record in iter_file_records(source):
@@ -433,7 +146,7 @@ class Regenerator:
         for _ in range(workers):
             await queue.put(None)
 
-    async def _worker(self, pool: ServerPool, queue: asyncio.Queue, outputs: _Appender, errors: _Appender,
+    async def _worker(self, pool: ServerPool, queue: asyncio.Queue, outputs: Appender, errors: Appender,
                       bar) -> None:
         counts = self.run_counts
         while (item := await queue.get()) is not None:
@@ -457,7 +170,7 @@ class Regenerator:
             bar.set_postfix_str(f"{counts.requests / elapsed:.1f} req/s, {counts.tokens / elapsed:,.0f} tok/s",
                                 refresh=False)
 
-    def _dropped(self, errors: _Appender, rid: str, reason: str, detail: str, counted_as: str | None = None,
+    def _dropped(self, errors: Appender, rid: str, reason: str, detail: str, counted_as: str | None = None,
                  **extra) -> None:
         """A record in the errors file, with its reason; the first of each kind is the stats' example."""
         errors.write({"id": rid, "reason": reason, "detail": detail, **extra})
@@ -547,25 +260,6 @@ async def _first_failure(tasks: list[asyncio.Task]) -> None:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def resolve_servers(model: str | None, servers: list[str], servers_file: str | None) -> tuple[str, list[str]]:
-    """(model name, server URLs) from what was given and, if given, a servers file of `fuelline serve`."""
-    urls = list(servers)
-    if servers_file:
-        from fuelline.serve.launcher import read_servers_file
-
-        file_model, file_urls = read_servers_file(servers_file)
-        model, urls = model or file_model, urls + file_urls
-    if not model:
-        raise ValueError("give the model name the servers serve (--model, or 'model' in a pipeline file), "
-                         "or a servers file written by `fuelline serve`")
-    return model, urls
-
-
-def begun(paths: OutputPaths) -> bool:
-    """Whether an earlier run wrote answers or errors here."""
-    return any(p.exists() and p.stat().st_size for p in (paths.records, paths.errors))
 
 
 def regenerate(inputs, output, servers: list[str], config: RegenerateConfig, **options) -> dict:

@@ -17,7 +17,9 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from fuelline.chat.regenerate import OutputPaths, RegenerateConfig, Regenerator, begun, resolve_servers
+from fuelline.chat.regenerate import Regenerator
+from fuelline.chat.regenerate_config import RegenerateConfig, resolve_servers
+from fuelline.chat.regenerate_files import OutputPaths, begun
 from fuelline.model_source import CONFIG_ONLY, resolve_model
 from fuelline.pipeline.options import group
 from fuelline.pipeline.step import Step

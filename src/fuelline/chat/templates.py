@@ -36,6 +36,7 @@ from fuelline.chat.jinja_templates import render_jinja
 from fuelline.chat.template_registry import ChatTemplate, Rendering, get_template, load_templates, register_template
 from fuelline.formats import chat_record
 from fuelline.formats.chat_record import ChatRecordError
+from fuelline.io.bad_records import ON_ERROR
 
 __all__ = ["ON_ERROR", "REASONING", "SPECIAL_TEXT", "TRAIN_TURNS", "ChatTemplate", "Rendering", "conversation_tools",
            "conversation_turns", "get_template", "load_templates", "register_template", "render", "render_checked"]
@@ -43,7 +44,6 @@ __all__ = ["ON_ERROR", "REASONING", "SPECIAL_TEXT", "TRAIN_TURNS", "ChatTemplate
 REASONING = ("keep", "drop", "last")
 TRAIN_TURNS = ("all", "last")
 SPECIAL_TEXT = ("refuse", "keep")
-ON_ERROR = ("raise", "skip")
 
 
 def conversation_turns(conversation: Any) -> list[dict]:

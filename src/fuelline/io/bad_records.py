@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 # Deeper records are refused when read: orjson writes at most 254 levels (fuelline's outputs and
 # rejects are written with it), real records nest a few levels, and a JSON array's parser would
@@ -19,6 +19,7 @@ MAX_NESTING_DEPTH = 200
 MAX_RECORD_BYTES = 64 << 20  # a longer line is refused without being read into memory whole
 
 OnError = Literal["raise", "skip"]
+ON_ERROR = get_args(OnError)  # the choices of every on_error option
 # Reasons of records the reader could not turn into a dict: counted as read (records_in) and dropped.
 READ_ERROR_REASONS = ("malformed_json", "not_an_object", "invalid_utf8", "nesting_too_deep", "record_too_large",
                       "truncated_json_array")
@@ -47,7 +48,7 @@ class BadRecords:
     """Raises or records a bad record, following `on_error`; `local` is the file read for `source`."""
 
     def __init__(self, source: Path | str, on_error: OnError, rejects: RejectSink | None, local: Path | None = None):
-        if on_error not in ("raise", "skip"):
+        if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
         self.source, self.on_error, self.rejects = source, on_error, rejects
         self.local = local if local is not None else Path(source)

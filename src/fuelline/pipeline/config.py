@@ -1,4 +1,4 @@
-"""Typed stage options, and pipeline files: an ordered list of stages in TOML.
+"""Typed step options, and pipeline files: an ordered list of steps in TOML.
 
     [defaults]              # run options for every step (each may override them)
     workers = 2
@@ -6,12 +6,14 @@
     executor = "ray"        # optional: Ray tasks instead of local processes (docs/ray.md)
     ray_address = "auto"    #   on the cluster at this address (none: one started for the run)
 
-    [[stage]]
-    use = "ingest"          # a registered stage
-    input = "corpus/*.jsonl.zst"   # first stage only; later stages read the one before
-    text_key = "paragraphs" # the stage's own options
+    [[step]]
+    use = "ingest"          # a registered step
+    input = "corpus/*.jsonl.zst"   # first step only; later steps read the one before
+    text_key = "paragraphs" # the step's own options
 
-Each stage writes RUN_DIR/NN-NAME/; running the file again resumes where it stopped.
+Each step writes RUN_DIR/NN-NAME/; running the file again resumes where it stopped. `[[stage]]`,
+the tables' earlier name, is still read, so that older files run as they did; a file that mixes
+both is refused, as its order of steps would be ambiguous.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from fuelline.pipeline.workdir import StepOutputMismatch
 from fuelline.pipeline.workers import RunOptions
 
 RUN_OPTION_KEYS = {f.name for f, _ in option_fields(RunOptions)}  # restart and progress are the command line's
+STEP_TABLES = ("step", "stage")  # [[stage]]: the earlier name, still read
 
 
 def _check_type(value: Any, hint: Any) -> bool:
@@ -120,16 +123,20 @@ def read_toml(path: str | os.PathLike) -> dict[str, Any]:
 def load_pipeline(path: str | os.PathLike) -> list[PipelineStep]:
     path = Path(path)
     doc = read_toml(path)
-    unknown = sorted(set(doc) - {"defaults", "stage"})
+    unknown = sorted(set(doc) - {"defaults", *STEP_TABLES})
     if unknown:
-        raise ValueError(f"{path}: unknown table(s) {', '.join(unknown)}; expected [defaults] and [[stage]]")
+        raise ValueError(f"{path}: unknown table(s) {', '.join(unknown)}; expected [defaults] and [[step]]")
+    if all(key in doc for key in STEP_TABLES):
+        raise ValueError(f"{path}: both [[step]] and [[stage]] tables, whose order together is ambiguous; "
+                         "write every step as [[step]] ([[stage]] is its earlier name)")
+    key = next((key for key in STEP_TABLES if key in doc), "step")
     defaults = doc.get("defaults", {})
     build_dataclass(RunOptions, defaults, f"{path} [defaults]")
-    if not doc.get("stage"):
-        raise ValueError(f"{path}: no [[stage]] tables")
+    if not doc.get(key):
+        raise ValueError(f"{path}: no [[step]] tables")
     steps, names = [], set()
-    for i, table in enumerate(doc["stage"], start=1):
-        where = f"{path} [[stage]] #{i}"
+    for i, table in enumerate(doc[key], start=1):
+        where = f"{path} [[{key}]] #{i}"
         table = dict(table)
         if "use" not in table:
             raise ValueError(f"{where}: missing key 'use' (the step to run)")

@@ -35,7 +35,7 @@ def step_class(name: str) -> type[Stage] | type[Step]:
     try:
         target = {**STAGES, **STEPS}[name]
     except KeyError:
-        raise ValueError(f"unknown stage {name!r}; available: {', '.join(sorted({**STAGES, **STEPS}))}") from None
+        raise ValueError(f"unknown step {name!r}; available: {', '.join(sorted({**STAGES, **STEPS}))}") from None
     module, attr = target.split(":")
     return getattr(importlib.import_module(module), attr)
 

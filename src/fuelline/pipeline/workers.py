@@ -14,10 +14,11 @@ import queue
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from multiprocessing import get_context
-from typing import Callable, Protocol, Self, Sequence
+from typing import Any, Callable, Protocol, Self, Sequence
 
 from tqdm import tqdm
 
+from fuelline.io.bad_records import ON_ERROR
 from fuelline.pipeline.lifetime import die_with_parent
 from fuelline.pipeline.options import Options, option
 from fuelline.pipeline.ray_executor import RayExecutor  # imports Ray itself only when it is opened
@@ -25,6 +26,15 @@ from fuelline.pipeline.shards import InputShard
 from fuelline.progress import progress_bar
 
 EXECUTORS = ("local", "ray")
+
+
+def on_error_option() -> Any:
+    """`on_error`, declared once for the run options of record steps (`RunOptions`) and for pack's and
+    cache build's own (`fuelline.chat.encoding_options.RecordErrors`). Two fields, one declaration:
+    pack's and the cache's identities record it as their own option, a record step's as a run option."""
+    return option("raise", "a record that cannot be read or used (malformed, or, for pack and the cache, one the "
+                  "chat template cannot render): stop, naming FILE:LINE and its id (raise), or count it under a "
+                  "named reason and keep it in _rejects/ (skip)", choices=list(ON_ERROR))
 
 
 @dataclass
@@ -39,8 +49,7 @@ class RunOptions(Options):
     shard_size: int = option(50_000, "records per shard: the unit of work of a worker and of resume", min=1)
     output_format: str = option("jsonl.zst", "output format of a record step", choices=["jsonl.zst", "parquet"],
                                 flag="--format")
-    on_error: str = option("raise", "malformed records of a record step: stop with FILE:LINE, or count and keep "
-                           "them in _rejects/", choices=["raise", "skip"])
+    on_error: str = on_error_option()
     keep_rejects: bool = option(True, "keep the records a step drops in _rejects/ (--no-rejects: count them only)",
                                 flag="--rejects")
     restart: bool = option(False, "discard what the output directory holds", user=False)

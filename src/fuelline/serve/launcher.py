@@ -188,16 +188,6 @@ class ServerGroup:
         os.kill(process.pid, sig)
         return process.pid
 
-    def restart_server(self, i: int, timeout: float | None = None) -> None:
-        """Stop server i if it runs, start it again and wait until it answers."""
-        server = self.servers[i]
-        with self._lock:
-            self._terminate(server)
-            self._spawn(server)
-        self._wait_until_healthy([server], self._options.startup_timeout if timeout is None else timeout)
-        with self._lock:
-            self._write_servers_file()
-
     def healthy(self) -> list[bool]:
         """Whether each server's process runs and its `/v1/models` answers 200 right now."""
         return [s.process is not None and exit_status(s.process) is None and probe_models(s.url) is not None
