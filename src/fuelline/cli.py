@@ -159,16 +159,19 @@ def _local_only(ctx: click.Context, param: click.Parameter, value):
 
 
 def _step_dirs(run_dir: str, count: int) -> list[Path | None]:
-    """The stage directories of a run, in order, from RUN/pipeline.json (None where it is unknown)."""
+    """The step directories of a run, in order, from RUN/pipeline.json, which the run has just
+    written (None for a step it does not list)."""
     import orjson
 
     from fuelline.io.stage_layout import PIPELINE_FILE
 
+    path = Path(run_dir) / PIPELINE_FILE
     try:
-        layout = orjson.loads((Path(run_dir) / PIPELINE_FILE).read_bytes())["stages"]
-    except (OSError, ValueError, KeyError):
-        layout = []
-    dirs = [Path(run_dir) / entry["dir"] for entry in layout]
+        layout = orjson.loads(path.read_bytes())["stages"]
+        dirs = [Path(run_dir) / entry["dir"] for entry in layout]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise click.ClickException(f"{path}: the run finished, but its list of steps cannot be read "
+                                   f"({type(e).__name__}: {e}); every step's stats.json is in its directory") from None
     return (dirs + [None] * count)[:count]
 
 
