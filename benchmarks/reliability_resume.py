@@ -110,9 +110,7 @@ def _changed(work: Path, base: list[str], url: str, other: Path) -> Tally:
                 return "clear_error"
             return f"crash\0exit {code}: {stderr[-400:]}"
 
-        outcome, note = isolated(trial, timeout=120)
-        outcome, _, detail = outcome.partition("\0")
-        tally.add(outcome, f"{name}: {detail or note}")
+        _add(tally, trial, name)
     return tally
 
 
@@ -128,7 +126,12 @@ def _sent_alike(work: Path, base: list[str]) -> Tally:
                 return "ok"
             return f"crash\0exit {code}, {len(ids)} lines: {stderr[-400:]}"
 
-        outcome, note = isolated(trial, timeout=120)
-        outcome, _, detail = outcome.partition("\0")
-        tally.add(outcome, f"--{name} {value}: {detail or note}")
+        _add(tally, trial, f"--{name} {value}")
     return tally
+
+
+def _add(tally: Tally, trial, label: str) -> None:
+    """Run `trial` bounded in time; its outcome may carry a detail after a NUL ("crash\0exit 1: …")."""
+    outcome, note = isolated(trial, timeout=120)
+    outcome, _, detail = outcome.partition("\0")
+    tally.add(outcome, f"{label}: {detail or note}")
