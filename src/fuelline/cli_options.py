@@ -9,7 +9,7 @@ import typing
 
 import click
 
-from fuelline.pipeline.options import (NO_DEFAULT, bound_problem, bounds_text, default_of, option_fields,
+from fuelline.pipeline.options import (NO_DEFAULT, bound_problem, bounds_text, default_of, flag_of, option_fields,
                                        parse_size, replaced_names, size_text)
 from fuelline.pipeline.workers import RunOptions
 
@@ -85,24 +85,24 @@ def option_for(field: dataclasses.Field, hint) -> click.Option:
     """The CLI option of a Config field. Its default is None, "not given", so the Config's own
     default (or a --config file's value) applies; help shows the Config's default, its range and
     whether it is required."""
-    flag, name = field.metadata.get("flag") or "--" + field.name.replace("_", "-"), field.name
-    if field.metadata.get("short"):
-        name = (field.metadata["short"], name)
+    flag = flag_of(field)
+    short = field.metadata.get("short")  # `-w`
+    names = [short, field.name] if short else [field.name]
     if field.metadata.get("step_ref"):  # a pipeline's @STEP; here a directory that must exist
-        return click.Option([flag, *_names(name)], required=True, type=click.Path(exists=True, file_okay=False),
+        return click.Option([flag, *names], required=True, type=click.Path(exists=True, file_okay=False),
                             help=field.metadata.get("help", ""))
     help_text = _help_with_default(field, hint, flag)
     common = {"default": None, "help": help_text, "required": bool(field.metadata.get("required")),
               "callback": within_bounds(field, flag)}
     if hint is bool or _optional_of(hint) is bool:
-        return click.Option([f"{flag}/--no-{flag[2:]}", *_names(name)], **common)
+        return click.Option([f"{flag}/--no-{flag[2:]}", *names], **common)
     if field.metadata.get("comma_list"):
         (item,) = typing.get_args(hint)
-        return click.Option([flag, *_names(name)],
+        return click.Option([flag, *names],
                             **{**common, "callback": within_bounds(field, flag, _comma_list(item))})
     if typing.get_origin(hint) is list:
         (item,) = typing.get_args(hint)
-        return click.Option([flag, *_names(name)], multiple=True, type=item,
+        return click.Option([flag, *names], multiple=True, type=item,
                             **{**common, "help": f"{help_text} (repeatable)"})
     choices = field.metadata.get("choices")
     if choices:
@@ -113,12 +113,7 @@ def option_for(field: dataclasses.Field, hint) -> click.Option:
         kind = Size()
     else:  # `int | None` and the like: the non-None member
         kind = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
-    return click.Option([flag, *_names(name)], type=kind, **common)
-
-
-def _names(name: str | tuple[str, str]) -> tuple[str, ...]:
-    """The short alias and the parameter name (`("-w", "workers")`), or the name alone."""
-    return name if isinstance(name, tuple) else (name,)
+    return click.Option([flag, *names], type=kind, **common)
 
 
 def replaced_options(config_cls) -> list[click.Option]:

@@ -108,6 +108,11 @@ def _number(value: float | None) -> str | None:
     return f"{int(value):,}" if float(value).is_integer() else f"{value:g}"
 
 
+def flag_of(field: dataclasses.Field) -> str:
+    """The CLI flag of an option: its declared `flag`, else its name (`--shard-size`)."""
+    return field.metadata.get("flag") or "--" + field.name.replace("_", "-")
+
+
 def replaced_names(cls: type) -> dict[str, tuple[str, str]]:
     """{old name: (its option now, how to write it)} of the earlier spellings `cls`'s options replace."""
     found = {}
@@ -115,8 +120,7 @@ def replaced_names(cls: type) -> dict[str, tuple[str, str]]:
         if f.metadata.get("replaces"):
             found[f.metadata["replaces"][0]] = (f.name, f.metadata["replaces"][1])
         if f.metadata.get("was"):
-            flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
-            found[f.metadata["was"]] = (f.name, f"the same option under its new name: {f.name} = … ({flag} …)")
+            found[f.metadata["was"]] = (f.name, f"the same option under its new name: {f.name} = … ({flag_of(f)} …)")
     return found
 
 
