@@ -89,4 +89,7 @@ def test_the_real_smollm2_regenerates_on_two_servers(smollm2_dir, tmp_path):
     out = {r["id"]: r for r in read_records(tmp_path / "out.jsonl")}
     assert sorted(out) == sorted(f"q{i}" for i in range(len(questions))) and stats["dropped"] == {}
     assert "Paris" in out["q0"]["conversations"][1]["content"]
-    assert all(s["requests"] >= 3 for s in stats["servers"].values())
+    # Both servers answer: the first two requests go out together, one to each idle server. How
+    # the rest split depends on each server's speed on a busy machine (CI once saw 10 and 2).
+    served = [s["requests"] for s in stats["servers"].values()]
+    assert len(served) == 2 and min(served) >= 1 and sum(served) >= len(questions), stats["servers"]
