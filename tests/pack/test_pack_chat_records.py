@@ -79,3 +79,23 @@ def test_pack_keeping_no_conversation_exits_2_with_the_reason(qwen_dir, tmp_path
     assert done.exit_code == 2 and "Traceback" not in done.stderr
     assert "pack kept none of its 1 records (dropped: special_token_text 1)" in done.stderr
     assert f"{source}:1: record 'fake': turn 1: content spells '<|im_end|>'" in done.stderr
+
+
+def test_a_record_that_breaks_the_chat_contract_stops_pack_with_the_contracts_error(qwen_dir, tmp_path):
+    """The same error, message and reason as every other step gives for it (`fuelline.formats.chat_record`)."""
+    from fuelline.formats.chat_record import ChatRecordError, check
+    from fuelline.pack.packer import PackConfig, pack as pack_records
+
+    bad = {"id": "", "conversations": [{"role": "user", "content": "Hi"}]}
+    source = write(tmp_path / "chats.jsonl", GOOD, bad)
+    done = pack(qwen_dir, source, tmp_path / "out", "--on-error", "raise")
+    assert done.exit_code == 2 and "Traceback" not in done.stderr
+    drop = check(bad)
+    assert f"error: {source}:2: {drop.detail} ({drop.reason})" in done.stderr
+    config = PackConfig(template="chat", chat_template="chatml", val_fraction=0)
+    try:
+        pack_records([source], qwen_dir, tmp_path / "api", config, workers=1, progress=False)
+    except ChatRecordError as e:
+        assert (e.where, e.reason, e.detail) == (f"{source}:2", drop.reason, drop.detail)
+    else:
+        raise AssertionError("pack accepted a record without an id")

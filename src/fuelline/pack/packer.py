@@ -156,7 +156,7 @@ def _render_shard(shard: InputShard, template, on_error: str, rejects: Rejects):
                                           rejects=rejects):
         problem = template.record_problem(record)
         if problem is not None and on_error == "raise":
-            raise RecordError(shard.source, line, f"{problem.detail} ({problem.reason})")
+            raise template.refusal(problem, shard.source, line)
         if problem is not None:
             rejects.add(problem.reason, record, source=shard.source, line=line, detail=problem.detail)
             continue

@@ -21,6 +21,7 @@ string.)
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,6 +29,7 @@ import numpy as np
 from fuelline.chat.encoding_options import ChatEncoding
 from fuelline.clean.poetry import DYNASTY_NAMES
 from fuelline.formats import chat_record
+from fuelline.io.readers import RecordError
 from fuelline.records import Drop, unit_interval
 from fuelline.tokenizer.fast import EncodedBatch, fast_encoder
 
@@ -69,6 +71,10 @@ class Template:
         if not isinstance(record.get("text"), str) or not isinstance(record.get("id"), str):
             return Drop("not_a_document_record", 'expected a document record with string "id" and "text"')
         return None
+
+    def refusal(self, problem: Drop, source: str | os.PathLike, line: int) -> ValueError:
+        """What stops the run (on_error="raise") at a record `record_problem` found unfit."""
+        return RecordError(source, line, f"{problem.detail} ({problem.reason})")
 
     def encode(self, texts: list[str]) -> EncodedBatch:
         """The texts' ids back to back, through tiktoken when it gives this tokenizer's exact ids (checked)."""
@@ -205,6 +211,10 @@ class ChatPackTemplate(Template):
     def record_problem(self, record: dict) -> Drop | None:
         """The chat record contract (`fuelline.formats.chat_record`), as chat prepare and regenerate check it."""
         return chat_record.check(record)
+
+    def refusal(self, problem: Drop, source: str | os.PathLike, line: int) -> ValueError:
+        """The contract's own error, as every other step raises it for the same record."""
+        return chat_record.ChatRecordError(problem.reason, problem.detail, f"{os.fspath(source)}:{line}")
 
     def render(self, records: list[dict]) -> Rendered:
         results = self.encoding.encode(records, self.chat_tokenizer, self.chat_template,  # whole: with their tools
