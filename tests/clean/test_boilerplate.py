@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from fuelline.clean import boilerplate
-from fuelline.clean.boilerplate import (BoilerplateConfig, BoilerplateStage, count_lines, edge_width,
+from fuelline.clean.boilerplate import (BoilerplateConfig, BoilerplateStage, edge_width,
                                         explain_boilerplate, format_explanation, keyed_lines,
                                         short_text_score, template_similarity)
 from fuelline.io import RecordError, read_records
@@ -157,16 +157,26 @@ def test_spilling_to_disk_gives_the_same_counts_as_counting_in_memory(corpus, tm
     _, docs = corpus
     texts = ["\n".join(line for line, _ in lines) for lines in list(docs.values())[:400]]
     config = BoilerplateConfig(min_doc_freq=3)
-    in_memory = count_lines(texts, config, tmp_path / "large")
+    source = tmp_path / "docs.jsonl"
+    source.write_bytes(b"".join(orjson.dumps({"text": t}) + b"\n" for t in texts))
 
-    spills = []
-    real_spill = boilerplate.LineCounter._spill
+    def count(workdir, shard_size):
+        ctx = PrepareContext([source], plan_shards([source], shard_size), workdir,
+                             lambda fn, items, desc: list(map(fn, items)))
+        return ctx, boilerplate.count_corpus(ctx, boilerplate.shard_texts, config)
+
+    _, in_memory = count(tmp_path / "large", len(texts))  # one shard, one buffer, one merge
+    # The stage's way at scale: 11 shards, each spilling many tables, merged per range of hash partitions.
+    spills, real_spill = [], boilerplate.LineCounter._spill
     monkeypatch.setattr(boilerplate, "BUFFER_ENTRIES", 7)
     monkeypatch.setattr(boilerplate, "STAGED_ENTRIES", 5)
     monkeypatch.setattr(boilerplate.LineCounter, "_spill", lambda self: spills.append(1) or real_spill(self))
-    spilled = count_lines(texts, config, tmp_path / "tiny")
-    assert len(spills) > 100
-    assert not (tmp_path / "tiny").exists()
+    merges, real_merge = [], boilerplate.merge_line_counts
+    monkeypatch.setattr(boilerplate, "merge_line_counts", lambda task, **kw: merges.append(task) or real_merge(task, **kw))
+    monkeypatch.setattr(boilerplate, "ROWS_PER_TASK", 200)
+    ctx, spilled = count(tmp_path / "tasks", 37)
+    assert len(ctx.shards) == 11 and len(spills) > 100 and len(merges) > 5
+    assert sorted(p.name for p in (tmp_path / "tasks").iterdir()) == []  # the tasks' files are removed
 
     docs_per_line, edges_per_line = Counter(), Counter()
     for text in texts:  # the same counts, by brute force
@@ -176,17 +186,7 @@ def test_spilling_to_disk_gives_the_same_counts_as_counting_in_memory(corpus, tm
         docs_per_line.update({h for _, _, h in keyed})
         edges_per_line.update(edge)
     expected = sorted(h for h, n in docs_per_line.items() if n >= config.min_doc_freq)
-    # The stage's way: a count per shard, merged per range of hash partitions (here 11 shards, many ranges).
-    source = tmp_path / "docs.jsonl"
-    source.write_bytes(b"".join(orjson.dumps({"text": t}) + b"\n" for t in texts))
-    merges, real_merge = [], boilerplate.merge_line_counts
-    monkeypatch.setattr(boilerplate, "merge_line_counts", lambda task, **kw: merges.append(task) or real_merge(task, **kw))
-    monkeypatch.setattr(boilerplate, "ROWS_PER_TASK", 200)
-    ctx = PrepareContext([source], plan_shards([source], 37), tmp_path / "tasks", lambda fn, items, desc: list(map(fn, items)))
-    sharded = boilerplate.count_corpus(ctx, boilerplate.shard_texts, config)
-    assert len(ctx.shards) == 11 and len(merges) > 5
-    assert sorted(p.name for p in (tmp_path / "tasks").iterdir()) == []  # the tasks' files are removed
-    for table in (in_memory, spilled, sharded):
+    for table in (in_memory, spilled):
         assert table.num_docs == len(texts)
         assert table.hashes.tolist() == expected
         assert table.doc_counts.tolist() == [docs_per_line[h] for h in expected]

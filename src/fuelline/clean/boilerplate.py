@@ -22,13 +22,12 @@ lowercase, every digit → 0, so "© 2025 X" and "© 2026 X" are one line). A wo
 Counting in bounded memory, as tasks. No line and no dict of distinct lines is kept. Each line
 becomes a 64-bit xxh3 hash; the distinct hashes of a document go, with an is-edge flag, into a
 fixed numpy buffer of `BUFFER_ENTRIES` = 4M pairs (8 + 1 bytes: 36 MiB, ~110 MiB while it is
-argsorted and reduced). A full buffer is reduced to (hash, docs, edges) records of 16 bytes and
-appended to one of 2**PARTITION_BITS = 64 spill files chosen by the hash's top 6 bits; at the end
-each file is reduced on its own (`LineCounter`). One such count runs per input shard, as a task
-on the stage's executor (local processes or Ray), and leaves every distinct line of its shard as
-a spill table (`fuelline.io.spill`); merging tasks then sum the shards' counts of a range of hash
-partitions each (`count_corpus`), so no process holds every distinct line: a corpus of 1e9 line
-occurrences, mostly distinct, spills ~16 GB per pass, and a merging task holds ~8 M lines. Only
+argsorted and reduced). A full buffer is reduced to (hash, docs, edges) rows of 24 bytes, written
+as a spill table by hash partition (`fuelline.io.spill`, `LineCounter`). One such count runs per
+input shard, as a task on the stage's executor (local processes or Ray); merging tasks then sum
+the tables' rows of a range of hash partitions each (`count_corpus`), so no process holds every
+distinct line: a corpus of 1e9 line occurrences, mostly distinct, spills ~24 GB per pass, and a
+merging task holds ~8 M lines. Only
 hashes held by at least `min_doc_freq` documents are kept, as sorted arrays (24 bytes each) that
 travel to every worker with the stage. Two of 1e9 distinct lines share a 64-bit hash with
 probability ~3%, and then only merge their counts.
@@ -42,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import itertools
 import math
 import re
 import shutil
@@ -66,9 +66,7 @@ from fuelline.records import Location
 
 BUFFER_ENTRIES = 1 << 22  # (hash, is_edge) pairs held before a spill
 STAGED_ENTRIES = 1 << 16  # Python ints gathered before one copy into the buffer (~3 MB)
-PARTITION_BITS = 6
-SPILL_DTYPE = np.dtype([("hash", "<u8"), ("docs", "<u4"), ("edges", "<u4")])
-CACHE_NAME, SPILL_NAME, CACHE_VERSION = "boilerplate-lines.npz", "boilerplate-spill", 1
+CACHE_NAME, CACHE_VERSION = "boilerplate-lines.npz", 1
 ROWS_PER_TASK = 8_000_000  # distinct lines (24 B) a merging task holds
 EXPLAIN_SHARD_SIZE = 50_000
 
@@ -192,16 +190,15 @@ def _reduce(hashes: np.ndarray, docs: np.ndarray | None, edges: np.ndarray):
 
 
 class LineCounter:
-    """Counts, per distinct line hash, its documents and edge documents, spilling to disk."""
+    """Counts one shard's lines, per distinct line hash its documents and edge documents, in a fixed
+    buffer; a full buffer is reduced and written as a spill table (`fuelline.io.spill`)."""
 
-    def __init__(self, spill_dir: Path, min_doc_freq: int):
-        self.spill_dir, self.min_doc_freq = spill_dir, min_doc_freq
-        if spill_dir.exists():  # left by a run killed mid-count
-            shutil.rmtree(spill_dir)
-        spill_dir.mkdir(parents=True)
+    def __init__(self, prefix: Path):
+        self.prefix = prefix
         self.hashes = np.empty(BUFFER_ENTRIES, np.uint64)
         self.edges = np.empty(BUFFER_ENTRIES, np.uint8)
         self.filled = self.num_docs = 0
+        self.tables: list[str] = []
         self.staged_hashes: list[int] = []
         self.staged_edges: list[int] = []
 
@@ -235,62 +232,33 @@ class LineCounter:
 
     def _spill(self) -> None:
         hashes, docs, edges = _reduce(self.hashes[:self.filled], None, self.edges[:self.filled])
-        records = np.empty(len(hashes), SPILL_DTYPE)
-        records["hash"], records["docs"], records["edges"] = hashes, docs, edges
-        top = hashes >> np.uint64(64 - PARTITION_BITS)  # sorted hashes: each partition is one slice
-        bounds = np.searchsorted(top, np.arange((1 << PARTITION_BITS) + 1))
-        for part in range(1 << PARTITION_BITS):
-            if bounds[part] < bounds[part + 1]:
-                with open(self._partition_path(part), "ab") as f:
-                    f.write(records[bounds[part]:bounds[part + 1]].tobytes())
+        table = self.prefix.with_name(f"{self.prefix.name}-{len(self.tables):04d}")
+        write_spill(table, hash_partition(hashes), PARTITIONS, {"hash": hashes, "docs": docs, "edges": edges})
+        self.tables.append(table.name)
         self.filled = 0
 
-    def _partition_path(self, part: int) -> Path:
-        return self.spill_dir / f"part-{part:03d}.bin"
-
-    def finish(self) -> LineTable:
-        """Reduce every partition and keep the lines of at least `min_doc_freq` documents."""
+    def finish(self) -> list[str]:
+        """The names of the shard's spill tables (none for a shard without lines)."""
         self._flush_staged()
         if self.filled:
             self._spill()
-        kept = []
-        for part in range(1 << PARTITION_BITS):
-            path = self._partition_path(part)
-            if path.exists():
-                records = np.fromfile(path, SPILL_DTYPE)
-                hashes, docs, edges = _reduce(records["hash"], records["docs"], records["edges"])
-                frequent = docs >= self.min_doc_freq
-                kept.append((hashes[frequent], docs[frequent], edges[frequent]))
-        shutil.rmtree(self.spill_dir)
-        if not kept:
-            kept = [(np.empty(0, np.uint64), np.empty(0, np.int64), np.empty(0, np.int64))]
-        return LineTable(*(np.concatenate(column) for column in zip(*kept)), num_docs=self.num_docs)
-
-
-def count_lines(texts: Iterable[str], config: BoilerplateConfig, spill_dir: Path, min_doc_freq: int | None = None
-                ) -> LineTable:
-    """One counter over `texts`: lines of at least `min_doc_freq` documents (default: the config's)."""
-    counter = LineCounter(spill_dir, config.min_doc_freq if min_doc_freq is None else min_doc_freq)
-    for text in texts:
-        counter.add_document(keyed_lines(text, config.max_line_chars), config.edge_fraction)
-    return counter.finish()
+        return self.tables
 
 
 def count_shard_lines(shard: InputShard, texts: Callable[[InputShard], Iterable[str]], config: BoilerplateConfig,
-                      workdir: Path) -> int:
+                      workdir: Path) -> dict:
     """Counting, for one shard: every distinct line's documents and edge documents (all of them:
-    a line in one document of each of many shards recurs), as a spill table by hash partition.
-    Returns the shard's number of documents."""
+    a line in one document of each of many shards recurs). Returns its documents and its tables."""
     prefix = workdir / "lines" / shard.part_name
 
     def work() -> dict:
-        table = count_lines(texts(shard), config, workdir / SPILL_NAME / shard.part_name, min_doc_freq=1)
         prefix.parent.mkdir(parents=True, exist_ok=True)
-        write_spill(prefix, hash_partition(table.hashes), PARTITIONS,
-                    {"hash": table.hashes, "docs": table.doc_counts, "edges": table.edge_counts})
-        return {"documents": table.num_docs}
+        counter = LineCounter(prefix)
+        for text in texts(shard):
+            counter.add_document(keyed_lines(text, config.max_line_chars), config.edge_fraction)
+        return {"tables": counter.finish(), "documents": counter.num_docs}
 
-    return run_once(prefix.with_suffix(".json"), work)["documents"]
+    return run_once(prefix.with_suffix(".json"), work)
 
 
 def merge_line_counts(task: tuple[int, int, int], prefixes: list[Path], min_doc_freq: int, directory: Path) -> dict:
@@ -315,40 +283,32 @@ def count_corpus(ctx: PrepareContext, texts: Callable[[InputShard], Iterable[str
     """The line table of the texts `texts(shard)` yields for every shard, as tasks on the stage's
     executor: a count per shard, then a merge per range of hash partitions (~ROWS_PER_TASK lines),
     so no process holds every distinct line. The same table as one counter over all the texts."""
-    documents = ctx.map(functools.partial(count_shard_lines, texts=texts, config=config, workdir=ctx.workdir),
-                        ctx.shards, "boilerplate: counting lines")
-    prefixes = [ctx.workdir / "lines" / shard.part_name for shard in ctx.shards]
+    counted = ctx.map(functools.partial(count_shard_lines, texts=texts, config=config, workdir=ctx.workdir),
+                      ctx.shards, "boilerplate: counting lines")
+    prefixes = [ctx.workdir / "lines" / table for shard in counted for table in shard["tables"]]
     merged = ctx.workdir / "merged"
     merged.mkdir(parents=True, exist_ok=True)
-    tasks = [(i, lo, hi) for i, (lo, hi) in enumerate(group_ranges(spill_counts(prefixes), ROWS_PER_TASK))]
+    counts = spill_counts(prefixes) if prefixes else np.zeros(PARTITIONS, np.int64)
+    tasks = [(i, lo, hi) for i, (lo, hi) in enumerate(group_ranges(counts, ROWS_PER_TASK))]
     ctx.map(functools.partial(merge_line_counts, prefixes=prefixes, min_doc_freq=config.min_doc_freq,
                               directory=merged), tasks, "boilerplate: merging counts")
     parts = [np.load(merged / f"task-{i:05d}.npy") for i, *_ in tasks]
     columns = np.concatenate(parts, axis=1) if parts else np.empty((3, 0), dtype=np.int64)
-    for name in ("lines", "merged", SPILL_NAME):
+    for name in ("lines", "merged"):
         if (ctx.workdir / name).exists():  # scratch of this run; one that cannot be removed is said
             shutil.rmtree(ctx.workdir / name)
-    return LineTable(columns[0].view(np.uint64).copy(), columns[1].copy(), columns[2].copy(), num_docs=sum(documents))
-
-
-def _document_texts(source, start: int = 0, stop: int | None = None) -> Iterator[str]:
-    for line, record in iter_file_records(source, start=start, stop=stop, on_error="skip"):
-        text = record.get("text")
-        if not isinstance(text, str):
-            raise RecordError(source, line, 'no string field "text": the boilerplate stage reads '
-                                            "document records (run ingest first)")
-        yield text
+    return LineTable(columns[0].view(np.uint64).copy(), columns[1].copy(), columns[2].copy(),
+                     num_docs=sum(shard["documents"] for shard in counted))
 
 
 def shard_texts(shard: InputShard) -> Iterator[str]:
     """The "text" of every document record of a shard; unreadable lines are left to the shards to report."""
-    return _document_texts(shard.source, shard.start, shard.stop)
-
-
-def iter_texts(files: list[Path]) -> Iterator[str]:
-    """The "text" of every document record of `files`."""
-    for path in files:
-        yield from _document_texts(path)
+    for line, record in iter_file_records(shard.source, start=shard.start, stop=shard.stop, on_error="skip"):
+        text = record.get("text")
+        if not isinstance(text, str):
+            raise RecordError(shard.source, line, 'no string field "text": the boilerplate stage reads '
+                                                  "document records (run ingest first)")
+        yield text
 
 
 # --- the stage -----------------------------------------------------------------------------
@@ -361,7 +321,7 @@ class BoilerplateStage(Stage):
     def __init__(self, config: BoilerplateConfig | None = None):
         super().__init__(config)
         self.table: LineTable | None = None
-        self.files: list[Path] = []
+        self.shards: list[InputShard] = []  # what `explain` reads again
         self._index: dict[int, int] | None = None  # hash → row of the table, built per process
 
     def __getstate__(self):
@@ -373,12 +333,12 @@ class BoilerplateStage(Stage):
 
     def count(self, ctx: PrepareContext, texts: Callable[[InputShard], Iterable[str]]) -> None:
         """`prepare` over the texts `texts(shard)` yields: for a stage that cleans text before this one."""
-        self.files = list(ctx.files)
+        self.shards = list(ctx.shards)
         self._index = None
         cfg = self.config
         key = orjson.dumps({"version": CACHE_VERSION, "min_doc_freq": cfg.min_doc_freq,
                             "edge_fraction": cfg.edge_fraction, "max_line_chars": cfg.max_line_chars,
-                            "inputs": describe_inputs(self.files)}).decode()
+                            "inputs": describe_inputs(ctx.files)}).decode()
         cache = ctx.workdir / CACHE_NAME
         if cache.exists():
             with np.load(cache) as saved:
@@ -455,7 +415,7 @@ class BoilerplateStage(Stage):
         index = self._lookup()
         best: list[tuple[float, int, int, dict]] = []
         seen: set[int] = set()
-        for text in iter_texts(self.files):
+        for text in itertools.chain.from_iterable(map(shard_texts, self.shards)):
             if len(seen) == len(index):
                 break
             originals = text.split("\n")
