@@ -58,7 +58,8 @@ import xxhash
 from fuelline.io.atomic import atomic_write, run_once
 from fuelline.io.paths import expand_inputs
 from fuelline.io.readers import RecordError, iter_file_records
-from fuelline.io.spill import PARTITIONS, group_ranges, hash_partition, read_spill, spill_counts, write_spill
+from fuelline.io.spill import (PARTITIONS, group_ranges, hash_partition, read_spill, save_array, spill_counts,
+                               write_spill)
 from fuelline.pipeline.options import option
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.pipeline.stage import PrepareContext, ShardContext, Stage, StageConfig
@@ -271,8 +272,7 @@ def merge_line_counts(task: tuple[int, int, int], prefixes: list[Path], min_doc_
         rows = read_spill(prefixes, lo, hi, ("hash", "docs", "edges"))
         hashes, docs, edges = _reduce(rows["hash"], rows["docs"], rows["edges"])
         frequent = docs >= min_doc_freq
-        with atomic_write(path) as f:
-            np.save(f, np.stack([hashes[frequent].view(np.int64), docs[frequent], edges[frequent]]))
+        save_array(path, np.stack([hashes[frequent].view(np.int64), docs[frequent], edges[frequent]]))
         return {"lines": int(frequent.sum())}
 
     return run_once(path.with_suffix(".json"), work)

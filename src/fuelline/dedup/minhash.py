@@ -28,13 +28,16 @@ FNV_PRIME = 0x100000001B3
 MASK64 = (1 << 64) - 1
 
 
+def mix64(h: int) -> int:
+    h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & MASK64
+    return h ^ (h >> 31)
+
+
 def splitmix64(state: int) -> tuple[int, int]:
     """(next state, output) of the splitmix64 generator, in Python integers."""
     state = (state + 0x9E3779B97F4A7C15) & MASK64
-    z = state
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
-    return state, z ^ (z >> 31)
+    return state, mix64(state)
 
 
 def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -46,12 +49,6 @@ def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
         a.append(x | 1)
         b.append(y)
     return np.array(a, dtype=np.uint64), np.array(b, dtype=np.uint64)
-
-
-def mix64(h: int) -> int:
-    h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & MASK64
-    return h ^ (h >> 31)
 
 
 def shingle_hash(symbols: list[int]) -> int:

@@ -47,7 +47,8 @@ from fuelline.dedup.exact import group_labels
 from fuelline.dedup.lsh import bucket_pairs, candidate_probability, unique_pairs
 from fuelline.dedup.simhash import choose_blocks, find_probability, hamming_pairs
 from fuelline.io.atomic import atomic_write, run_once
-from fuelline.io.spill import PARTITIONS, group_ranges, range_partition, read_spill, spill_counts, write_spill
+from fuelline.io.spill import (PARTITIONS, group_ranges, range_partition, read_spill, save_array, spill_counts,
+                               write_spill)
 from fuelline.io.writers import JsonlZstWriter
 
 KEEP, EXACT, NEAR = 0, 1, 2
@@ -57,11 +58,6 @@ MIN_VERIFY_TASKS = 8  # verification is the slow phase: spread it even on a smal
 SIMHASH_TASKS = 8
 AUDIT_ROWS_PER_TASK = 200_000
 PHASE_DIRS = ("exact", "candidates", "verify", "audit")  # what the phases write under the work directory
-
-
-def save_array(path: Path, array: np.ndarray) -> None:
-    with atomic_write(path) as f:
-        np.save(f, array)
 
 
 @dataclass(frozen=True)

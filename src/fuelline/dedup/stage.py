@@ -1,23 +1,12 @@
 """The dedup stage: exact duplicates first, then near-duplicates by MinHash or SimHash + Jaccard.
 
-`prepare` does the corpus-level work, resumably, under `_prepare/`, as tasks on the stage's
-executor (local processes or Ray), so no node holds every document's hashes:
-
-1. hashing, a task per shard (`hash_shard`): normalize each text; its 128-bit exact key, its
-   length and its shingles (kept on disk for verification); its near-duplicate keys, the LSH band
-   hashes of its MinHash signature (`method = "minhash"`) or its 64-bit SimHash (`"simhash"`, see
-   `fuelline.dedup.simhash`). Keys and band hashes are written as spill files, grouped by
-   partition (`fuelline.io.spill`);
-2. the decision (`fuelline.dedup.phases`): exact groups per key partition, candidate pairs per band
-   and hash range (or SimHash table range), true Jaccard of every pair per range of documents,
-   union-find over the verified pairs, one document per cluster; then a keep/drop code per
-   document, per shard, `clusters.jsonl.zst` (the audit) and `summary.json` (the numbers for
-   stats.json, with the method and the number of tasks of each phase). The method is an option,
-   so it is part of the stage's identity: a rerun into the same directory with the other method is
-   refused (or, with --restart, starts over), never mixed with this one's hashes.
-
-Then the shards run as usual and drop what was decided (`exact_duplicate`, `near_duplicate`).
-Memory is set by the phases' tasks, not by the corpus: see `fuelline.dedup.phases`.
+`prepare` does the corpus-level work, resumably, under `_prepare/`: hashing, a task per shard
+(`hash_shard`), then the decision as phases of tasks (`fuelline.dedup.phases`, which also says
+what memory they take), which leaves a keep/drop code per document, `clusters.jsonl.zst` (the
+audit) and `summary.json` (the numbers for stats.json). The method is an option, so it is part
+of the stage's identity: a rerun into the same directory with the other method is refused (or,
+with --restart, starts over), never mixed with this one's hashes. Then the shards run as usual
+and drop what was decided (`exact_duplicate`, `near_duplicate`).
 """
 
 from __future__ import annotations
@@ -41,7 +30,6 @@ from fuelline.dedup.phases import (
     PHASE_DIRS,
     HashedShards,
     decide,
-    save_array,
     shard_codes,
     write_audit,
 )
@@ -49,7 +37,7 @@ from fuelline.dedup.simhash import simhashes
 from fuelline.formats import chat_record
 from fuelline.io.atomic import run_once, write_bytes_atomic
 from fuelline.io.readers import RecordError, iter_file_records
-from fuelline.io.spill import PARTITIONS, hash_partition, write_spill
+from fuelline.io.spill import PARTITIONS, hash_partition, save_array, write_spill
 from fuelline.pipeline.shards import InputShard
 from fuelline.pipeline.stage import PrepareContext, ShardContext, Stage
 from fuelline.records import Location, user_turns
@@ -70,8 +58,10 @@ def compared_text(record: dict, compare: str, where: str) -> str | None:
 
 
 def hash_shard(shard: InputShard, config: DedupConfig, workdir: Path) -> int:
-    """Hashing, for one shard: exact keys and band hashes as spill files (`fuelline.io.spill`),
-    or SimHashes; lengths, shingles (for verification) and ids. Returns its number of documents."""
+    """Hashing, for one shard: each text normalized; its 128-bit exact key and its LSH band hashes
+    (`method = "minhash"`) as spill files (`fuelline.io.spill`), or its 64-bit SimHash
+    (`fuelline.dedup.simhash`); lengths, shingles (for verification) and ids. Returns its number
+    of documents."""
     target = workdir / "shards" / shard.part_name
 
     def work() -> dict:

@@ -35,7 +35,8 @@ def range_partition(values: np.ndarray, total: int) -> np.ndarray:
     return values.astype(np.int64) * PARTITIONS // max(total, 1)
 
 
-def _save(path: Path, array: np.ndarray) -> None:
+def save_array(path: Path, array: np.ndarray) -> None:
+    """`np.save`, atomically."""
     with atomic_write(path) as f:
         np.save(f, array)
 
@@ -50,10 +51,10 @@ def write_spill(prefix: Path, partition: np.ndarray, partitions: int, columns: d
     table = np.empty(len(order), dtype=[(name, values.dtype) for name, values in columns.items()])
     for name, values in columns.items():
         table[name] = values[order]
-    _save(prefix.with_name(f"{prefix.name}.npy"), table)
+    save_array(prefix.with_name(f"{prefix.name}.npy"), table)
     offsets = np.zeros(partitions + 1, dtype=np.int64)
     np.cumsum(np.bincount(partition, minlength=partitions), out=offsets[1:])
-    _save(prefix.with_name(f"{prefix.name}.offsets.npy"), offsets)
+    save_array(prefix.with_name(f"{prefix.name}.offsets.npy"), offsets)
 
 
 def _offsets(prefix: Path) -> np.ndarray:

@@ -36,11 +36,12 @@ import orjson
 
 from fuelline.fingerprints import tokenizer_fingerprint
 from fuelline.formats.tokens import DTYPES, TokenDatasetWriter, check_dtype, dtype_for
-from fuelline.io.atomic import atomic_write, remove_temp_files, write_bytes_atomic
+from fuelline.io.atomic import remove_temp_files, write_bytes_atomic
 from fuelline.io.paths import expand_inputs
 from fuelline.io.readers import RecordError, iter_file_records
 from fuelline.io.rejects import Rejects
 from fuelline.io.remote import refuse_url
+from fuelline.io.spill import save_array
 from fuelline.io.stage_layout import REJECTS_DIR, STAGE_PART_PREFIX
 from fuelline.pack.templates import TEMPLATES
 from fuelline.chat.encode import ConversationError
@@ -122,8 +123,7 @@ def encode_shard(shard: InputShard, *, tokenizer_path: str, config: PackConfig, 
         "dropped": np.concatenate([p.dropped_metadata for p in parts]) if parts else np.zeros(0, bool),
     }
     for name, array in arrays.items():
-        with atomic_write(workdir / f"{shard.part_name}.{name}.npy") as f:
-            np.save(f, array)
+        save_array(workdir / f"{shard.part_name}.{name}.npy", array)
     marker = {"documents": len(arrays["lengths"]), "tokens": int(len(ids)), "max_id": int(ids.max()) if len(ids) else -1,
               "dropped": dict(sorted(rejects.counts.items())), "drop_examples": dict(sorted(rejects.examples.items())),
               "truncated": sum(p.truncated for p in parts), "special_text": sum(p.special_text for p in parts),

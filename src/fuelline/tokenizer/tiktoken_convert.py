@@ -150,15 +150,9 @@ def byte_alphabet() -> list[str]:
     Printable Latin-1 bytes stand for themselves; the other 68 bytes (controls, space, 0x7f-0xa0,
     0xad) take the characters from U+0100 on, in byte order, so every token is visible text.
     """
-    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    table, extra = {}, 0
-    for byte in range(256):
-        if byte in printable:
-            table[byte] = chr(byte)
-        else:
-            table[byte] = chr(0x100 + extra)
-            extra += 1
-    return [table[b] for b in range(256)]
+    printable = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    shifted = iter(range(0x100, 0x200))
+    return [chr(byte) if byte in printable else chr(next(shifted)) for byte in range(256)]
 
 
 def build_tokenizer(tokens: list[bytes], preset: Preset):
