@@ -114,14 +114,14 @@ def encode_shard(shard: InputShard, *, tokenizer_path: str, config: PackConfig, 
         rejects.abort()
         raise
     rejects.close()
-    ids = np.concatenate([p.ids for p in parts]) if parts else np.zeros(0, dtype=np.int64)
-    arrays = {
-        "ids": ids,
-        "val": np.array([unit_interval(config.seed, "split", r) < config.val_fraction for r in doc_ids], dtype=bool),
-        "lengths": np.concatenate([p.lengths for p in parts]) if parts else np.zeros(0, dtype=np.int64),
-        "mask": np.packbits(np.concatenate([p.mask for p in parts]) if parts else np.zeros(0, bool), bitorder="little"),
-        "dropped": np.concatenate([p.dropped_metadata for p in parts]) if parts else np.zeros(0, bool),
-    }
+
+    def joined(name: str, dtype) -> np.ndarray:
+        return np.concatenate([getattr(p, name) for p in parts]) if parts else np.zeros(0, dtype)
+
+    ids = joined("ids", np.int64)
+    arrays = {"ids": ids, "lengths": joined("lengths", np.int64), "dropped": joined("dropped_metadata", bool),
+              "val": np.array([unit_interval(config.seed, "split", r) < config.val_fraction for r in doc_ids], bool),
+              "mask": np.packbits(joined("mask", bool), bitorder="little")}
     for name, array in arrays.items():
         save_array(workdir / f"{shard.part_name}.{name}.npy", array)
     marker = {"documents": len(arrays["lengths"]), "tokens": int(len(ids)), "max_id": int(ids.max()) if len(ids) else -1,
@@ -228,19 +228,16 @@ def split_stats(manifest: dict, lengths: np.ndarray, dropped: int) -> dict:
     }
 
 
-def pack(inputs, tokenizer_dir: str | os.PathLike, output: str | os.PathLike, config: PackConfig | None = None, *,
-         workers: int | None = None, restart: bool = False, progress: bool = True,
-         executor: str = "local", ray_address: str | None = None, shard_size: int = RunOptions.shard_size) -> dict:
+def pack(inputs, tokenizer_dir: str | os.PathLike, output: str | os.PathLike, config: PackConfig | None = None,
+         **run) -> dict:
     """Pack document records into OUTPUT/train and OUTPUT/val; return (and write) stats.json.
 
-    `tokenizer_dir` is `config.tokenizer` made a directory by the caller (a pipeline's @STEP).
-
-    `executor`, `ray_address` and `shard_size` (`RunOptions`) choose where and in what pieces the
-    shards are tokenized; the bytes are the same either way.
+    `tokenizer_dir` is `config.tokenizer` made a directory by the caller (a pipeline's @STEP). `run`:
+    `RunOptions` (workers, restart, progress, executor, ray_address, shard_size), where and in what
+    pieces the shards are tokenized; the bytes are the same either way.
     """
     refuse_url(output, "pack")  # inputs may be URLs (`expand_inputs`)
-    config = config or PackConfig()
-    run_options = RunOptions(workers=workers, executor=executor, ray_address=ray_address, shard_size=shard_size)
+    config, options = config or PackConfig(), RunOptions(**run)
     output, tokenizer_dir = Path(output), Path(tokenizer_dir)
     from tokenizers import Tokenizer
 
@@ -255,32 +252,31 @@ def pack(inputs, tokenizer_dir: str | os.PathLike, output: str | os.PathLike, co
     files = expand_inputs(inputs)
     step_dir = WorkDir(output, _identity(files, tokenizer_dir, config), **identity_history(PackConfig))
     with step_dir.lock():
-        return _pack(files, tokenizer, tokenizer_dir, step_dir, config, (dtype, *boundary), run_options, restart,
-                     progress)
+        return _pack(files, tokenizer, tokenizer_dir, step_dir, config, (dtype, *boundary), options)
 
 
 def _pack(files, tokenizer, tokenizer_dir: Path, step_dir: WorkDir, config: PackConfig,
-          header: tuple[str, int | None, int | None], run_options: RunOptions, restart: bool, progress: bool) -> dict:
+          header: tuple[str, int | None, int | None], options: RunOptions) -> dict:
     """`pack`, once the output's lock is held; `header`: the dtype, bos and eos id of the manifests."""
     dtype, bos_id, eos_id = header
     tokenizer_path = tokenizer_dir / "tokenizer.json"
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     output, identity, started = step_dir.path, step_dir.identity, step_dir.started
     workdir = output / "_work"
-    if restart:
+    if options.restart:
         step_dir.restart()
     if (finished := step_dir.finished()) is not None:
         _remove_leftovers(output)  # a run killed between stats.json and its cleanup
         return finished  # packed already
     plan = step_dir.begin(lambda: any(workdir.glob(f"{STAGE_PART_PREFIX}*.json")),
-                          lambda: {"shards": [s.to_json() for s in plan_shards(files, run_options.shard_size)]})
+                          lambda: {"shards": [s.to_json() for s in plan_shards(files, options.shard_size)]})
     if step_dir.resumed:
         remove_temp_files(output)  # of writes a killed run left half done (we hold the output's lock)
     shards = [InputShard(**s) for s in plan["shards"]]
     encode = functools.partial(encode_shard, tokenizer_path=str(tokenizer_path), config=config, workdir=workdir,
                                threads=config.threads or None)
-    with open_executor(run_options, len(shards)) as executor:
-        markers = executor.map(encode, shards, "pack: tokenizing", progress=progress)
+    with open_executor(options, len(shards)) as executor:
+        markers = executor.map(encode, shards, "pack: tokenizing", progress=options.progress)
     encoded = time.perf_counter()
     for name in TOKENIZER_FILES:  # the output carries its tokenizer (inspect, training scripts)
         if (tokenizer_dir / name).exists():

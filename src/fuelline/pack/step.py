@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 from fuelline.pack.packer import PackConfig, pack
@@ -15,6 +16,4 @@ class PackStep(Step):
     name, Config, uses_workers = "pack", PackConfig, True
 
     def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:
-        return pack(inputs, resolve_step(self.config.tokenizer, steps), output, self.config, workers=options.workers,
-                    restart=options.restart, progress=options.progress, executor=options.executor,
-                    ray_address=options.ray_address, shard_size=options.shard_size)
+        return pack(inputs, resolve_step(self.config.tokenizer, steps), output, self.config, **asdict(options))
