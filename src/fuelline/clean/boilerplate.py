@@ -317,12 +317,9 @@ class BoilerplateStage(Stage):
     name = "boilerplate"
     description = "Remove nav, footer and © lines that recur across documents."
     Config = BoilerplateConfig
-
-    def __init__(self, config: BoilerplateConfig | None = None):
-        super().__init__(config)
-        self.table: LineTable | None = None
-        self.shards: list[InputShard] = []  # what `explain` reads again
-        self._index: dict[int, int] | None = None  # hash → row of the table, built per process
+    table: LineTable | None = None  # set by `prepare`
+    shards: tuple[InputShard, ...] = ()  # what `explain` reads again
+    _index: dict[int, int] | None = None  # hash → row of the table, built per process
 
     def __getstate__(self):
         return {**self.__dict__, "_index": None}  # workers rebuild it; the arrays travel compactly
@@ -333,7 +330,7 @@ class BoilerplateStage(Stage):
 
     def count(self, ctx: PrepareContext, texts: Callable[[InputShard], Iterable[str]]) -> None:
         """`prepare` over the texts `texts(shard)` yields: for a stage that cleans text before this one."""
-        self.shards = list(ctx.shards)
+        self.shards = tuple(ctx.shards)
         self._index = None
         cfg = self.config
         key = orjson.dumps({"version": CACHE_VERSION, "min_doc_freq": cfg.min_doc_freq,

@@ -120,10 +120,7 @@ class DedupStage(Stage):
     name = "dedup"
     description = "Remove exact duplicates, then near-duplicates (MinHash + LSH or SimHash, verified by Jaccard)."
     Config = DedupConfig
-
-    def __init__(self, config: DedupConfig | None = None):
-        super().__init__(config)
-        self._workdir: Path | None = None
+    _workdir: Path | None = None  # set by `prepare`
 
     def prepare(self, ctx: PrepareContext) -> None:
         self._workdir = ctx.workdir

@@ -120,16 +120,13 @@ class FastEncoder:
     def __init__(self, tokenizer, threads: int | None = None):
         self.tokenizer = tokenizer
         self.threads = threads or int(os.environ.get("RAYON_NUM_THREADS") or 0) or len(os.sched_getaffinity(0))
-        self._tiktoken = None
-        self._checked = False
+        self._tiktoken, self._checked = None, False
         if os.environ.get(ENGINE_ENV) == "tokenizers":
-            self.reason = f"tokenizers: {ENGINE_ENV}=tokenizers"
-            self._checked = True
-            return
-        converted = tiktoken_ranks(tokenizer)
+            converted = f"tokenizers: {ENGINE_ENV}=tokenizers"
+        elif isinstance(converted := tiktoken_ranks(tokenizer), str):
+            converted = f"tokenizers: the tokenizer does not convert to tiktoken ({converted})"
         if isinstance(converted, str):
-            self.reason = f"tokenizers: the tokenizer does not convert to tiktoken ({converted})"
-            self._checked = True
+            self.reason, self._checked = converted, True
             return
         import tiktoken
 
