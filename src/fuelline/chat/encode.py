@@ -218,18 +218,27 @@ def supervised_tokens(offsets: np.ndarray, spans: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class _Limits:
+class _Options:
+    """`encode_chats`' options, checked before any conversation is encoded."""
+
     max_length: int | None
     overflow: str
     min_loss_tokens: int
+    tools: list[dict] | None
+    reasoning: str
+    train_turns: str
+    special_text: str
+    on_error: str
 
     def __post_init__(self):
         if self.max_length is not None and (not isinstance(self.max_length, int) or self.max_length < 1):
             raise ValueError(f"max_length must be a positive integer or None, not {self.max_length!r}")
-        if self.overflow not in OVERFLOW:
-            raise ValueError(f"overflow must be one of {', '.join(OVERFLOW)}, not {self.overflow!r}")
         if not isinstance(self.min_loss_tokens, int) or self.min_loss_tokens < 0:
             raise ValueError(f"min_loss_tokens must be a non-negative integer, not {self.min_loss_tokens!r}")
+        for key, allowed in (("overflow", OVERFLOW), ("reasoning", REASONING), ("train_turns", TRAIN_TURNS),
+                             ("special_text", SPECIAL_TEXT), ("on_error", ON_ERROR)):
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"{key} must be one of {', '.join(allowed)}, not {getattr(self, key)!r}")
 
 
 def encode_chats(conversations: Sequence[Any], tokenizer: Any, template: str | ChatTemplate,
@@ -242,35 +251,20 @@ def encode_chats(conversations: Sequence[Any], tokenizer: Any, template: str | C
     (`tools` for those that are not records carrying their own); `special_text` and `on_error`
     are described in the module docstring (a `ConversationError` names the first bad conversation).
     """
-    options = _Options(tools, reasoning, train_turns, special_text, on_error)
-    return _encode(conversations, tokenizer, template, _Limits(max_length, overflow, min_loss_tokens), options)
+    options = _Options(max_length, overflow, min_loss_tokens, tools, reasoning, train_turns, special_text, on_error)
+    return _encode(conversations, tokenizer, template, options)
 
 
 def encode_chat(conversation: Any, tokenizer: Any, template: str | ChatTemplate, max_length: int | None = None,
                 *, overflow: str = "truncate", min_loss_tokens: int = 1, tools: list[dict] | None = None,
                 reasoning: str = "last", train_turns: str = "all", special_text: str = "refuse") -> EncodedChat | Drop:
     """`encode_chats` for one conversation; a ValueError says what is wrong with it."""
-    options = _Options(tools, reasoning, train_turns, special_text, "raise")
     try:
-        return _encode([conversation], tokenizer, template, _Limits(max_length, overflow, min_loss_tokens),
-                       options)[0]
+        return encode_chats([conversation], tokenizer, template, max_length, overflow=overflow,
+                            min_loss_tokens=min_loss_tokens, tools=tools, reasoning=reasoning,
+                            train_turns=train_turns, special_text=special_text)[0]
     except ConversationError as e:
         raise ValueError(e.message) from None
-
-
-@dataclass(frozen=True)
-class _Options:
-    tools: list[dict] | None
-    reasoning: str
-    train_turns: str
-    special_text: str
-    on_error: str
-
-    def __post_init__(self):
-        for key, allowed in (("reasoning", REASONING), ("train_turns", TRAIN_TURNS), ("special_text", SPECIAL_TEXT),
-                             ("on_error", ON_ERROR)):
-            if getattr(self, key) not in allowed:
-                raise ValueError(f"{key} must be one of {', '.join(allowed)}, not {getattr(self, key)!r}")
 
 
 class _Encoder:
@@ -376,7 +370,7 @@ class _Encoder:
             return Rendering("", (), ())  # encodes to no tokens; its result is the Drop
 
 
-def _encode(conversations, tokenizer, template, limits: _Limits, options: _Options) -> list[EncodedChat | Drop]:
+def _encode(conversations, tokenizer, template, options: _Options) -> list[EncodedChat | Drop]:
     tok = load_tokenizer(tokenizer)
     encoder = _Encoder(tok, resolve_template(template, tok), options)
     results: list[EncodedChat | Drop | None] = [None] * len(conversations)
@@ -400,26 +394,26 @@ def _encode(conversations, tokenizer, template, limits: _Limits, options: _Optio
     for (k, turns, _), (rendering, ids, mask, supervised, offsets) in zip(items, encoder(items)):
         if (failed := encoder.failed.pop(k, None)) is not None:
             results[k] = failed
-        elif limits.max_length is None or len(ids) <= limits.max_length:
-            results[k] = _keep(ids, mask, supervised, False, limits, special[k])
-        elif limits.overflow == "drop":
-            results[k] = Drop(TOO_LONG, f"{len(ids):,} tokens, max_length {limits.max_length:,}")
+        elif options.max_length is None or len(ids) <= options.max_length:
+            results[k] = _keep(ids, mask, supervised, False, options, special[k])
+        elif options.overflow == "drop":
+            results[k] = Drop(TOO_LONG, f"{len(ids):,} tokens, max_length {options.max_length:,}")
         else:
-            fitting = _cuts_that_may_fit(turns, rendering.turn_ends, offsets, limits.max_length)
+            fitting = _cuts_that_may_fit(turns, rendering.turn_ends, offsets, options.max_length)
             if fitting:
                 cuts[k] = fitting
             else:
                 results[k] = Drop(TOO_LONG, f"{len(ids):,} tokens, and the first exchange alone exceeds "
-                                            f"max_length {limits.max_length:,}")
-    _truncate(encoder, parsed, cuts, results, limits, special)
+                                            f"max_length {options.max_length:,}")
+    _truncate(encoder, parsed, cuts, results, options, special)
     return results
 
 
-def _keep(ids: np.ndarray, mask: np.ndarray, supervised: int, truncated: bool, limits: _Limits,
+def _keep(ids: np.ndarray, mask: np.ndarray, supervised: int, truncated: bool, options: _Options,
           special_text: int) -> EncodedChat | Drop:
-    if supervised < limits.min_loss_tokens:
+    if supervised < options.min_loss_tokens:
         return Drop(TOO_FEW_LOSS_TOKENS, f"{supervised} of {len(ids)} tokens supervised, "
-                                         f"min_loss_tokens {limits.min_loss_tokens}")
+                                         f"min_loss_tokens {options.min_loss_tokens}")
     return EncodedChat(ids, mask, truncated, special_text)
 
 
@@ -434,7 +428,7 @@ def _cuts_that_may_fit(turns: list[dict], turn_ends: tuple[int, ...], offsets: n
     return [c for c, n in zip(cuts, tokens_before) if n <= max_length][::-1]
 
 
-def _truncate(encoder: _Encoder, parsed, cuts: dict[int, list[int]], results: list, limits: _Limits,
+def _truncate(encoder: _Encoder, parsed, cuts: dict[int, list[int]], results: list, options: _Options,
               special: dict[int, int]) -> None:
     """Fill in `results` for the conversations in `cuts`: each encoded at its longest cut that fits."""
     while cuts:
@@ -444,12 +438,12 @@ def _truncate(encoder: _Encoder, parsed, cuts: dict[int, list[int]], results: li
             if (failed := encoder.failed.pop(k, None)) is not None:
                 results[k] = failed
                 del cuts[k]
-            elif len(ids) <= limits.max_length:
-                results[k] = _keep(ids, mask, supervised, True, limits, special[k])
+            elif len(ids) <= options.max_length:
+                results[k] = _keep(ids, mask, supervised, True, options, special[k])
                 del cuts[k]
             else:
                 cuts[k].pop(0)
                 if not cuts[k]:
                     results[k] = Drop(TOO_LONG, f"the first exchange alone is {len(ids):,} tokens, "
-                                                f"max_length {limits.max_length:,}")
+                                                f"max_length {options.max_length:,}")
                     del cuts[k]
