@@ -5,20 +5,15 @@ assistant turn is replaced, in order, by the target's answer to the conversation
 the earlier assistant turns are already the regenerated ones; system, user and tool turns are
 kept. Requests go to any number of OpenAI-compatible servers (`fuelline.serve.client`), as many
 at once as they take; this module is the orchestrator that reads the input, feeds the requests
-and writes what comes back. What each record asks and which answers are taken is
-`fuelline.chat.regenerate_config`; the output files and what a resumed run reads from them,
-`fuelline.chat.regenerate_files`; the turns as OpenAI messages, `fuelline.chat.openai_messages`.
+and writes what comes back (the requests and the answers taken: `regenerate_config`; the output
+files: `regenerate_files`; the resume contract: `regenerate_step`).
 
-A record that breaks the chat record contract (`fuelline.formats.chat_record`; an empty
-conversation, a tool call without a name, tool calls on a user turn …) stops the run at its
-FILE:LINE, under the reason pack and cache build would give it, before any request: a first pass
-reads and checks every input record (about 150 MB/s of JSON, seconds for a million records, where
-a bad record found when reached would fail after hours of server time). A record's `tools` go
-with each of its requests; an answer that is a tool call is stored as the turn's `tool_calls`,
-arguments a dict, content "" or the text that came with it. A record regenerated `last` says so
-in `meta.regenerated`; a replaced turn's `weight` stays on its answer. That a resumed output was
-made with the same model, options and inputs is the step's resume contract (`RegenerateStep`,
-`fuelline.pipeline.workdir`), which the command and pipelines keep.
+A record that breaks the chat record contract (`fuelline.formats.chat_record`) stops the run at
+its FILE:LINE, under the reason pack and cache build would give it, before any request: a first
+pass reads and checks every input record (about 150 MB/s of JSON, seconds for a million records,
+where a bad record found when reached would fail after hours of server time). A record's `tools`
+go with each of its requests; an answer that is a tool call is stored as the turn's
+`tool_calls`, arguments a dict; a replaced turn's `weight` stays on its answer.
 
 Stats (stats.json beside the output) follow the stage contract and describe the whole input,
 however many resumed runs made the output: records in = written + dropped by reason (failed,
@@ -34,7 +29,6 @@ import functools
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 
 from fuelline.chat.openai_messages import openai_messages
 from fuelline.chat.regenerate_config import TOOL_FINISH_REASON, Plan, RegenerateConfig, answer_reasoning
@@ -47,15 +41,6 @@ from fuelline.pipeline.options import identity_values
 from fuelline.pipeline.stats import StepStats
 from fuelline.records import Drop
 from fuelline.serve.client import Completion, NoServerError, RequestFailed, ServerPool
-
-
-def _check_record(record: dict, source: Path, line: int) -> None:
-    """The chat record contract (`fuelline.formats.chat_record`), or the eval record's (`{"id", "turns"}`,
-    prepare's prompts), before any request: a `ChatRecordError` names FILE:LINE, the turn and the rule."""
-    prompts = isinstance(record, dict) and "conversations" not in record and "turns" in record
-    problem = check_prompts(record) if prompts else check(record)
-    if problem is not None:
-        raise ChatRecordError(problem.reason, problem.detail, f"{source}:{line}")
 
 
 @dataclass
@@ -72,7 +57,7 @@ class _Run:
     last_only: int = 0  # records whose final assistant turn alone was regenerated
     requests: int = 0
     tokens: int = 0
-    failures: dict[str, int] = field(default_factory=dict)
+    failures: Counter = field(default_factory=Counter)
     finish_reasons: Counter = field(default_factory=Counter)  # of the answers written
     started: float = field(default_factory=time.perf_counter)
 
@@ -105,11 +90,14 @@ class Regenerator:
                                "answers") from None
 
     def _checked_count(self) -> int:
-        """The number of input records, each checked against its contract (see the module doc)."""
+        """The number of input records, each checked against the chat record contract, or the eval record's
+        (`{"id", "turns"}`, prepare's prompts): a `ChatRecordError` names FILE:LINE, the turn and the rule."""
         total = 0
         for source in self.files:
             for line, record in iter_file_records(source):
-                _check_record(record, source, line)
+                prompts = isinstance(record, dict) and "conversations" not in record and "turns" in record
+                if (problem := check_prompts(record) if prompts else check(record)) is not None:
+                    raise ChatRecordError(problem.reason, problem.detail, f"{source}:{line}")
                 total += 1
         return total
 
@@ -165,7 +153,7 @@ class Regenerator:
                 result = await self._regenerate(pool, record, plan)
             except RequestFailed as e:
                 counts.failed += 1
-                counts.failures[e.reason] = counts.failures.get(e.reason, 0) + 1
+                counts.failures[e.reason] += 1
                 self._dropped(errors, record["id"], e.reason, e.detail, attempts=e.attempts, counted_as="failed")
             else:
                 if result is None:
