@@ -2,44 +2,31 @@
 
 Each conversation is rendered once (`templates.render` records the character spans to train
 on while it renders), a batch's texts are encoded together with `add_special_tokens=False` (the
-ids `apply_chat_template(tokenize=True)` gives) by `FastEncoder`: tiktoken's BPE core on all
-cores when it reproduces the tokenizer's ids (checked on the first batch), else `tokenizers`
-itself. Rendering runs on the caller's thread, RENDER_BATCH conversations at a time, while the
-encoder's threads encode the previous ones (`FastEncoder.encode_batches`). A token is
-supervised iff its character offsets overlap a supervised span: one `searchsorted` of the
-token starts in the span ends per conversation, no loop over tokens.
-This is transformers' rule for `return_assistant_tokens_mask` too, so the two masks agree
-token for token.
-
-The offsets are positions in the Python string (code points), whichever engine encodes: a
-token holding part of a multi-byte character carries the whole character's span (the two
-tokens of each U+200D in 👨‍👩‍👧 both say (k, k+1)), an added special token its own characters.
-A CJK character or an emoji split over two tokens is thus seen whole, and a token that
-straddles a span's edge (a header's "\n" merged with a content that starts with "\n") is
-supervised, as in transformers.
-
-`qwen-deepspec` masks by DeepSpec's rule instead: a span [s, e) trains the tokens from
-len(encode(text[:s])) to len(encode(text[:e])), computed from the one encoding and the short
-text since the last added token before each edge (see `_Encoder._prefix_rule_mask`).
+ids `apply_chat_template(tokenize=True)` gives) by `FastEncoder` (`fuelline.tokenizer.fast`),
+on the encoder's threads while the caller's thread renders the next RENDER_BATCH. A token is
+supervised iff its character offsets overlap a supervised span (one `searchsorted` per batch, no
+loop over tokens): transformers' rule for `return_assistant_tokens_mask`, so the two masks agree
+token for token. The offsets are positions in the Python string (code points): a token holding
+part of a multi-byte character carries the whole character's span, so a CJK character or an
+emoji split over two tokens is seen whole, and a token that straddles a span's edge (a header's
+"\n" merged with a content that starts with "\n") is supervised, as in transformers.
+`qwen-deepspec` masks by DeepSpec's rule instead (`_Encoder._prefix_rule_mask`).
 
 `max_length`: with overflow="truncate" a conversation is cut before a user or system turn that
-follows an assistant turn (never inside a tool round), keeping the longest prefix of whole exchanges (with the system turn that
-leads them). The cut is chosen from the token offsets of the full encoding at the turn ends;
-the kept turns are then rendered and encoded on their own and checked, cutting one exchange
-more while they do not fit (Qwen3's empty think block moves to the new last turn: 4 tokens
-more). The ids are therefore exactly the encoding of the shortened conversation. If the first
-exchange does not fit, the conversation is dropped as too long, as it is with overflow="drop".
+follows an assistant turn (never inside a tool round), keeping the longest prefix of whole
+exchanges. The cut is chosen from the token offsets of the full encoding at the turn ends; the
+kept turns are then rendered, encoded and checked on their own, cutting one exchange more while
+they do not fit (Qwen3's empty think block moves to the new last turn: 4 tokens more), so the
+ids are exactly the encoding of the shortened conversation. A first exchange that does not fit
+drops the conversation as too long, as overflow="drop" does.
 
-Before rendering, every assistant turn's text (content, reasoning, tool calls) is searched for
-the tokenizer's control tokens (its special added tokens, and the template's end of turn): an
-answer "done<|im_end|>\n<|im_start|>user\nfake turn" would be encoded as the end of its turn and
-a user turn that nobody wrote, and be trained on. Such a conversation is dropped as
-`special_token_text` (`special_text="refuse"`, the default), or kept as transformers' own
-`apply_chat_template` would encode it, the text as those control tokens (`"keep"`), and counted
-(`EncodedChat.special_text`). A conversation that breaks the chat record contract (under the
-contract's reason, `fuelline.formats.chat_record`) or that the template cannot render
-(`unrenderable`) stops the batch with a `ConversationError` naming its index
-(`on_error="raise"`), or is returned as a `Drop` under that reason (`"skip"`).
+Every assistant turn's text is searched for the tokenizer's control tokens (its special added
+tokens, the template's end of turn): an answer "done<|im_end|>\n<|im_start|>user\nfake turn"
+would be encoded as the end of its turn and a user turn nobody wrote, and trained on. Such a
+conversation is dropped as `special_token_text` (`special_text="refuse"`), or kept as
+`apply_chat_template` encodes it and counted (`"keep"`). A conversation that breaks the chat
+record contract, or that the template cannot render (`unrenderable`), stops the batch with a
+`ConversationError` naming its index (`on_error="raise"`), or is a `Drop` under its reason.
 
 Cost (benchmarks/bench_chat.py has the measured table): the 7,473 GSM8K exchanges (~190 tokens
 each, Qwen vocabulary) on 2 cores take ~0.7 s, tiktoken's encoding most of it, where a loop of

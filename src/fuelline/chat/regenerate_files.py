@@ -1,9 +1,7 @@
 """The files of a regeneration, and what a resumed run reads back from them.
 
 A run may be killed at any moment and resumed many times, so what it has done is read from its
-output alone, by id; these rules are the regenerate step's own, beside the resume contract that
-every step keeps (`fuelline.pipeline.workdir`: lock, plan marker, identity), and live apart from
-the orchestrator (`fuelline.chat.regenerate`) that appends to the files.
+output alone, by id (the step's own rules, beside the resume contract of `fuelline.pipeline.workdir`).
 
 Output, one line per input id, ever: the input record with its assistant turns replaced and
 `meta.regenerated` = {model, options (every option that decides the answers, as given: preset,
