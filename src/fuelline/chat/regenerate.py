@@ -43,6 +43,14 @@ from fuelline.records import Drop
 from fuelline.serve.client import Completion, NoServerError, RequestFailed, ServerPool
 
 
+def _check_record(record: dict, source, line: int) -> None:
+    """The chat record contract, or the eval record's (`{"id", "turns"}`, prepare's prompts): a
+    `ChatRecordError` names FILE:LINE, the turn and the rule."""
+    prompts = isinstance(record, dict) and "conversations" not in record and "turns" in record
+    if (problem := check_prompts(record) if prompts else check(record)) is not None:
+        raise ChatRecordError(problem.reason, problem.detail, f"{source}:{line}")
+
+
 @dataclass
 class _Run:
     """The counts of one run, for the progress bar and stats.json."""
@@ -90,14 +98,11 @@ class Regenerator:
                                "answers") from None
 
     def _checked_count(self) -> int:
-        """The number of input records, each checked against the chat record contract, or the eval record's
-        (`{"id", "turns"}`, prepare's prompts): a `ChatRecordError` names FILE:LINE, the turn and the rule."""
+        """The number of input records, each checked by `_check_record` (see the module doc)."""
         total = 0
         for source in self.files:
             for line, record in iter_file_records(source):
-                prompts = isinstance(record, dict) and "conversations" not in record and "turns" in record
-                if (problem := check_prompts(record) if prompts else check(record)) is not None:
-                    raise ChatRecordError(problem.reason, problem.detail, f"{source}:{line}")
+                _check_record(record, source, line)
                 total += 1
         return total
 

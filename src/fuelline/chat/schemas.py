@@ -40,6 +40,7 @@ exchanges (the caller counts it).
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -129,13 +130,6 @@ def _call_json(text: str, where: str) -> Any:
         return parse_json(text, where, not_json="bad_tool_call")
     except ArgumentsError as e:
         raise ChatRecordError(e.reason, e.detail) from None
-
-
-def _turn_list(record: dict, key: str) -> list:
-    turns = record[key]
-    if not isinstance(turns, list):
-        raise ChatRecordError("wrong_type", f"{key!r} is {type(turns).__name__}, expected a list of turns")
-    return turns
 
 
 def _role(value: Any, where: str) -> str:
@@ -243,11 +237,14 @@ def _structured(obj: dict, turn: dict[str, Any], where: str, forms: set[str]) ->
                 turn[key] = _text(obj[key], f"{where}.{key}")
 
 
-def _turns(record: dict, list_key: str, role_key: str, content_key: str, forms: set[str],
-           content=_text) -> list[dict[str, Any]]:
+def _turns(record: dict, forms: set[str], list_key: str = "conversations", role_key: str = "from",
+           content_key: str = "value", content=_text) -> list[dict[str, Any]]:
     """A list of turn objects (ShareGPT's `from`/`value`, OpenAI's `role`/`content`) as turns."""
+    if not isinstance(record[list_key], list):
+        raise ChatRecordError("wrong_type", f"{list_key!r} is {type(record[list_key]).__name__}, expected a list of "
+                                            "turns")
     turns = []
-    for i, obj in enumerate(_turn_list(record, list_key)):
+    for i, obj in enumerate(record[list_key]):
         where = f"{list_key}[{i}]"
         if not isinstance(obj, dict):
             raise ChatRecordError("wrong_type", f"{where} is {type(obj).__name__}, expected an object")
@@ -267,27 +264,15 @@ def _turns(record: dict, list_key: str, role_key: str, content_key: str, forms: 
     return turns
 
 
-def _sharegpt(record: dict, forms: set[str]) -> list[dict[str, Any]]:
-    return _turns(record, "conversations", "from", "value", forms)
-
-
-def _openai(record: dict, forms: set[str]) -> list[dict[str, Any]]:
-    return _turns(record, "messages", "role", "content", forms, _openai_content)
-
-
 def _alpaca(record: dict, forms: set[str]) -> list[dict[str, Any]]:
     instruction = _text(_require(record, "instruction", "the record"), "instruction")
     answer_key = "output" if "output" in record else "response"
     answer = _text(_require(record, answer_key, "the record"), answer_key)
-    extra = record.get("input")
-    if extra is not None and not isinstance(extra, str):
-        raise ChatRecordError("wrong_type", f"input is {type(extra).__name__}, expected a string")
-    user = f"{instruction}\n\n{extra}" if extra and extra.strip() else instruction
-    turns = [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+    extra = _text(record["input"], "input") if record.get("input") is not None else ""
+    user = f"{instruction}\n\n{extra}" if extra.strip() else instruction
     system = record.get("system")
-    if system is not None:
-        turns.insert(0, {"role": "system", "content": _text(system, "system")})
-    return turns
+    system = [] if system is None else [{"role": "system", "content": _text(system, "system")}]
+    return [*system, {"role": "user", "content": user}, {"role": "assistant", "content": answer}]
 
 
 def _qa(record: dict, forms: set[str]) -> list[dict[str, Any]]:
@@ -298,7 +283,9 @@ def _qa(record: dict, forms: set[str]) -> list[dict[str, Any]]:
     raise ChatRecordError("missing_key", "no question/answer, query/response or prompt/completion pair")
 
 
-NORMALIZERS = {"sharegpt": _sharegpt, "openai": _openai, "alpaca": _alpaca, "qa": _qa}
+NORMALIZERS = {"sharegpt": _turns, "alpaca": _alpaca, "qa": _qa,
+               "openai": functools.partial(_turns, list_key="messages", role_key="role", content_key="content",
+                                           content=_openai_content)}
 
 
 def _hermes_calls(content: str, where: str) -> tuple[str, list[dict[str, Any]]]:
