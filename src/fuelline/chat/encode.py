@@ -125,32 +125,28 @@ _loaded: dict[tuple, ChatTokenizer] = {}
 
 
 def _from_path(path: Path) -> ChatTokenizer:
-    """The tokenizer of a directory or tokenizer.json, loaded once while the file stays the same."""
+    """The tokenizer of a directory or tokenizer.json, with the chat template and special tokens of its
+    directory; loaded once while the file stays the same."""
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
         raise FileNotFoundError(f"{path}: no tokenizer.json there")
     stat = file.stat()
     key = (os.fspath(file.resolve()), stat.st_size, stat.st_mtime_ns)
-    if key not in _loaded:
-        _loaded[key] = _read_tokenizer_dir(file)
-    return _loaded[key]
-
-
-def _read_tokenizer_dir(file: Path) -> ChatTokenizer:
+    if key in _loaded:
+        return _loaded[key]
     config = _read_json(file.parent / "tokenizer_config.json")
     special_map = _read_json(file.parent / "special_tokens_map.json")
     jinja_file = file.parent / "chat_template.jinja"
-    if jinja_file.is_file():
-        template = jinja_file.read_text(encoding="utf-8")
-    else:
-        template = _pick_template(config.get("chat_template"), file.parent / "tokenizer_config.json")
+    template = jinja_file.read_text(encoding="utf-8") if jinja_file.is_file() else \
+        _pick_template(config.get("chat_template"), file.parent / "tokenizer_config.json")
     special = {}
-    for key in TOKEN_KEYS:
-        value = config.get(key, special_map.get(key))
+    for name in TOKEN_KEYS:
+        value = config.get(name, special_map.get(name))
         value = value.get("content") if isinstance(value, dict) else value
         if isinstance(value, str):
-            special[key] = value
-    return ChatTokenizer(tokenizers.Tokenizer.from_file(str(file)), template, special)
+            special[name] = value
+    _loaded[key] = ChatTokenizer(tokenizers.Tokenizer.from_file(str(file)), template, special)
+    return _loaded[key]
 
 
 def _read_json(path: Path) -> dict:
