@@ -235,7 +235,7 @@ def refused_alike(work: Path, tokenizer_dir: Path) -> Tally:
                            progress=False)
                 tally.add("silent_wrong", f"regenerate took {bad!r}")
             except ChatRecordError as e:
-                written = [r["id"] for r in map(orjson.loads, out.read_bytes().splitlines())]
+                written = [r["id"] for r in map(orjson.loads, out.read_bytes().splitlines())] if out.exists() else []
                 right = e.reason == reason and e.where == f"{source}:2" and written in ([], ["good"])
                 tally.add("clear_error" if right else "silent_wrong", f"regenerate: {e} (wrote {written})")
     source = work / "contract-all.jsonl"  # the good record, then each break: pack and the plan read them all

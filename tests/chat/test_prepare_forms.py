@@ -76,8 +76,8 @@ DROPPED = [
                    {"role": "assistant", "content": "a"}]}, "misplaced_field", "system turn with 'reasoning_content'"),
     ({"messages": [{"role": "user", "content": "q", "weight": 0}, {"role": "assistant", "content": "a"}]},
      "misplaced_field", "user turn with 'weight'"),
-    (answered("a", weight=0.5), "bad_weight", "weight is 0.5"),
-    (answered("a", weight=True), "bad_weight", "weight is True"),
+    (answered("a", weight=0.5), "bad_weight", "weight must be 0 (not trained on) or 1, found 0.5"),
+    (answered("a", weight=True), "bad_weight", "found True"),
 ]
 
 

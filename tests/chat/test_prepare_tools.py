@@ -225,11 +225,12 @@ def _fn(name="get_weather", arguments='{"city": "Paris"}', id=None) -> dict:
 RESULT = {"role": "tool", "content": PARIS}
 FINAL = {"role": "assistant", "content": "21 °C."}
 BROKEN = [
-    ({**_messages(FINAL), "tools": {"name": "get_weather"}}, "bad_tools", "tools is dict, expected a list"),
+    ({**_messages(FINAL), "tools": {"name": "get_weather"}}, "bad_tools", "tools must be a list of {'type': 'function'"),
     ({**_messages(FINAL), "tools": "get_weather(city)"}, "bad_tools", "tools is not JSON: 'get_weather(city)'"),
-    ({**_messages(FINAL), "tools": [{"description": "no name"}]}, "bad_tools", "tools[0] has no function name"),
+    ({**_messages(FINAL), "tools": [{"description": "no name"}]}, "bad_tools",
+     "tools[0].function.name must be a non-empty string, found None"),
     ({**_messages(FINAL), "tools": [{**WEATHER, "parameters": "city"}]}, "bad_tools",
-     "tools[0] (get_weather): parameters is str, expected an object"),
+     "tools[0].function.parameters must be a JSON object, found str"),
     ({"conversations": [{"from": "human", "value": "q"}, {"from": "function_call", "value": "get_weather(Paris)"},
                         {"from": "observation", "value": PARIS}, {"from": "gpt", "value": "21"}]},
      "bad_tool_call", "conversations[1].value is not JSON: 'get_weather(Paris)'"),

@@ -385,7 +385,26 @@ def test_malformed_input_names_file_and_line(tmp_path):
         with pytest.raises(ValueError, match=r"bad.jsonl:2: expected a chat record"):
             regenerate([source], tmp_path / "out.jsonl", urls, RegenerateConfig("echo", client=FAST_CLIENT),
                        progress=False)
-    assert os.path.exists(tmp_path / "out.jsonl")  # what was answered before stays
+    assert not (tmp_path / "out.jsonl").exists()  # refused before the record before it was sent
+
+
+@pytest.mark.parametrize("bad, message", [
+    (b'{"id": "last", "conversations": [{"role": "user", "content": "q", "tool_calls": []}]}',
+     "turn 0: tool_calls belongs on an assistant turn, not on a user turn (misplaced_field)"),
+    (b'{"id": "last", "conversations": [', "invalid JSON"),
+])
+def test_a_bad_record_at_the_end_fails_the_run_before_any_request(conversations, tmp_path, bad, message):
+    """The whole input is checked first: a bad last record does not cost the server time of every record before it."""
+    path, records = conversations
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(path.read_bytes() + bad + b"\n")
+    log = tmp_path / "requests.jsonl"
+    with echo_servers(("--log-requests", str(log)),) as urls:
+        result = cli(*regenerate_args(source, tmp_path / "out.jsonl", urls))
+    assert result.exit_code == 2 and "Traceback" not in result.stderr
+    assert f"in.jsonl:{len(records) + 1}: " in result.stderr and message in result.stderr
+    assert not log.exists() or not log.read_bytes()  # no request was sent
+    assert not (tmp_path / "out.jsonl").exists()
 
 
 def test_pipeline_step_prepares_regenerates_reports_and_skips_when_done(tmp_path):

@@ -92,4 +92,4 @@ def test_an_empty_conversation_is_refused_before_any_request(tmp_path):
             result = cli(*regenerate_args(source, tmp_path / f"out-{k}.jsonl", urls))
         assert result.exit_code == 2 and "Traceback" not in result.stderr
         assert f"in-{k}.jsonl:1: " in result.stderr and "has no turn (empty_conversation)" in result.stderr
-        assert not (tmp_path / f"out-{k}.jsonl").read_bytes()
+        assert not (tmp_path / f"out-{k}.jsonl").exists()

@@ -283,4 +283,4 @@ def test_malformed_tool_turns_are_refused_before_any_request_naming_the_line_tur
             regenerate([source], tmp_path / "out.jsonl", urls, RegenerateConfig("echo", client=FAST_CLIENT),
                        progress=False)
     assert error.value.reason == reason and str(error.value).endswith(f"({reason})")
-    assert (tmp_path / "out.jsonl").read_bytes() == b""  # refused up front: nothing was regenerated
+    assert not (tmp_path / "out.jsonl").exists()  # refused up front: nothing was regenerated

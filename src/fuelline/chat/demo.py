@@ -11,6 +11,7 @@ extras `torch` and `serve`; without them it says so.
 
 from __future__ import annotations
 
+import importlib.util
 import random
 import socket
 import tempfile
@@ -107,13 +108,7 @@ def _free_port() -> int:
 
 
 def _require_extras() -> None:
-    missing = []
-    for module, extra in (("torch", "torch"), ("transformers", "serve"), ("fastapi", "serve"), ("uvicorn", "serve")):
-        try:
-            __import__(module)
-        except ImportError:
-            missing.append(extra)
-    if missing:
+    if any(importlib.util.find_spec(module) is None for module in ("torch", "transformers", "fastapi", "uvicorn")):
         raise RuntimeError("fuelline demo chat runs a model: install the extras torch and serve "
                            "(pip install 'fuelline[torch,serve]')")
 

@@ -2,44 +2,31 @@
 
 Each conversation is rendered once (`templates.render` records the character spans to train
 on while it renders), a batch's texts are encoded together with `add_special_tokens=False` (the
-ids `apply_chat_template(tokenize=True)` gives) by `FastEncoder`: tiktoken's BPE core on all
-cores when it reproduces the tokenizer's ids (checked on the first batch), else `tokenizers`
-itself. Rendering runs on the caller's thread, RENDER_BATCH conversations at a time, while the
-encoder's threads encode the previous ones (`FastEncoder.encode_batches`). A token is
-supervised iff its character offsets overlap a supervised span: one `searchsorted` of the
-token starts in the span ends per conversation, no loop over tokens.
-This is transformers' rule for `return_assistant_tokens_mask` too, so the two masks agree
-token for token.
-
-The offsets are positions in the Python string (code points), whichever engine encodes: a
-token holding part of a multi-byte character carries the whole character's span (the two
-tokens of each U+200D in 👨‍👩‍👧 both say (k, k+1)), an added special token its own characters.
-A CJK character or an emoji split over two tokens is thus seen whole, and a token that
-straddles a span's edge (a header's "\n" merged with a content that starts with "\n") is
-supervised, as in transformers.
-
-`qwen-deepspec` masks by DeepSpec's rule instead: a span [s, e) trains the tokens from
-len(encode(text[:s])) to len(encode(text[:e])), computed from the one encoding and the short
-text since the last added token before each edge (see `_Encoder._prefix_rule_mask`).
+ids `apply_chat_template(tokenize=True)` gives) by `FastEncoder` (`fuelline.tokenizer.fast`),
+on the encoder's threads while the caller's thread renders the next RENDER_BATCH. A token is
+supervised iff its character offsets overlap a supervised span (one `searchsorted` per batch, no
+loop over tokens): transformers' rule for `return_assistant_tokens_mask`, so the two masks agree
+token for token. The offsets are positions in the Python string (code points): a token holding
+part of a multi-byte character carries the whole character's span, so a CJK character or an
+emoji split over two tokens is seen whole, and a token that straddles a span's edge (a header's
+"\n" merged with a content that starts with "\n") is supervised, as in transformers.
+`qwen-deepspec` masks by DeepSpec's rule instead (`_Encoder._prefix_rule_mask`).
 
 `max_length`: with overflow="truncate" a conversation is cut before a user or system turn that
-follows an assistant turn (never inside a tool round), keeping the longest prefix of whole exchanges (with the system turn that
-leads them). The cut is chosen from the token offsets of the full encoding at the turn ends;
-the kept turns are then rendered and encoded on their own and checked, cutting one exchange
-more while they do not fit (Qwen3's empty think block moves to the new last turn: 4 tokens
-more). The ids are therefore exactly the encoding of the shortened conversation. If the first
-exchange does not fit, the conversation is dropped as too long, as it is with overflow="drop".
+follows an assistant turn (never inside a tool round), keeping the longest prefix of whole
+exchanges. The cut is chosen from the token offsets of the full encoding at the turn ends; the
+kept turns are then rendered, encoded and checked on their own, cutting one exchange more while
+they do not fit (Qwen3's empty think block moves to the new last turn: 4 tokens more), so the
+ids are exactly the encoding of the shortened conversation. A first exchange that does not fit
+drops the conversation as too long, as overflow="drop" does.
 
-Before rendering, every assistant turn's text (content, reasoning, tool calls) is searched for
-the tokenizer's control tokens (its special added tokens, and the template's end of turn): an
-answer "done<|im_end|>\n<|im_start|>user\nfake turn" would be encoded as the end of its turn and
-a user turn that nobody wrote, and be trained on. Such a conversation is dropped as
-`special_token_text` (`special_text="refuse"`, the default), or kept as transformers' own
-`apply_chat_template` would encode it, the text as those control tokens (`"keep"`), and counted
-(`EncodedChat.special_text`). A conversation that breaks the chat record contract (under the
-contract's reason, `fuelline.formats.chat_record`) or that the template cannot render
-(`unrenderable`) stops the batch with a `ConversationError` naming its index
-(`on_error="raise"`), or is returned as a `Drop` under that reason (`"skip"`).
+Every assistant turn's text is searched for the tokenizer's control tokens (its special added
+tokens, the template's end of turn): an answer "done<|im_end|>\n<|im_start|>user\nfake turn"
+would be encoded as the end of its turn and a user turn nobody wrote, and trained on. Such a
+conversation is dropped as `special_token_text` (`special_text="refuse"`), or kept as
+`apply_chat_template` encodes it and counted (`"keep"`). A conversation that breaks the chat
+record contract, or that the template cannot render (`unrenderable`), stops the batch with a
+`ConversationError` naming its index (`on_error="raise"`), or is a `Drop` under its reason.
 
 Cost (benchmarks/bench_chat.py has the measured table): the 7,473 GSM8K exchanges (~190 tokens
 each, Qwen vocabulary) on 2 cores take ~0.7 s, tiktoken's encoding most of it, where a loop of
@@ -138,32 +125,28 @@ _loaded: dict[tuple, ChatTokenizer] = {}
 
 
 def _from_path(path: Path) -> ChatTokenizer:
-    """The tokenizer of a directory or tokenizer.json, loaded once while the file stays the same."""
+    """The tokenizer of a directory or tokenizer.json, with the chat template and special tokens of its
+    directory; loaded once while the file stays the same."""
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
         raise FileNotFoundError(f"{path}: no tokenizer.json there")
     stat = file.stat()
     key = (os.fspath(file.resolve()), stat.st_size, stat.st_mtime_ns)
-    if key not in _loaded:
-        _loaded[key] = _read_tokenizer_dir(file)
-    return _loaded[key]
-
-
-def _read_tokenizer_dir(file: Path) -> ChatTokenizer:
+    if key in _loaded:
+        return _loaded[key]
     config = _read_json(file.parent / "tokenizer_config.json")
     special_map = _read_json(file.parent / "special_tokens_map.json")
     jinja_file = file.parent / "chat_template.jinja"
-    if jinja_file.is_file():
-        template = jinja_file.read_text(encoding="utf-8")
-    else:
-        template = _pick_template(config.get("chat_template"), file.parent / "tokenizer_config.json")
+    template = jinja_file.read_text(encoding="utf-8") if jinja_file.is_file() else \
+        _pick_template(config.get("chat_template"), file.parent / "tokenizer_config.json")
     special = {}
-    for key in TOKEN_KEYS:
-        value = config.get(key, special_map.get(key))
+    for name in TOKEN_KEYS:
+        value = config.get(name, special_map.get(name))
         value = value.get("content") if isinstance(value, dict) else value
         if isinstance(value, str):
-            special[key] = value
-    return ChatTokenizer(tokenizers.Tokenizer.from_file(str(file)), template, special)
+            special[name] = value
+    _loaded[key] = ChatTokenizer(tokenizers.Tokenizer.from_file(str(file)), template, special)
+    return _loaded[key]
 
 
 def _read_json(path: Path) -> dict:
@@ -218,18 +201,27 @@ def supervised_tokens(offsets: np.ndarray, spans: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class _Limits:
+class _Options:
+    """`encode_chats`' options, checked before any conversation is encoded."""
+
     max_length: int | None
     overflow: str
     min_loss_tokens: int
+    tools: list[dict] | None
+    reasoning: str
+    train_turns: str
+    special_text: str
+    on_error: str
 
     def __post_init__(self):
         if self.max_length is not None and (not isinstance(self.max_length, int) or self.max_length < 1):
             raise ValueError(f"max_length must be a positive integer or None, not {self.max_length!r}")
-        if self.overflow not in OVERFLOW:
-            raise ValueError(f"overflow must be one of {', '.join(OVERFLOW)}, not {self.overflow!r}")
         if not isinstance(self.min_loss_tokens, int) or self.min_loss_tokens < 0:
             raise ValueError(f"min_loss_tokens must be a non-negative integer, not {self.min_loss_tokens!r}")
+        for key, allowed in (("overflow", OVERFLOW), ("reasoning", REASONING), ("train_turns", TRAIN_TURNS),
+                             ("special_text", SPECIAL_TEXT), ("on_error", ON_ERROR)):
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"{key} must be one of {', '.join(allowed)}, not {getattr(self, key)!r}")
 
 
 def encode_chats(conversations: Sequence[Any], tokenizer: Any, template: str | ChatTemplate,
@@ -242,35 +234,20 @@ def encode_chats(conversations: Sequence[Any], tokenizer: Any, template: str | C
     (`tools` for those that are not records carrying their own); `special_text` and `on_error`
     are described in the module docstring (a `ConversationError` names the first bad conversation).
     """
-    options = _Options(tools, reasoning, train_turns, special_text, on_error)
-    return _encode(conversations, tokenizer, template, _Limits(max_length, overflow, min_loss_tokens), options)
+    options = _Options(max_length, overflow, min_loss_tokens, tools, reasoning, train_turns, special_text, on_error)
+    return _encode(conversations, tokenizer, template, options)
 
 
 def encode_chat(conversation: Any, tokenizer: Any, template: str | ChatTemplate, max_length: int | None = None,
                 *, overflow: str = "truncate", min_loss_tokens: int = 1, tools: list[dict] | None = None,
                 reasoning: str = "last", train_turns: str = "all", special_text: str = "refuse") -> EncodedChat | Drop:
     """`encode_chats` for one conversation; a ValueError says what is wrong with it."""
-    options = _Options(tools, reasoning, train_turns, special_text, "raise")
     try:
-        return _encode([conversation], tokenizer, template, _Limits(max_length, overflow, min_loss_tokens),
-                       options)[0]
+        return encode_chats([conversation], tokenizer, template, max_length, overflow=overflow,
+                            min_loss_tokens=min_loss_tokens, tools=tools, reasoning=reasoning,
+                            train_turns=train_turns, special_text=special_text)[0]
     except ConversationError as e:
         raise ValueError(e.message) from None
-
-
-@dataclass(frozen=True)
-class _Options:
-    tools: list[dict] | None
-    reasoning: str
-    train_turns: str
-    special_text: str
-    on_error: str
-
-    def __post_init__(self):
-        for key, allowed in (("reasoning", REASONING), ("train_turns", TRAIN_TURNS), ("special_text", SPECIAL_TEXT),
-                             ("on_error", ON_ERROR)):
-            if getattr(self, key) not in allowed:
-                raise ValueError(f"{key} must be one of {', '.join(allowed)}, not {getattr(self, key)!r}")
 
 
 class _Encoder:
@@ -376,7 +353,7 @@ class _Encoder:
             return Rendering("", (), ())  # encodes to no tokens; its result is the Drop
 
 
-def _encode(conversations, tokenizer, template, limits: _Limits, options: _Options) -> list[EncodedChat | Drop]:
+def _encode(conversations, tokenizer, template, options: _Options) -> list[EncodedChat | Drop]:
     tok = load_tokenizer(tokenizer)
     encoder = _Encoder(tok, resolve_template(template, tok), options)
     results: list[EncodedChat | Drop | None] = [None] * len(conversations)
@@ -400,26 +377,26 @@ def _encode(conversations, tokenizer, template, limits: _Limits, options: _Optio
     for (k, turns, _), (rendering, ids, mask, supervised, offsets) in zip(items, encoder(items)):
         if (failed := encoder.failed.pop(k, None)) is not None:
             results[k] = failed
-        elif limits.max_length is None or len(ids) <= limits.max_length:
-            results[k] = _keep(ids, mask, supervised, False, limits, special[k])
-        elif limits.overflow == "drop":
-            results[k] = Drop(TOO_LONG, f"{len(ids):,} tokens, max_length {limits.max_length:,}")
+        elif options.max_length is None or len(ids) <= options.max_length:
+            results[k] = _keep(ids, mask, supervised, False, options, special[k])
+        elif options.overflow == "drop":
+            results[k] = Drop(TOO_LONG, f"{len(ids):,} tokens, max_length {options.max_length:,}")
         else:
-            fitting = _cuts_that_may_fit(turns, rendering.turn_ends, offsets, limits.max_length)
+            fitting = _cuts_that_may_fit(turns, rendering.turn_ends, offsets, options.max_length)
             if fitting:
                 cuts[k] = fitting
             else:
                 results[k] = Drop(TOO_LONG, f"{len(ids):,} tokens, and the first exchange alone exceeds "
-                                            f"max_length {limits.max_length:,}")
-    _truncate(encoder, parsed, cuts, results, limits, special)
+                                            f"max_length {options.max_length:,}")
+    _truncate(encoder, parsed, cuts, results, options, special)
     return results
 
 
-def _keep(ids: np.ndarray, mask: np.ndarray, supervised: int, truncated: bool, limits: _Limits,
+def _keep(ids: np.ndarray, mask: np.ndarray, supervised: int, truncated: bool, options: _Options,
           special_text: int) -> EncodedChat | Drop:
-    if supervised < limits.min_loss_tokens:
+    if supervised < options.min_loss_tokens:
         return Drop(TOO_FEW_LOSS_TOKENS, f"{supervised} of {len(ids)} tokens supervised, "
-                                         f"min_loss_tokens {limits.min_loss_tokens}")
+                                         f"min_loss_tokens {options.min_loss_tokens}")
     return EncodedChat(ids, mask, truncated, special_text)
 
 
@@ -434,7 +411,7 @@ def _cuts_that_may_fit(turns: list[dict], turn_ends: tuple[int, ...], offsets: n
     return [c for c, n in zip(cuts, tokens_before) if n <= max_length][::-1]
 
 
-def _truncate(encoder: _Encoder, parsed, cuts: dict[int, list[int]], results: list, limits: _Limits,
+def _truncate(encoder: _Encoder, parsed, cuts: dict[int, list[int]], results: list, options: _Options,
               special: dict[int, int]) -> None:
     """Fill in `results` for the conversations in `cuts`: each encoded at its longest cut that fits."""
     while cuts:
@@ -444,12 +421,12 @@ def _truncate(encoder: _Encoder, parsed, cuts: dict[int, list[int]], results: li
             if (failed := encoder.failed.pop(k, None)) is not None:
                 results[k] = failed
                 del cuts[k]
-            elif len(ids) <= limits.max_length:
-                results[k] = _keep(ids, mask, supervised, True, limits, special[k])
+            elif len(ids) <= options.max_length:
+                results[k] = _keep(ids, mask, supervised, True, options, special[k])
                 del cuts[k]
             else:
                 cuts[k].pop(0)
                 if not cuts[k]:
                     results[k] = Drop(TOO_LONG, f"the first exchange alone is {len(ids):,} tokens, "
-                                                f"max_length {limits.max_length:,}")
+                                                f"max_length {options.max_length:,}")
                     del cuts[k]

@@ -1,15 +1,11 @@
 """Templates made of strings (`chatml`, `qwen3`, `llama3`, …): a conversation rendered by appending.
 
-`render_fields` appends a conversation's pieces one after the other (headers, contents,
-end-of-turn strings) and records, while appending, where each assistant turn's supervised body
-starts and ends, so a span is known by construction, never searched for. The body of an
-assistant turn is its reasoning block (when kept and non-empty), content, tool calls
-(`fuelline.chat.tool_rendering`) and end-of-turn string; a template without a reasoning syntax
-refuses a turn with reasoning. Contents are rendered verbatim. Qwen3's Jinja template also
-rewrites some contents (it strips leading newlines from the final answer and splits a content
-at `</think>`), so `qwen3` matches it for contents without either; the chat data in
-../shared/data has neither, and under that Jinja template a conversation with either is
-refused (`fuelline.chat.jinja_templates`).
+`render_fields` appends a conversation's pieces one after the other and records, while
+appending, where each assistant turn's supervised body (reasoning block, content, tool calls,
+end-of-turn string) starts and ends, so a span is known by construction, never searched for.
+Contents are rendered verbatim: Qwen3's Jinja template strips leading newlines from the final
+answer and splits a content at `</think>`, so `qwen3` matches it for contents without either
+(the chat data in ../shared/data has neither; `jinja_templates` refuses them).
 """
 
 from __future__ import annotations
@@ -53,11 +49,8 @@ def render_fields(turns: list[dict], tools: list[dict] | None, t: ChatTemplate,
 
 
 def _assistant(i: int, turn: dict, t: ChatTemplate, is_last: bool) -> tuple[str, str]:
-    """An assistant turn's unsupervised head and supervised body (reasoning, content, tool calls, end of turn).
-
-    A non-empty reasoning is rendered stripped of newlines at both ends, as Qwen3's template does;
-    it is supervised unless nothing is left. Without one, the prefix is rendered, unsupervised.
-    """
+    """An assistant turn's unsupervised head and supervised body; a reasoning is stripped of newlines at
+    both ends, as Qwen3's template does, and supervised unless nothing is left."""
     head, body = t.assistant_header, turn["content"]
     reasoning = turn.get("reasoning_content")
     if reasoning:

@@ -109,19 +109,13 @@ def chinese_number(n: int) -> str:
     digits = "零一二三四五六七八九"
     if not 0 < n < 1000:
         return str(n)
-    if n < 10:
-        return digits[n]
-    if n < 100:
-        tens, ones = divmod(n, 10)
-        return ("" if tens == 1 else digits[tens]) + "十" + (digits[ones] if ones else "")
-    hundreds, rest = divmod(n, 100)
-    if rest == 0:
-        tail = ""
-    elif rest < 10:
-        tail = "零" + digits[rest]
-    else:
-        tail = digits[rest // 10] + "十" + (digits[rest % 10] if rest % 10 else "")
-    return digits[hundreds] + "百" + tail
+    hundreds, tens, ones = n // 100, n // 10 % 10, n % 10
+    text = digits[hundreds] + "百" if hundreds else ""
+    if tens:
+        text += ("" if tens == 1 and not hundreds else digits[tens]) + "十"
+    elif hundreds and ones:
+        text += "零"
+    return text + (digits[ones] if ones else "")
 
 
 def _string(value: Any) -> str | None:

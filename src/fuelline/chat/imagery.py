@@ -61,16 +61,8 @@ class Imagery:
     spellings: tuple[str, ...]
 
 
-def _build_lexicon() -> tuple[Imagery, ...]:
-    entries = []
-    for theme, words in THEMES.items():
-        for written in words:
-            spellings = tuple(written.split("|"))
-            entries.append(Imagery(spellings[0], theme, spellings))
-    return tuple(entries)
-
-
-LEXICON: tuple[Imagery, ...] = _build_lexicon()
+LEXICON: tuple[Imagery, ...] = tuple(Imagery(written.split("|")[0], theme, tuple(written.split("|")))
+                                     for theme, words in THEMES.items() for written in words)
 _ENTRY_OF_SPELLING: dict[str, str] = {s: e.word for e in LEXICON for s in e.spellings}
 # Longest spelling first: at each position the regex engine takes the first alternative that
 # matches, which is then the longest one (leftmost-longest).

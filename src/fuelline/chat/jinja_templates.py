@@ -1,27 +1,20 @@
 """Jinja chat templates (`auto`, or a template with a `jinja` source): where the spans to supervise are.
 
 The text is what `fuelline.chat.jinja_sandbox` renders, as transformers renders it; this module
-locates, in that text, the span of every assistant turn, and is the one place that does. The
-spans are the template's `{% generation %}` blocks when it has them: each block's output comes
-between two Unicode noncharacters, U+FDD0 and U+FDD1, which are removed after rendering.
-Otherwise the conversation is rendered a second time with each assistant content between two
-marks that name its turn (noncharacters too; a content holding any of U+FDD0-U+FDEF is
-refused), and a content's span is where its marks are, extended over an end-of-turn token that
-immediately follows it (the template's `end_of_turn`, else the tokenizer's eos token or one of
-END_OF_TURN_TOKENS). Never a text search: "a" is also in the next "assistant" header. The marks
-locate a content exactly only when the marked text, marks removed, is the plain text, and each
-content is between its own two marks once, verbatim, in order; otherwise the conversation is
-refused, naming the turn, since its span would be a guess. This refuses a content that a
-template changes by stripping, splitting or slicing it (Qwen3's strips leading newlines from
-the final answer and splits a content at `</think>`), renders twice, leaves out or puts out of
-order. The second rendering costs about as much as the first (GSM8K, Qwen3's template: ~100 µs
-more per conversation, on top of ~100 µs). Tool calls and reasoning are rendered outside the
-content, where no mark can locate their text, so without generation blocks an assistant turn
-with either is refused, naming template and turn (tool results and schemas are never
-supervised, so they pass). Templates get `tools=` and the turns as transformers gives them:
-`tool_calls` with `function.arguments` a dict, `tool` turns, `reasoning_content` (also as
-`thinking`); with generation blocks, ids and mask equal `apply_chat_template(messages,
-tools=tools, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)`.
+locates in it the span of every assistant turn. The spans are the template's `{% generation %}`
+blocks when it has them (ids and mask then equal `apply_chat_template(messages, tools=tools,
+tokenize=True, return_dict=True, return_assistant_tokens_mask=True)`). Otherwise the
+conversation is rendered a second time with each assistant content between two marks that name
+its turn (Unicode noncharacters; a content holding any of U+FDD0-U+FDEF is refused), and a
+content's span is where its marks are, extended over an end-of-turn token right after it (the
+template's `end_of_turn`, else the eos token or one of END_OF_TURN_TOKENS). Never a text search:
+"a" is also in the next "assistant" header. The marks locate a content only when the marked
+text, marks removed, is the plain text, and each content is between its own marks once,
+verbatim, in order; otherwise the conversation is refused, naming the turn, since its span would
+be a guess (a template that strips, splits, slices, repeats, leaves out or reorders a content).
+The second rendering costs about as much as the first (GSM8K, Qwen3's template: ~100 µs more per
+conversation). Tool calls and reasoning are rendered outside the content, where no mark can
+locate them, so without generation blocks an assistant turn with either is refused.
 """
 
 from __future__ import annotations

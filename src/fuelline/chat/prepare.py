@@ -9,9 +9,8 @@ outputs by a hash of (seed, id), so the split does not depend on file order or w
   lets the target and the draft generate the answers.
 
 Ids must be unique, because regeneration and the target cache key their work by id: an
-upstream id seen before (in input order) becomes `ID#2`, `ID#3`, … (`prepare` finds them over
-the whole input; counted as `duplicate_id_renamed`). Records without an id get a hash of their
-file name and line, which repeats when two inputs share a file name; those are renamed too.
+upstream id seen before (in input order, over the whole input) becomes `ID#2`, `ID#3`, …
+(`duplicate_id_renamed`); so does a repeated hash of file name and line, a record's id without one.
 
 System turns are removed unless `keep_system` (regeneration uses the target's own default).
 stats.json gets the records per schema (`schema.X`, the `schemas` table), per form of tool use

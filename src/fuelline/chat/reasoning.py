@@ -9,15 +9,11 @@ whitespace removed); an empty block is no reasoning:
   answer holds only the closing tag.
 
 Anywhere else a tag would be left in the content and trained on, and which text was thought and
-which said would be a guess, so the turn is refused under one of `REASONS`:
-
-- `think_tag_in_content`: a block after the start (`Answer first. <think>hidden</think> then
-  more.`), or a `</think>` before the `<think>`;
-- `several_think_blocks`: more than one opening or closing tag (`<think>a</think>b<think>c</think>d`);
-- `unclosed_think`: a `<think>` without its `</think>`;
-- `think_tag_in_reasoning`: the reasoning field itself holds a tag;
-- `conflicting_reasoning`: a reasoning field and an inline block with different texts (the
-  same text given both ways, stripped, is kept once).
+which said would be a guess, so the turn is refused under one of `REASONS`: a block after the
+start (`think_tag_in_content`), more than one tag of a kind (`several_think_blocks`), a `<think>`
+without its `</think>` (`unclosed_think`), a tag in the reasoning field (`think_tag_in_reasoning`),
+a reasoning field and an inline block with different texts (`conflicting_reasoning`; the same
+text given both ways is kept once).
 """
 
 from __future__ import annotations

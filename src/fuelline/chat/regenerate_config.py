@@ -1,10 +1,6 @@
-"""What a regeneration asks of the servers and which answers it takes: the options of
-`fuelline chat regenerate` (and of a pipeline's regenerate step), each record's plan of requests,
-and the test every answer must pass.
-
-These are the decisions that make the output what it is (the step's identity is built from these
-options), so they live apart from the orchestrator (`fuelline.chat.regenerate`) that sends the
-requests: why a record was dropped or an answer refused is answered here, without the async code.
+"""What a regeneration asks of the servers and which answers it takes: the options (the step's
+identity), each record's plan of requests, the test every answer must pass; apart from the async
+orchestrator (`fuelline.chat.regenerate`), so why a record was dropped is answered here.
 
 Prompts. A conversation that ends with a user turn gets the answer to it, appended; an eval record
 of `chat prepare` (`{"id", "turns": [user contents]}`) becomes the chat record of its user turns,
@@ -24,10 +20,9 @@ tool calls, or a finish reason other than `finish_reasons` (default stop and len
 for a record with tools; a server's "abort" comes with partial text), or tool-call arguments that
 are not a JSON object, is a failure, retried like a dropped connection, so no later turn is
 conditioned on it; `keep_empty_answers` and `finish_reasons` widen this on purpose. Reasoning
-never enters the content: a server's reasoning returned apart, or written inline (`<think>…</think>`
-first, or DeepSeek-R1's `…</think>`), is read as chat prepare reads a turn
-(`fuelline.chat.reasoning`; a tag anywhere else makes the answer a failure under that module's
-reason); `store_reasoning = keep` stores it as the turn's `reasoning_content`.
+never enters the content: returned apart or written inline, it is read as chat prepare reads a
+turn (`fuelline.chat.reasoning`, whose refusals make the answer a failure); `store_reasoning =
+keep` stores it as the turn's `reasoning_content`.
 """
 
 from __future__ import annotations

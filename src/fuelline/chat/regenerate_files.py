@@ -1,9 +1,7 @@
 """The files of a regeneration, and what a resumed run reads back from them.
 
 A run may be killed at any moment and resumed many times, so what it has done is read from its
-output alone, by id; these rules are the regenerate step's own, beside the resume contract that
-every step keeps (`fuelline.pipeline.workdir`: lock, plan marker, identity), and live apart from
-the orchestrator (`fuelline.chat.regenerate`) that appends to the files.
+output alone, by id (the step's own rules, beside the resume contract of `fuelline.pipeline.workdir`).
 
 Output, one line per input id, ever: the input record with its assistant turns replaced and
 `meta.regenerated` = {model, options (every option that decides the answers, as given: preset,
@@ -56,22 +54,19 @@ class OutputPaths:
         return cls(output / RECORDS_FILE, output / f"{RECORDS_FILE}.errors", output / STATS_FILE)
 
 
-def _ids_of_lines(path: Path, cut_torn_line: bool) -> Iterator[tuple[int, dict]]:
-    """(line number, record) of a file this step appends to; a torn last line is cut off first."""
+def _records(path: Path) -> Iterator[dict]:
+    """The records of a file this step appends to; a torn last line is cut off first."""
     if not path.exists():
         return
     data = path.read_bytes()
     if data and not data.endswith(b"\n"):
-        complete = data.rfind(b"\n") + 1
-        if cut_torn_line:
-            with open(path, "r+b") as f:
-                f.truncate(complete)
-                os.fsync(f.fileno())
-        data = data[:complete]
+        data = data[:data.rfind(b"\n") + 1]
+        with open(path, "r+b") as f:
+            f.truncate(len(data))
+            os.fsync(f.fileno())
     for number, line in enumerate(data.splitlines(), start=1):
         try:
-            record = orjson.loads(line)
-            yield number, record
+            yield orjson.loads(line)
         except orjson.JSONDecodeError:
             raise ValueError(f"{path}:{number}: not a JSON line in the middle of the file: it was changed by "
                              "something else than fuelline; repair or remove it") from None
@@ -91,13 +86,13 @@ def earlier_runs(paths: OutputPaths) -> Earlier:
     """What earlier runs left. Errors that are not final are removed from the errors file (atomically):
     this run retries them, and lists them again if they fail again."""
     earlier = Earlier()
-    for _, record in _ids_of_lines(paths.records, True):
+    for record in _records(paths.records):
         earlier.written.add(record["id"])
         regenerated = record.get("meta", {}).get("regenerated", {})
         reasons = regenerated.get("finish_reasons", [])
         earlier.finish_reasons.update(reasons)
         earlier.truncated_kept += "length" in reasons
-    final = [r for _, r in _ids_of_lines(paths.errors, True) if r.get("reason") in FINAL_REASONS]
+    final = [r for r in _records(paths.errors) if r.get("reason") in FINAL_REASONS]
     earlier.dropped = {r["id"]: r["reason"] for r in final}
     if paths.errors.exists():
         write_bytes_atomic(paths.errors, b"".join(orjson.dumps(r) + b"\n" for r in final))

@@ -1,13 +1,9 @@
-"""Regeneration as a step, for `fuelline chat regenerate` and pipelines: the chat records of its
-input, through the configured servers.
+"""Regeneration as a step, for `fuelline chat regenerate` and pipelines.
 
-The output (`OUT.jsonl` with `OUT.jsonl.errors` and `OUT.stats.json` beside it, or a directory
-holding `regenerated.jsonl`, its `.errors` and `stats.json`) keeps the one resume contract
-(`fuelline.pipeline.workdir`): its lock is taken before the output is read or deleted, its plan
-marker holds the identity (model, every option that decides the answers, the inputs), and
-running again resumes where it stopped (by id), retries what failed, returns a finished output
-with nothing left to retry as it is, and refuses another model, other options or other inputs,
-naming them, unless the run restarts (`--restart`).
+Its output (`regenerate_files.OutputPaths`) keeps the one resume contract
+(`fuelline.pipeline.workdir`), its identity the model, every option that decides the answers
+and the inputs: running again resumes by id, retries what failed, returns a finished output with
+nothing left to retry as it is, and refuses another identity, naming it, unless `--restart`.
 """
 
 from __future__ import annotations

@@ -26,23 +26,21 @@ same structured fields, so no tag is left in a content:
   DeepSeek-R1's `…</think>` in its content (`fuelline.chat.reasoning`, which refuses a tag
   anywhere else): the turn's `reasoning_content`.
 
-OpenAI fine-tuning's per-message `weight` (0 or 1) stays on its assistant turn: 0 means the
-turn is context, not trained on. A field that belongs to another role (`ROLE_FIELDS`: tool
-calls, reasoning or a weight on a user, system or tool turn, a `tool_call_id` off a tool turn)
-drops the record as `misplaced_field`, since removing it would change the data unsaid.
+OpenAI fine-tuning's per-message `weight` stays on its assistant turn. A field that belongs to
+another role (`ROLE_FIELDS`) drops the record as `misplaced_field`, since removing it would
+change the data unsaid.
 
 Normalizing only maps shapes and roles; `validate` then applies the chat record contract
-(`fuelline.formats.chat_record`: turn shapes, an optional leading system turn, then user and
-assistant alternating from a user turn, tool rounds answering their calls) and the rules the
-reference distillation pipeline adds, each failure under its own drop reason (`DROP_REASONS`):
-every content a non-empty string, except an assistant turn's with tool calls, and at least one
-complete exchange. A conversation that ends on a user turn or on tool results keeps its
-complete exchanges (the caller counts it), so every record prepare writes keeps the contract
-that regenerate, pack, cache build and dedup check.
+(`fuelline.formats.chat_record`, which every later step checks) and the rules the reference
+distillation pipeline adds, each under its own drop reason (`DROP_REASONS`): every content a
+non-empty string, except an assistant turn's with tool calls, and at least one complete
+exchange. A conversation that ends on a user turn or on tool results keeps its complete
+exchanges (the caller counts it).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -134,13 +132,6 @@ def _call_json(text: str, where: str) -> Any:
         raise ChatRecordError(e.reason, e.detail) from None
 
 
-def _turn_list(record: dict, key: str) -> list:
-    turns = record[key]
-    if not isinstance(turns, list):
-        raise ChatRecordError("wrong_type", f"{key!r} is {type(turns).__name__}, expected a list of turns")
-    return turns
-
-
 def _role(value: Any, where: str) -> str:
     name = _text(value, where)
     try:
@@ -194,35 +185,25 @@ def _function_calls(value: Any, where: str) -> list[dict[str, Any]]:
     return [_call(call, f"{where}[{j}]") for j, call in enumerate(parsed)]
 
 
-def _tool_schema(tool: Any, where: str) -> dict[str, Any]:
-    if not isinstance(tool, dict):
-        raise ChatRecordError("bad_tools", f"{where} is {type(tool).__name__}, expected a function schema")
-    if tool.get("type", "function") != "function":
-        raise ChatRecordError("bad_tools", f"{where}.type is {tool['type']!r}; only function tools are supported")
-    function = tool.get("function", tool)
-    name = function.get("name") if isinstance(function, dict) else None
-    if not isinstance(name, str) or not name.strip():
-        raise ChatRecordError("bad_tools", f"{where} has no function name")
-    schema: dict[str, Any] = {"name": name}
-    for key, kind in (("description", str), ("parameters", dict)):
-        if function.get(key) is not None:
-            if not isinstance(function[key], kind):
-                raise ChatRecordError("bad_tools", f"{where} ({name}): {key} is {type(function[key]).__name__}, "
-                                           f"expected {'a string' if kind is str else 'an object'}")
-            schema[key] = function[key]
-    return {"type": "function", "function": schema}
+def _tool_schema(tool: Any) -> Any:
+    """A function schema, bare or in OpenAI's shape, in OpenAI's shape with its name, description and
+    parameters (nulls left out); what is not one is left for the record contract to name."""
+    function = tool.get("function", tool) if isinstance(tool, dict) else None
+    if not isinstance(function, dict):
+        return tool
+    return {"type": tool.get("type", "function"),
+            "function": {k: function[k] for k in ("name", "description", "parameters") if function.get(k) is not None}}
 
 
 def _tools(record: dict) -> list[dict[str, Any]] | None:
-    """The record's `tools` (a list of function schemas, or its JSON) in OpenAI's shape; None when absent or empty."""
+    """The record's `tools` (a list of function schemas, or its JSON) in OpenAI's shape, checked by the
+    record contract; None when absent or empty."""
     tools = record.get("tools")
     if isinstance(tools, str):
         tools = _json(tools, "tools", "bad_tools") if tools.strip() else None
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        raise ChatRecordError("bad_tools", f"tools is {type(tools).__name__}, expected a list of function schemas")
-    return [_tool_schema(tool, f"tools[{j}]") for j, tool in enumerate(tools)] or None
+    tools = [_tool_schema(tool) for tool in tools] if isinstance(tools, list) else tools
+    chat_record.require_tools(tools)
+    return tools or None
 
 
 def _structured(obj: dict, turn: dict[str, Any], where: str, forms: set[str]) -> None:
@@ -232,13 +213,9 @@ def _structured(obj: dict, turn: dict[str, Any], where: str, forms: set[str]) ->
         if obj.get(key) not in (None, "", []) and turn["role"] != owner:
             raise ChatRecordError("misplaced_field", f"{where} is a {turn['role']} turn with {key!r}, which belongs on "
                                              f"{'an' if owner == 'assistant' else 'a'} {owner} turn")
-    if "weight" in obj and turn["role"] == "assistant":
-        weight = obj["weight"]
-        if type(weight) is not int or weight not in chat_record.WEIGHTS:
-            raise ChatRecordError("bad_weight", f"{where}.weight is {weight!r}; OpenAI's weight is 0 (not trained "
-                                                "on) or 1")
-        turn["weight"] = weight
     if turn["role"] == "assistant":
+        if "weight" in obj:  # its value is the record contract's to check
+            turn["weight"] = obj["weight"]
         for key in REASONING_KEYS:
             if obj.get(key) not in (None, ""):
                 if "reasoning_content" in turn:
@@ -260,17 +237,20 @@ def _structured(obj: dict, turn: dict[str, Any], where: str, forms: set[str]) ->
                 turn[key] = _text(obj[key], f"{where}.{key}")
 
 
-def _turns(record: dict, list_key: str, role_key: str, content_key: str, forms: set[str],
-           content=_text) -> list[dict[str, Any]]:
+def _turns(record: dict, forms: set[str], list_key: str = "conversations", role_key: str = "from",
+           content_key: str = "value", content=_text) -> list[dict[str, Any]]:
     """A list of turn objects (ShareGPT's `from`/`value`, OpenAI's `role`/`content`) as turns."""
+    if not isinstance(record[list_key], list):
+        raise ChatRecordError("wrong_type", f"{list_key!r} is {type(record[list_key]).__name__}, expected a list of "
+                                            "turns")
     turns = []
-    for i, obj in enumerate(_turn_list(record, list_key)):
+    for i, obj in enumerate(record[list_key]):
         where = f"{list_key}[{i}]"
         if not isinstance(obj, dict):
             raise ChatRecordError("wrong_type", f"{where} is {type(obj).__name__}, expected an object")
         role = _role(_require(obj, role_key, where), f"{where}.{role_key}")
-        if role == "assistant" and content_key not in obj and obj.get("tool_calls"):
-            value = None  # OpenAI's message that only calls tools may leave content out
+        if role == "assistant" and obj.get("tool_calls") and obj.get(content_key) is None:
+            value = ""  # OpenAI's message that only calls tools may leave content out, or null
         else:
             value = _require(obj, content_key, where)
         if role == FUNCTION_CALL:
@@ -278,35 +258,21 @@ def _turns(record: dict, list_key: str, role_key: str, content_key: str, forms: 
                     "tool_calls": _function_calls(value, f"{where}.{content_key}")}
             forms.add("sharegpt_function_call")
         else:
-            if value is None and role == "assistant" and obj.get("tool_calls"):
-                value = ""  # OpenAI's content of a message that only calls tools
             turn = {"role": role, "content": content(value, f"{where}.{content_key}")}
         _structured(obj, turn, where, forms)
         turns.append(turn)
     return turns
 
 
-def _sharegpt(record: dict, forms: set[str]) -> list[dict[str, Any]]:
-    return _turns(record, "conversations", "from", "value", forms)
-
-
-def _openai(record: dict, forms: set[str]) -> list[dict[str, Any]]:
-    return _turns(record, "messages", "role", "content", forms, _openai_content)
-
-
 def _alpaca(record: dict, forms: set[str]) -> list[dict[str, Any]]:
     instruction = _text(_require(record, "instruction", "the record"), "instruction")
     answer_key = "output" if "output" in record else "response"
     answer = _text(_require(record, answer_key, "the record"), answer_key)
-    extra = record.get("input")
-    if extra is not None and not isinstance(extra, str):
-        raise ChatRecordError("wrong_type", f"input is {type(extra).__name__}, expected a string")
-    user = f"{instruction}\n\n{extra}" if extra and extra.strip() else instruction
-    turns = [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+    extra = _text(record["input"], "input") if record.get("input") is not None else ""
+    user = f"{instruction}\n\n{extra}" if extra.strip() else instruction
     system = record.get("system")
-    if system is not None:
-        turns.insert(0, {"role": "system", "content": _text(system, "system")})
-    return turns
+    system = [] if system is None else [{"role": "system", "content": _text(system, "system")}]
+    return [*system, {"role": "user", "content": user}, {"role": "assistant", "content": answer}]
 
 
 def _qa(record: dict, forms: set[str]) -> list[dict[str, Any]]:
@@ -317,7 +283,9 @@ def _qa(record: dict, forms: set[str]) -> list[dict[str, Any]]:
     raise ChatRecordError("missing_key", "no question/answer, query/response or prompt/completion pair")
 
 
-NORMALIZERS = {"sharegpt": _sharegpt, "openai": _openai, "alpaca": _alpaca, "qa": _qa}
+NORMALIZERS = {"sharegpt": _turns, "alpaca": _alpaca, "qa": _qa,
+               "openai": functools.partial(_turns, list_key="messages", role_key="role", content_key="content",
+                                           content=_openai_content)}
 
 
 def _hermes_calls(content: str, where: str) -> tuple[str, list[dict[str, Any]]]:

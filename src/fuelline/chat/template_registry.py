@@ -1,9 +1,5 @@
-"""Chat templates by name: what a chat format is made of, the built-in ones, those a user adds.
-
-A template is the handful of strings a chat format is made of (`ChatTemplate`), or a Jinja
-source; both renderers (`fuelline.chat.field_templates`, `fuelline.chat.jinja_templates`) give
-a `Rendering`. Templates are found by name here, whether built in, registered from Python or
-read from a TOML file, so the renderers and `fuelline.chat.templates.render` share one list.
+"""Chat templates by name (built in, registered from Python or read from a TOML file), so the
+renderers (`field_templates`, `jinja_templates`) and `templates.render` share one list.
 
 Built-in templates, thinking models in their non-thinking mode:
 
@@ -13,13 +9,9 @@ Built-in templates, thinking models in their non-thinking mode:
   `enable_thinking=False` only changes the generation prompt, which gets the same block;
   earlier assistant turns are plain ChatML there too). The block is never supervised. Tools,
   tool calls, tool results and reasoning as Qwen3's published template writes them
-  (`fuelline.chat.tool_rendering`); a non-empty reasoning as `<think>\\n` + reasoning stripped
-  of newlines + `\\n</think>\\n\\n` in place of the empty block. Supervised: the reasoning
-  block (unless empty), content, calls and `<|im_end|>`.
+  (`fuelline.chat.tool_rendering`, `fuelline.chat.field_templates`).
 - `qwen-deepspec`: DeepSpec's `qwen` preprocessing: ChatML led by the system turn "You are a
-  helpful assistant." unless there is one; a span runs from the content to the `\\n` after
-  `<|im_end|>`, and trains the tokens len(encode(text[:start])) to len(encode(text[:end])), so
-  a token merging the header's `\\n` with a content's leading newline is not trained on.
+  helpful assistant." unless there is one, masked by DeepSpec's rule (`loss_mask`).
 - `llama3`: `<|begin_of_text|>` once, `<|start_header_id|>ROLE<|end_header_id|>\\n\\n…<|eot_id|>`.
 - `gemma4`: `<bos>` once, `<|turn>ROLE\\n…<turn|>\\n` with the roles system, user and model;
   the last assistant turn and the generation prompt open with the non-thinking prefix
@@ -45,18 +37,16 @@ class ChatTemplate:
     """What a chat format is made of; `render` puts a conversation together from it.
 
     A turn is `HEADER + content + end_of_turn + after_turn`; `content + end_of_turn` of an
-    assistant turn is supervised. `assistant_prefix` follows the assistant header on every
-    assistant turn (`assistant_prefix_on="all"`) or only when the turn is the conversation's
-    last message (`"last"`), and always in the generation prompt; it is never supervised.
-    `default_system` is rendered as a system turn when the conversation does not start with
-    one (None: no system turn). An assistant turn's reasoning is rendered as `reasoning_open +
-    reasoning + reasoning_close` in place of the prefix (empty strings: the format has none, and
-    a turn with reasoning is refused unless it is dropped). `tool_syntax` names how tools, tool
-    calls and tool results are written ("qwen"; empty: refused). `loss_mask` is "overlap" (a
-    token is trained on iff it overlaps a span) or "deepspec" (spans also cover `after_turn`, and
-    a span [s, e) trains tokens len(encode(text[:s])) to len(encode(text[:e])), DeepSpec's rule).
-    `jinja` replaces all of this with a Jinja chat template; the empty string stands for the
-    tokenizer's own one (`auto`).
+    assistant turn is supervised. `assistant_prefix` (never supervised) follows the assistant
+    header on every assistant turn (`assistant_prefix_on="all"`) or only on the conversation's
+    last message (`"last"`), and in the generation prompt. `default_system`: the system turn of a
+    conversation without one (None: none). Reasoning is rendered as `reasoning_open + reasoning +
+    reasoning_close` in place of the prefix (empty: the format has none). `tool_syntax`: how tools
+    are written ("qwen"; empty: refused). `loss_mask`: "overlap" (a token is trained on iff it
+    overlaps a span) or "deepspec" (spans also cover `after_turn`, and a span [s, e) trains tokens
+    len(encode(text[:s])) to len(encode(text[:e])), so a token merging the header's newline with
+    a content's is not trained on). `jinja`: a Jinja chat template instead (empty: the tokenizer's
+    own, `auto`).
     """
 
     name: str

@@ -1,29 +1,20 @@
 """Chat templates: a conversation rendered to text once, with the character spans to train on.
 
-`render` is the entry: it checks a conversation against the chat record contract
-(`fuelline.formats.chat_record`), applies `reasoning`, renders with the template named or given,
-and applies `train_turns` and the turns' weights to the spans. The loss mask is derived from
-these spans and the token offsets of one encoding of the text (`fuelline.chat.encode`), never
-from re-tokenized prefixes or a search in the rendered text. The rest lives beside it, one job
-a module: the templates by name, built-in or the user's (`fuelline.chat.template_registry`);
-templates made of strings, rendered by appending (`fuelline.chat.field_templates`, their tools
-in `fuelline.chat.tool_rendering`); Jinja templates, run as transformers runs them
-(`fuelline.chat.jinja_sandbox`), their spans located in `fuelline.chat.jinja_templates`.
+`render` checks a conversation against the chat record contract (`fuelline.formats.chat_record`),
+applies `reasoning`, renders with a template of `template_registry` (by appending strings,
+`field_templates`, or with Jinja, `jinja_templates`), then applies `train_turns` and the turns'
+weights to the spans. The loss mask comes from these spans and the token offsets of one encoding
+of the text (`fuelline.chat.encode`), never from re-tokenized prefixes or a text search.
 Worked example, `chatml`, one exchange ("Hi", "Hello!"):
 
     <|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\nHello!<|im_end|>\\n
     supervised span [52, 68) = "Hello!<|im_end|>"; turns end at 30 and 69
 
-Reasoning (`reasoning_content`) is kept on every assistant turn (`keep`), removed before
-rendering (`drop`: the non-thinking rendering), or kept only on the assistant turns after the
-last user turn (`last`, the default: Qwen3's own rule for history, which keeps the reasoning
-of the tool-calling steps of the final round too); templates without a reasoning syntax refuse
-a turn with one unless it is dropped, and so do those without a tool syntax (all but `qwen3`)
-tools, tool calls and tool turns. `train_turns="last"` supervises only the last span. An
-assistant turn with `"weight": 0` (OpenAI fine-tuning's per-message weight, 0 or 1) is rendered
-but never supervised, under every template; with `train_turns="last"` a weight-0 last turn
-leaves nothing supervised. A Jinja template whose `{% generation %}` blocks are not one per
-assistant turn cannot say which block is the weight-0 turn's, and such a conversation is refused.
+`reasoning="last"` (the default) keeps `reasoning_content` only on the assistant turns after the
+last user turn: Qwen3's own rule for history, which keeps the reasoning of the tool-calling steps
+of the final round too. An assistant turn with `"weight": 0` is rendered but never supervised,
+under every template; a Jinja template whose `{% generation %}` blocks are not one per assistant
+turn cannot say which block is that turn's, so such a conversation is refused.
 """
 
 from __future__ import annotations
@@ -76,8 +67,7 @@ def render(conversation: Any, template: str | ChatTemplate, add_generation_promp
 
     `tools` are the conversation's tool schemas when it is not a chat record carrying its own.
     `reasoning`: keep every assistant turn's `reasoning_content`, drop it, or keep it only after
-    the last user turn (`last`, Qwen3's rule for history). `train_turns`: supervise every
-    assistant turn, or only the last one (its span, or the template's last generation block).
+    the last user turn. `train_turns`: supervise every assistant turn, or only the last one.
     """
     return render_checked(conversation_turns(conversation), conversation_tools(conversation, tools), template,
                           add_generation_prompt, variables=variables, reasoning=reasoning, train_turns=train_turns)
@@ -88,10 +78,9 @@ def render_checked(turns: list[dict], tools: list[dict] | None, template: str | 
                    reasoning: str = "last", train_turns: str = "all") -> Rendering:
     """`render` of turns and tools that `conversation_turns` and `conversation_tools` have checked
     (`encode_chats` checks each conversation once, before it renders it, maybe several times)."""
-    if reasoning not in REASONING or train_turns not in TRAIN_TURNS:
-        key, value, allowed = (("reasoning", reasoning, REASONING) if reasoning not in REASONING else
-                               ("train_turns", train_turns, TRAIN_TURNS))
-        raise ValueError(f"{key} must be one of {', '.join(allowed)}, not {value!r}")
+    for key, value, allowed in (("reasoning", reasoning, REASONING), ("train_turns", train_turns, TRAIN_TURNS)):
+        if value not in allowed:
+            raise ValueError(f"{key} must be one of {', '.join(allowed)}, not {value!r}")
     if reasoning != "keep" and any(len(turn) > 2 and "reasoning_content" in turn for turn in turns):
         turns = _reasoning_kept(turns, reasoning)
     if isinstance(template, str):
