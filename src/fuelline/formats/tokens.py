@@ -65,12 +65,9 @@ def check_dtype(dtype: str, max_id: int, where: str) -> None:
                          f"{np.iinfo(DTYPES[dtype]).max:,}); use --dtype uint32 or auto")
 
 
-def sha256_file(path: Path, block: int = 8 << 20) -> str:
-    digest = hashlib.sha256()
+def sha256_file(path: Path) -> str:
     with open(path, "rb") as f:
-        while chunk := f.read(block):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 class _HashingFile:
