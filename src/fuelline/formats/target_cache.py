@@ -53,6 +53,7 @@ import orjson
 import xxhash
 
 from fuelline.formats.errors import FormatError
+from fuelline.io.atomic import write_bytes_atomic
 
 MANIFEST, INDEX = "manifest.json", "samples.idx"
 DEEPSPEC_V2, FUELLINE = "deepspec-v2", "fuelline"
@@ -282,8 +283,6 @@ def seal_index(index: np.ndarray, manifest: dict[str, Any]) -> None:
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
     """manifest.json as the reference writes it (indent 2, sorted keys), atomically."""
-    from fuelline.io.atomic import write_bytes_atomic
-
     write_bytes_atomic(directory / MANIFEST,
                        orjson.dumps(manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
 
