@@ -41,6 +41,7 @@ from fuelline.formats.target_cache import FUELLINE, SCALES, CacheFormatError, la
 from fuelline.formats.target_cache_checks import opened, verify_record_checksum
 
 HIDDEN = ("target_hidden_states", "target_last_hidden_states")
+SCALE_OF = dict(zip(HIDDEN, SCALES))  # each hidden state's fp8 scales
 RETURNED = ("input_ids", "loss_mask") + HIDDEN + SCALES  # attention_mask is all ones: never returned
 # the hidden dtype a manifest names (`fuelline.formats.target_cache.HIDDEN_DTYPES`'s values) as a torch dtype
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
@@ -306,17 +307,20 @@ class LengthGroupedBatchSampler(Sampler):
                 and (self.max_tokens is None or count * longest <= self.max_tokens))
 
 
+def widened(sample: dict, name: str, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """One hidden-state field of a sample or a batch in `dtype`: fp8 dequantized with its scales
+    (version 2's plain casts just cast); any other dtype as it is."""
+    value, scales = sample[name], sample.get(SCALE_OF[name])
+    if scales is not None:
+        return dequantize(value, scales.reshape(*value.shape[:-1], -1), dtype)
+    return value.to(dtype) if value.dtype in FP8_DTYPES else value
+
+
 def widen_hidden(batch: dict, dtype: torch.dtype = torch.bfloat16) -> dict:
-    """The batch with fp8 hidden states widened to `dtype` (scaled ones dequantized, scales
-    dropped; version 2's plain casts just cast). A batch without fp8 comes back unchanged.
-    Runs wherever the tensors are: on the GPU it is a few elementwise kernels."""
-    hidden, last = batch["target_hidden_states"], batch["target_last_hidden_states"]
-    if "target_hidden_scales" in batch:
-        widened = {key: value for key, value in batch.items() if key not in SCALES}
-        widened["target_hidden_states"] = dequantize(hidden, batch["target_hidden_scales"], dtype)
-        widened["target_last_hidden_states"] = dequantize(last, batch["target_last_hidden_scales"].unsqueeze(-1),
-                                                          dtype)
-        return widened
-    if hidden.dtype in FP8_DTYPES:
-        return {**batch, "target_hidden_states": hidden.to(dtype), "target_last_hidden_states": last.to(dtype)}
-    return batch
+    """The batch with fp8 hidden states widened to `dtype` (`widened`), scales dropped; a batch
+    without fp8 comes back unchanged. Runs wherever the tensors are: on the GPU it is a few
+    elementwise kernels."""
+    if "target_hidden_scales" not in batch and batch["target_hidden_states"].dtype not in FP8_DTYPES:
+        return batch
+    return {**{key: value for key, value in batch.items() if key not in SCALES},
+            **{name: widened(batch, name, dtype) for name in HIDDEN}}

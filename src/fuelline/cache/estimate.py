@@ -25,12 +25,14 @@ class Estimate:
     total_bytes: int
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
-        if abs(n) < 1000 or unit == "PB":
-            return f"{n:,.1f} {unit}" if unit != "B" else f"{int(n):,} B"
-        n /= 1000
-    raise AssertionError("unreachable")
+def human_bytes(n: float, binary: bool = False) -> str:
+    """`n` bytes in the largest unit it reaches: KB, MB, … (powers of 1000) or, `binary`, KiB, MiB, …"""
+    step, units = (1024, ("B", "KiB", "MiB", "GiB", "TiB")) if binary else (1000, ("B", "KB", "MB", "GB", "TB", "PB"))
+    for unit in units:
+        if abs(n) < step or unit == units[-1]:
+            break
+        n /= step
+    return f"{int(n):,} B" if unit == "B" else f"{n:,.1f} {unit}"
 
 
 def estimate_from_counts(layers: int, hidden_size: int, tokens: int, samples: int) -> list[Estimate]:

@@ -17,22 +17,16 @@ reads the cache in place instead.
   (page faults in torch's copies), widening, zlib and the writes release the GIL. On 2 cores
   (200 samples of 1 to 512 tokens, hidden 1024, 3 layers), 1 → 2 threads: gzip 6.2 → 12.4
   files/s (zlib is the whole cost), plain bf16 61 → 80 files/s (fsync-bound), plain fp8 48 → 52.
-- **Resume and recheck.** Each file's size and xxh3 go into a journal as it is renamed into
-  place (`export_files`). Every run, finished or not, checks every file against it (checksums;
-  sizes only with `verify=False`), writes again what is missing, short, changed or not
-  journaled, removes strays (a `data_500.ckpt` SpecForge's walker would read), rewrites
-  `record_ids.txt` and `fuelline_export.json` where they differ from what the cache and the
-  options make them, and lists what it repaired in the stats and the summary. Killed at any
-  moment (SIGKILL included), the same command ends with exactly the files of an uninterrupted
-  export (tested). The identity (`WorkDir`) is the cache's (its manifest and index digests, and
-  its build's identity where stats.json has one) and the options; other options on the same
-  OUT are refused naming them, `--restart` deletes OUT first.
-- **Last.** The journal sorted (`fuelline_export_files.jsonl`: the list of files, sizes and
-  checksums), `record_ids.txt` (line i + 1: the record id of sample i, so of data_i; the
-  deepspec-v2 format stores no ids), `fuelline_export.json` (what was exported from which
-  cache, and the samples skipped with their reasons) and stats.json (files, bytes, seconds,
-  files/s, GB/s, repairs), written last: an OUT with a stats.json is finished. An export that
-  would hold no file (an empty cache, every sample skipped) is an error instead.
+- **Resume and recheck.** Every run, finished or not, checks every file against the journal
+  (`export_files`), writes again what is wrong, removes strays, rewrites the small files below
+  where they differ from what the cache and the options make them, and lists its repairs in the
+  stats and the summary: killed at any moment (SIGKILL included), the same command ends with
+  exactly the files of an uninterrupted export (tested). The identity (`WorkDir`) is the cache's
+  (`cache_identity`) and the options; `--restart` deletes OUT first.
+- **Last.** The journal sorted, `record_ids.txt` (line i + 1: the record id of sample i; the
+  deepspec-v2 format stores no ids), `fuelline_export.json` (which cache, the samples skipped and
+  why) and stats.json, written last: an OUT with a stats.json is finished. An export that would
+  hold no file (an empty cache, every sample skipped) is an error instead.
 
 A NaN or Inf in a state stops the export naming the sample (`--nonfinite error`), or leaves its
 file out and lists it (`skip`); SpecForge's preparation leaves such a sample out with a printed
@@ -53,7 +47,7 @@ from pathlib import Path
 
 import orjson
 
-from fuelline.cache.export_files import JOURNAL, Journal, check_files, digest, journal_bytes, read_journal, strays
+from fuelline.cache.export_files import JOURNAL, check_files, digest, journal_bytes, journal_line, read_journal, strays
 from fuelline.formats.specforge import METHODS
 from fuelline.formats.target_cache import BF16, INDEX, checksum, manifest_digest
 from fuelline.io.atomic import atomic_write, remove_temp_files, write_bytes_atomic
@@ -154,7 +148,8 @@ def _export(dataset, step_dir: WorkDir, config: ExportConfig, workers: int, prog
         raise ValueError(f"{dataset.path}: no file exported: all {count:,} samples were skipped (the first, "
                          f"sample {first}: {skipped[first]})")
     removed = _remove_strays(output, {paths[i] for i in range(count) if i not in skipped})
-    ids = _record_ids(dataset, entries, count)
+    # as the journal has them: each read with its sample, its record checksummed (None: the format has no ids)
+    ids = [entries[i]["record_id"] for i in range(count)] if dataset.fuelline else None
     rewritten = _rewrite_changed(output, _small_files(dataset, config, entries, count, skipped, ids))
     if done is not None and not intact:
         rewritten.insert(0, JOURNAL)  # damaged or edited after the export finished (a rerun appends to it)
@@ -180,16 +175,15 @@ def _export(dataset, step_dir: WorkDir, config: ExportConfig, workers: int, prog
 
 def _write(writer: _Writer, pending: list[int], entries: dict[int, dict], count: int, workers: int,
            progress: bool) -> None:
-    """Write the files of `pending`, each journaled (and put in `entries`) as it is renamed into place."""
-    journal = Journal(writer.output)
-    try:
-        with progress_bar(disable=not progress, total=count, initial=count - len(pending), unit="file",
-                          desc="export: specforge") as bar:
-            for sample, entry in _run(writer, pending, workers, bar):
-                entries[sample] = entry
-                journal.add(entry)
-    finally:
-        journal.close()
+    """Write the files of `pending`, each journaled (and put in `entries`) as it is renamed into place; the
+    journal is flushed line by line, and fsynced when the export rewrites it at the end."""
+    with (open(writer.output / JOURNAL, "ab") as journal,
+          progress_bar(disable=not progress, total=count, initial=count - len(pending), unit="file",
+                       desc="export: specforge") as bar):
+        for sample, entry in _run(writer, pending, workers, bar):
+            entries[sample] = entry
+            journal.write(journal_line(entry))
+            journal.flush()
 
 
 def _small_files(dataset, config: ExportConfig, entries: dict[int, dict], count: int, skipped: dict[int, str],
@@ -220,10 +214,9 @@ def _rewrite_changed(output: Path, files: dict[str, bytes]) -> list[str]:
     for name, data in files.items():
         path = output / name
         try:
-            same = path.read_bytes() == data
-            existed = True
+            existed, same = True, path.read_bytes() == data
         except FileNotFoundError:
-            same, existed = False, False
+            existed = same = False
         if not same:
             write_bytes_atomic(path, data)
             if name != JOURNAL:  # appended to by this run: said only when it was damaged (the caller)
@@ -238,20 +231,12 @@ def _repairs(found: dict[str, list[int]], removed: list[str], rewritten: list[st
     """What this run found wrong and put right. An unfinished export's missing or unjournaled
     files, and its small files not yet written, are the work left, not damage."""
     ordinary = () if finished else ("missing", "unjournaled")
-    repairs = {kind: samples[:20] + ([f"… {len(samples) - 20:,} more"] if len(samples) > 20 else [])
-               for kind, samples in found.items() if kind not in ordinary}
-    if removed:
-        repairs["strays_removed"] = removed[:20] + ([f"… {len(removed) - 20:,} more"] if len(removed) > 20 else [])
+    repairs = {kind: items[:20] + ([f"… {len(items) - 20:,} more"] if len(items) > 20 else [])
+               for kind, items in {**found, "strays_removed": removed}.items() if items and kind not in ordinary}
     files = [name for name in rewritten if finished or not name.endswith("(missing)")]
     if files:
         repairs["rewritten"] = files
     return repairs
-
-
-def _record_ids(dataset, entries: dict[int, dict], count: int) -> list[str] | None:
-    """The record ids of the first `count` samples (None for a format without ids), as the journal
-    has them: each taken from its sample as it was read for its file (its record checksummed)."""
-    return [entries[i]["record_id"] for i in range(count)] if dataset.fuelline else None
 
 
 class _Writer:

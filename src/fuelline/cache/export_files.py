@@ -41,7 +41,7 @@ def digest(data) -> str:
     return f"{checksum(data):016x}"
 
 
-def line(entry: dict) -> bytes:
+def journal_line(entry: dict) -> bytes:
     """One journal line: `entry` (sample first) and its check."""
     body = orjson.dumps(entry)
     return orjson.dumps({**entry, "check": digest(body)}) + b"\n"
@@ -59,7 +59,7 @@ def read_journal(output: Path) -> tuple[dict[int, dict], bool]:
     for raw in data.split(b"\n"):  # a torn last line has no newline: it is the last piece, and unparsable
         if (entry := _parsed(raw)) is not None:
             entries[entry["sample"]] = entry
-    return entries, data == b"".join(line(entries[i]) for i in sorted(entries))
+    return entries, data == b"".join(journal_line(entries[i]) for i in sorted(entries))
 
 
 def _parsed(raw: bytes) -> dict | None:
@@ -77,21 +77,7 @@ def _parsed(raw: bytes) -> dict | None:
 
 def journal_bytes(entries: dict[int, dict], count: int) -> bytes:
     """The finished journal: a line for each of samples 0 … count - 1, in order."""
-    return b"".join(line(entries[i]) for i in range(count))
-
-
-class Journal:
-    """Lines appended to the journal, flushed one by one (fsynced when the export rewrites it at the end)."""
-
-    def __init__(self, output: Path):
-        self.file = open(output / JOURNAL, "ab")  # noqa: SIM115 - closed by close()
-
-    def add(self, entry: dict) -> None:
-        self.file.write(line(entry))
-        self.file.flush()
-
-    def close(self) -> None:
-        self.file.close()
+    return b"".join(journal_line(entries[i]) for i in range(count))
 
 
 def check_files(paths: dict[int, Path], entries: dict[int, dict], *, verify: bool,

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from fuelline.cache.estimate import human_bytes
 from fuelline.formats.target_cache import (FUELLINE, INDEX, MANIFEST, CacheFormatError, Layout, cache_format,
                                            layout_of, read_index, read_manifest)
 from fuelline.formats.target_cache_checks import Problems, check_records, check_structure, load_index
@@ -104,7 +105,7 @@ def format_info(info: dict[str, Any]) -> str:
              ("format", f"{info['format']} (version {info['version']})"),
              ("samples", f"{info['samples']:,}"),
              ("tokens", f"{tokens:,} ({supervised:,} supervised{share})"),
-             ("shards", f"{info['shards']:,}, {human_bytes(info['total_bytes'])} in all"),
+             ("shards", f"{info['shards']:,}, {human_bytes(info['total_bytes'], binary=True)} in all"),
              ("bytes per token", f"{info['bytes_per_token']:,.0f}" if info["bytes_per_token"] else "-"),
              ("layers", f"{info['target_layer_ids']} x hidden size {info['hidden_size']}, {info['hidden_dtype']}"),
              ("target model", info["target_model"] or "(not recorded)")]
@@ -117,14 +118,6 @@ def format_info(info: dict[str, Any]) -> str:
         lines.append(("seq_len", f"min {s['min']:,}, median {s['median']:,g}, max {s['max']:,}"))
     width = max(len(label) for label, _ in lines)
     return "\n".join(f"{label:<{width}}  {value}" for label, value in lines)
-
-
-def human_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024:
-            return f"{n:,.1f} {unit}" if unit != "B" else f"{n:,} B"
-        n /= 1024
-    return f"{n:,.1f} TiB"
 
 
 DRAFT_KEYS = ("target_layer_ids", "hidden_size", "target_model_name_or_path")

@@ -32,7 +32,7 @@ import orjson
 from fuelline.formats import chat_record
 from fuelline.formats.chat_record import ChatRecordError
 from fuelline.formats.target_cache import FORMATS, FUELLINE, HIDDEN_DTYPES, Layout
-from fuelline.io.atomic import AtomicFile, atomic_write, write_bytes_atomic
+from fuelline.io.atomic import atomic_write, write_bytes_atomic
 from fuelline.chat.encoding_options import ChatEncoding, RecordErrors
 from fuelline.io.readers import READ_ERROR_REASONS
 from fuelline.io.rejects import Rejects
@@ -296,17 +296,13 @@ def make_plan(directory: Path, inputs: list[str], model: str | os.PathLike, conf
     """Encode the inputs into `.build/` and fix the shards; written atomically, plan.json last."""
     build = directory / BUILD_DIR
     build.mkdir(parents=True, exist_ok=True)
-    ids_file, mask_file = AtomicFile(build / "input_ids.bin"), AtomicFile(build / "loss_mask.bin")
     rejects = Rejects(build / REJECTS)
     try:
-        encoded = encode_inputs(inputs, model, config, ids_file.file, mask_file.file, rejects, progress)
+        with atomic_write(build / "input_ids.bin") as ids_file, atomic_write(build / "loss_mask.bin") as mask_file:
+            encoded = encode_inputs(inputs, model, config, ids_file, mask_file, rejects, progress)
     except BaseException:
-        ids_file.abort()
-        mask_file.abort()
         rejects.abort()
         raise
-    ids_file.commit()
-    mask_file.commit()
     rejects.close()
     with atomic_write(build / "samples.npy") as f:
         np.save(f, encoded.samples)

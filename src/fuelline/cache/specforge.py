@@ -37,8 +37,7 @@ import os
 import torch
 from torch.utils.data import Dataset
 
-from fuelline.cache.dataset import CacheDataset
-from fuelline.cache.fp8 import dequantize
+from fuelline.cache.dataset import CacheDataset, widened
 from fuelline.formats.specforge import METHODS, STATE_KEYS
 from fuelline.formats.target_cache import CacheFormatError
 
@@ -64,15 +63,10 @@ class NonFiniteState(CacheFormatError):
         return type(self), (self.cache, self.sample, self.record_id, self.key, self.count)
 
 
-def _widened(sample: dict, name: str, scales: str, fresh: bool) -> torch.Tensor:
-    """One hidden-state field in bf16: fp8 dequantized with its scales (or cast, for version 2's
-    plain fp8), bf16 as it is (a view) or, `fresh`, copied to storage of its own."""
-    value = sample[name]
-    if scales in sample:
-        return dequantize(value, sample[scales].reshape(*value.shape[:-1], -1))
-    if value.dtype != torch.bfloat16:
-        return value.to(torch.bfloat16)
-    return value.clone() if fresh else value
+def _widened(sample: dict, name: str, fresh: bool) -> torch.Tensor:
+    """One hidden-state field in bf16 (`widened`); `fresh`: in storage of its own, never a view of the cache."""
+    value = widened(sample, name).to(torch.bfloat16)
+    return value.clone() if fresh and value is sample[name] else value
 
 
 def _record(sample: dict, method: str, where: tuple, fresh: bool) -> dict:
@@ -81,9 +75,9 @@ def _record(sample: dict, method: str, where: tuple, fresh: bool) -> dict:
         raise ValueError(f"{where[0]}: sample {where[1]} has no target_last_hidden_states, which {method} "
                          "trains on; export it for dflash, which needs only the captured layers")
     record = {"input_ids": sample["input_ids"].to(torch.int64), "loss_mask": sample["loss_mask"].to(torch.int64)}
-    states = {aux_key: _widened(sample, "target_hidden_states", "target_hidden_scales", fresh)}
+    states = {aux_key: _widened(sample, "target_hidden_states", fresh)}
     if last_key is not None:
-        states[last_key] = _widened(sample, "target_last_hidden_states", "target_last_hidden_scales", fresh)
+        states[last_key] = _widened(sample, "target_last_hidden_states", fresh)
     for key, value in states.items():
         # A NaN or Inf makes the sum non-finite; only then are the values counted (a finite tensor's sum
         # can overflow too). The sum is a thirtieth of the cost of isfinite over every value.

@@ -23,19 +23,16 @@ and minimum. Over the same samples in the same order this is exactly SpecForge's
 order included (tests/cache/test_vocab_map.py checks it against the rule written out). SpecForge
 counts its shuffled dataset, so on equal counts its order, not ours, decides.
 
-`build_vocab_mapping` writes the mapping (the bytes `torch.save` writes straight to the path),
-the counts beside it (`<stem>.counts.npy`, int64, one per target id) and `<stem>.stats.json`
-(what was counted, the sizes, and the coverage: the share of supervised tokens the draft
-vocabulary holds), as the step `VocabMapStep` (in a pipeline: `vocab_mapping.pt` and
-`stats.json` in the step's directory) under the one resume contract (`fuelline.pipeline.workdir`).
+`build_vocab_mapping` (the step `VocabMapStep`, under the one resume contract of
+`fuelline.pipeline.workdir`) writes the mapping with its counts and stats beside it
+(`companion_paths`); the stats say what was counted and the coverage: the share of supervised
+tokens the draft vocabulary holds.
 
-What is counted is checked as its readers check it (`verify`, on by default): every record of a
-fuelline cache against its index checksum as it is read (`verify_record_checksum`, CacheDataset's
-check), a token dataset by `verify_token_dataset` (every sha256, the ids, the mask's count)
-before it is counted. A damaged sample is an error naming it, never a mapping built from the
-damage. The check reads every record, hidden states included (a cache's bulk, where the
-counting reads only ids and masks); `verify=False` (`--no-verify`) leaves only the checks of
-opening. A deepspec-v2 cache has no checksums: only its structure is checked.
+What is counted is checked as its readers check it (`verify`, on by default): each record of a
+fuelline cache against its index checksum as it is read (CacheDataset's check), a token dataset
+by `verify_token_dataset` before it is counted; a damaged sample is an error naming it, never a
+mapping built from the damage. The check reads the hidden states too, where the counting reads
+only ids and masks. A deepspec-v2 cache has no checksums: only its structure is checked.
 """
 
 from __future__ import annotations
@@ -103,13 +100,12 @@ def count_supervised(source: str | os.PathLike, *, workers: int = 1, progress: b
         raise ValueError(f"workers must be at least 1, not {workers}")
     started = time.perf_counter()
     kind = _kind(path)
-    if kind == "pack output":
-        counted = _count_tokens(path / "train", workers, {"path": str(path), "kind": kind, "split": "train"}, progress,
-                                verify)
-    elif kind == "token dataset":
-        counted = _count_tokens(path, workers, {"path": str(path), "kind": kind}, progress, verify)
-    else:
+    if kind == "target cache":
         counted = _count_cache(path, workers, progress, verify)
+    else:
+        split = {"split": "train"} if kind == "pack output" else {}
+        counted = _count_tokens(path / split.get("split", ""), workers, {"path": str(path), "kind": kind, **split},
+                                progress, verify)
     counted.seconds = time.perf_counter() - started
     return counted
 
@@ -295,11 +291,8 @@ def save_vocab_mapping(path: str | os.PathLike, d2t, t2d) -> None:
         with naming_disk_full(path):
             temp.mkdir(parents=True)
             torch.save({"d2t": d2t, "t2d": t2d}, temp / path.name)
-            fd = os.open(temp / path.name, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            with open(temp / path.name, "rb") as f:
+                os.fsync(f.fileno())
             os.replace(temp / path.name, path)
     finally:
         shutil.rmtree(temp, ignore_errors=True)
@@ -342,45 +335,41 @@ class VocabMapStep(Step):
     def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:
         if len(inputs) != 1:
             raise ValueError(f"{self.name} counts one cache or pack output; it was given {len(inputs)} inputs")
-        step_dir = self.output_dir(inputs[0], output)
-        return step_dir.run_once(lambda: self._map(inputs[0], step_dir, options), restart=options.restart)
+        return self.write(inputs[0], output, options)
 
-    def output_dir(self, source: str | os.PathLike, output: Path, single_file: bool = False) -> WorkDir:
-        """The output (a directory; `single_file`: the mapping file itself, its counts and stats beside
-        it), recognized by the options and the source's manifests and index (their sizes and times)."""
+    def write(self, source: str | os.PathLike, output: Path, options: RunOptions, single_file: bool = False) -> dict:
+        """Count `source` and write into `output` (a directory; `single_file`: the mapping file itself,
+        its counts and stats beside it) under the resume contract; a finished output is recognized by
+        the options and the source's manifests and index (their sizes and times)."""
         path = Path(source)
         described = [p for p in sorted(path.rglob(MANIFEST)) if p.is_file()] + \
             [p for p in (path / "samples.idx",) if p.is_file()]
         identity = {"task": self.name, "config": identity_values(self.config), "inputs": describe_inputs(described)}
-        if single_file:
-            return WorkDir(output, identity, beside=[companion_paths(output)["counts"]])
-        return WorkDir(output, identity)
+        step_dir = WorkDir(output, identity, beside=[companion_paths(output)["counts"]] if single_file else None)
+        mapping = output if single_file else output / self.MAPPING
 
-    def _map(self, source, step_dir: WorkDir, options: RunOptions) -> StepStats:
-        mapping = step_dir.path if step_dir.is_file else step_dir.path / self.MAPPING
-        stats = _write_mapping(source, mapping, step_dir.stats_path, self.config,
-                               options.resolved_workers(1 << 30), options.progress)
-        return StepStats(self.name, stats["samples"], stats["samples"], details=stats)
+        def work() -> StepStats:
+            stats = _write_mapping(source, mapping, step_dir.stats_path, self.config,
+                                   options.resolved_workers(1 << 30), options.progress)
+            return StepStats(self.name, stats["samples"], stats["samples"], details=stats)
+
+        return step_dir.run_once(work, restart=options.restart)
 
 
 def build_vocab_mapping(source: str | os.PathLike, output: str | os.PathLike, *, draft_vocab_size: int | None = None,
                         target_vocab_size: int | None = None, workers: int = 1, progress: bool = False,
                         verify: bool = True, restart: bool = False) -> dict:
-    """Count `source` (`count_supervised`), map (`vocab_mapping`) and write the mapping, the counts
-    and the stats (`companion_paths`), under the step's resume contract (`VocabMapStep`,
-    `fuelline.pipeline.workdir`: a finished mapping of the same options and source is found again,
-    one of others refused unless `restart`); returns the stats. The target vocabulary size: the one
-    given, else the source's (a token dataset's manifest; a cache's target model config.json,
-    when the cache names a local directory). `seconds` in the stats: the counting, opening
-    included; `tokens_per_second`: all tokens of the counted samples, supervised or not, over it.
-    A source with no supervised token is refused: it has no draft vocabulary."""
+    """`VocabMapStep` writing the mapping file `output`, its counts and stats beside it (`companion_paths`);
+    returns the stats. The target vocabulary size: the one given, else the source's (a token dataset's
+    manifest; a cache's target model config.json, when the cache names a local directory). `seconds`
+    in the stats: the counting, opening included; `tokens_per_second`: all tokens of the counted
+    samples over it. A source with no supervised token is refused: it has no draft vocabulary."""
     if Path(output).is_dir():
         raise IsADirectoryError(f"{output}: a directory; -o names the mapping file to write (e.g. vocab_mapping.pt)")
     step = VocabMapStep(VocabMapConfig(draft_vocab_size, target_vocab_size, verify))
     step.check()
-    step_dir = step.output_dir(source, Path(output), single_file=True)
-    options = RunOptions(workers=workers, restart=restart, progress=progress)
-    return step_dir.run_once(lambda: step._map(source, step_dir, options), restart=restart)
+    return step.write(source, Path(output), RunOptions(workers=workers, restart=restart, progress=progress),
+                      single_file=True)
 
 
 def _write_mapping(source, output: Path, stats_path: Path, config: VocabMapConfig, workers: int,
@@ -399,16 +388,14 @@ def _write_mapping(source, output: Path, stats_path: Path, config: VocabMapConfi
                              "(its target model is not a local directory with a config.json): pass --target-vocab, "
                              "the target model's config vocab_size")
         target_vocab_size, vocab_from = counted.vocab_size, counted.vocab_size_from
-    draft_vocab_size = config.draft_vocab_size
-    d2t, t2d = vocab_mapping(counted.counts, counted.first_sample, draft_vocab_size, target_vocab_size)
+    d2t, t2d = vocab_mapping(counted.counts, counted.first_sample, config.draft_vocab_size, target_vocab_size)
     counts = np.zeros(target_vocab_size, np.int64)
     counts[: len(counted.counts)] = counted.counts
-    supervised = counted.supervised
     stats = {"source": counted.source, "samples": counted.samples, "tokens": counted.tokens,
-             "supervised_tokens": supervised, "distinct_tokens": int(np.count_nonzero(counts)),
-             "draft_vocab_size": draft_vocab_size, "target_vocab_size": target_vocab_size,
+             "supervised_tokens": counted.supervised, "distinct_tokens": int(np.count_nonzero(counts)),
+             "draft_vocab_size": config.draft_vocab_size, "target_vocab_size": target_vocab_size,
              "target_vocab_size_from": vocab_from, "source_vocab_size": counted.vocab_size,
-             "coverage": int(counts[t2d.numpy()].sum()) / supervised if supervised else None,
+             "coverage": int(counts[t2d.numpy()].sum()) / counted.supervised,
              "seconds": round(counted.seconds, 3),
              "tokens_per_second": round(counted.tokens / counted.seconds) if counted.seconds else None,
              "files": {"mapping": str(output), "counts": str(counts_path), "stats": str(stats_path)}}
@@ -424,12 +411,11 @@ def format_summary(stats: dict) -> str:
     source = stats["source"]
     what = source["kind"] + (f" ({source['format']})" if "format" in source else "") + (
         f", its {source['split']}/ split only" if "split" in source else "")
-    coverage = "-" if stats["coverage"] is None else f"{stats['coverage']:.2%}"
     lines = [f"counted    {source['path']}: {what}",
              f"           {stats['samples']:,} samples, {stats['supervised_tokens']:,} supervised tokens of "
              f"{stats['tokens']:,}, {stats['distinct_tokens']:,} distinct, in {stats['seconds']:.2f}s",
              f"mapping    draft {stats['draft_vocab_size']:,} of target {stats['target_vocab_size']:,} "
-             f"({stats['target_vocab_size_from']}); coverage {coverage} of supervised tokens",
+             f"({stats['target_vocab_size_from']}); coverage {stats['coverage']:.2%} of supervised tokens",
              f"wrote      {stats['files']['mapping']} (+ {Path(stats['files']['counts']).name}, "
              f"{Path(stats['files']['stats']).name})"]
     given, recorded = stats["target_vocab_size"], stats["source_vocab_size"]

@@ -89,8 +89,7 @@ class ShardWriter:
 
     def finish(self) -> None:
         """Close and rename: data first, then the index, whose final name marks the shard done."""
-        for f in (self.data, self.index):
-            f.close()
+        self.close()
         expected = int(self.offsets[-1])
         if self.data_path.stat().st_size != expected:
             raise RuntimeError(f"{self.data_path}: holds {self.data_path.stat().st_size:,} bytes, the plan says "

@@ -53,6 +53,7 @@ import orjson
 import xxhash
 
 from fuelline.formats.errors import FormatError
+from fuelline.io.atomic import write_bytes_atomic
 
 MANIFEST, INDEX = "manifest.json", "samples.idx"
 DEEPSPEC_V2, FUELLINE = "deepspec-v2", "fuelline"
@@ -89,11 +90,8 @@ def shard_name(shard_id: int) -> str:
     return f"shard-{shard_id:05d}.bin"
 
 
-def align(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
-
-
-def _aligned(n: np.ndarray) -> np.ndarray:
+def align(n):
+    """`n` (an int or an array of them) rounded up to a multiple of ALIGN."""
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
@@ -143,17 +141,9 @@ class Layout:
 
     def relative_offsets(self, seq_len: int, id_len: int = 0) -> dict[str, int]:
         """Each field's offset from the start of a sample's bytes, and `end`: the sample's size."""
-        offsets, at = {}, 0
-        aligned = self.format == FUELLINE
-        if aligned:
-            offsets["record_id"], at = 0, align(id_len)
-        for name in self.fields:
-            offsets[name] = at
-            at += self.field_nbytes(name, seq_len)
-            if aligned:
-                at = align(at)
-        offsets["end"] = at
-        return offsets
+        if self.format == FUELLINE:
+            return {"record_id": 0, **self._offsets(seq_len, align(id_len))}
+        return self._offsets(seq_len, 0)
 
     def record_nbytes(self, seq_len: int, id_len: int = 0) -> int:
         return self.relative_offsets(seq_len, id_len)["end"]
@@ -165,25 +155,25 @@ class Layout:
     def record_sizes(self, seq_len, id_len=None) -> np.ndarray:
         """`record_nbytes` of many records at once (int64), from their lengths and, in the fuelline
         format, their ids' lengths in bytes."""
-        seq = np.asarray(seq_len, dtype=np.int64)
-        if self.format != FUELLINE:
-            return seq * self.bytes_per_token()
-        return self._aligned_offsets(seq, _aligned(np.asarray(id_len, dtype=np.int64)))["end"]
+        first = align(np.asarray(id_len, dtype=np.int64)) if self.format == FUELLINE else 0
+        return self._offsets(np.asarray(seq_len, dtype=np.int64), first)["end"]
 
     def field_offsets(self, index: np.ndarray) -> dict[str, np.ndarray]:
         """Each field's byte offset in its shard for every record of `index` (int64 arrays): version 2's
         index holds them; a fuelline record's follow from its offset, id length and seq_len."""
         if self.format != FUELLINE:
             return {name: index[name].astype(np.int64) for name in self.fields}
-        first = index["offset"].astype(np.int64) + _aligned(index["id_len"].astype(np.int64))
-        return self._aligned_offsets(index["seq_len"].astype(np.int64), first)
+        first = index["offset"].astype(np.int64) + align(index["id_len"].astype(np.int64))
+        return self._offsets(index["seq_len"].astype(np.int64), first)
 
-    def _aligned_offsets(self, seq: np.ndarray, at: np.ndarray) -> dict[str, np.ndarray]:
-        """`relative_offsets` of the fuelline format for many records, from where each one's first field is."""
+    def _offsets(self, seq, at):
+        """Each field's offset and `end`, for one record or many (numpy arrays), from where the first
+        field is: back to back, each padded to ALIGN in the fuelline format."""
         offsets = {}
         for name in self.fields:
             offsets[name] = at
-            at = at + _aligned(seq * self.field_nbytes(name, 1))
+            nbytes = seq * self.field_nbytes(name, 1)
+            at = at + (align(nbytes) if self.format == FUELLINE else nbytes)
         offsets["end"] = at
         return offsets
 
@@ -293,8 +283,6 @@ def seal_index(index: np.ndarray, manifest: dict[str, Any]) -> None:
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
     """manifest.json as the reference writes it (indent 2, sorted keys), atomically."""
-    from fuelline.io.atomic import write_bytes_atomic
-
     write_bytes_atomic(directory / MANIFEST,
                        orjson.dumps(manifest, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
 

@@ -65,12 +65,9 @@ def check_dtype(dtype: str, max_id: int, where: str) -> None:
                          f"{np.iinfo(DTYPES[dtype]).max:,}); use --dtype uint32 or auto")
 
 
-def sha256_file(path: Path, block: int = 8 << 20) -> str:
-    digest = hashlib.sha256()
+def sha256_file(path: Path) -> str:
     with open(path, "rb") as f:
-        while chunk := f.read(block):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 class _HashingFile:
@@ -210,12 +207,8 @@ class _Fields:
 
 
 def validate_manifest(manifest: Any, path: str | os.PathLike) -> dict[str, Any]:
-    """Check a parsed manifest against the format's schema; return it, or raise TokenFormatError
-    naming `path` and the first bad field ("field num_tokens: expected an integer …, found …").
-
-    Unknown extra fields are allowed (a later writer may add some); every known field must be
-    present with its type and range, each file's recorded size must follow from the counts, and
-    the mask field must agree with the files: mask.bin listed exactly when mask is an object."""
+    """A parsed manifest checked against the format's schema (module docstring), or a TokenFormatError
+    naming `path` and the first bad field. Unknown extra fields are allowed: a later writer may add some."""
     check = _Fields(Path(path))
     if not isinstance(manifest, dict):
         raise TokenFormatError(path, f"expected a JSON object at the top level, found {_describe(manifest)}")
@@ -360,11 +353,8 @@ class TokenFiles:
 
 
 def verify_token_dataset(directory: str | os.PathLike) -> dict:
-    """Full check of a token dataset; raises TokenFormatError on the first problem, returns the manifest.
-
-    Opening checks the manifest, the sizes and docs.idx; this adds every file's sha256, that every
-    id is below vocab_size and the mask's supervised count, reading tokens.bin and mask.bin once
-    in blocks (memory stays flat)."""
+    """What opening cannot see (module docstring), or a TokenFormatError at the first problem; the manifest.
+    Reads tokens.bin and mask.bin once, in blocks: memory stays flat."""
     files = TokenFiles(directory)
     m = files.manifest
     for name, described in m["files"].items():
