@@ -71,6 +71,11 @@ def naming_disk_full(path: str | os.PathLike) -> Iterator[None]:
         reraise_naming(e, path)
 
 
+def temp_name(name: str) -> str:
+    """The hidden name a file called `name` is written under until it is complete."""
+    return f".{name}{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+
+
 def is_temp_name(name: str) -> bool:
     return name.startswith(".") and TEMP_MARK in name
 
@@ -111,9 +116,7 @@ class AtomicFile:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        self.temp_path = self.path.with_name(
-            f".{self.path.name}{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
-        )
+        self.temp_path = self.path.with_name(temp_name(self.path.name))
         with naming_disk_full(self.path):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.file: IO[bytes] = _TempFile(self.temp_path, self.path)

@@ -20,10 +20,9 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import secrets
 from pathlib import Path
 
-from fuelline.io.atomic import TEMP_MARK, is_temp_name, naming_disk_full
+from fuelline.io.atomic import is_temp_name, naming_disk_full, temp_name
 
 URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]+)://")  # a one-letter scheme would be a Windows drive
 # What a backend reports as a file's version, most specific first (S3, GCS, Azure, local, memory).
@@ -111,7 +110,7 @@ def local_copy(url: str) -> Path:
     if target.is_file() and target.stat().st_size == info["size"]:
         return target
     folder.mkdir(parents=True, exist_ok=True)
-    temp = folder / f".{target.name}{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    temp = folder / temp_name(target.name)
     try:
         with naming_disk_full(target):
             fs.get_file(path, os.fspath(temp))
@@ -183,7 +182,7 @@ class RemoteDir:
             return
         parent, _, base = target.rpartition("/")
         fs.makedirs(parent, exist_ok=True)
-        temp = f"{parent}/.{base}{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+        temp = f"{parent}/{temp_name(base)}"
         fs.put_file(os.fspath(local), temp)
         fs.mv(temp, target)
 
