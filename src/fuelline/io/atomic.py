@@ -121,10 +121,13 @@ class AtomicFile:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.file: IO[bytes] = _TempFile(self.temp_path, self.path)
 
-    def commit(self) -> None:
-        """Move the file to its final name; if that fails (a full disk), the temp file is removed."""
+    def commit(self, finish: Callable[[], None] | None = None) -> None:
+        """Call `finish` (what a writer still buffers goes into the file), then move the file to its
+        final name; if that fails (a full disk), the temp file is removed."""
         try:
             with naming_disk_full(self.path):
+                if finish is not None:
+                    finish()
                 self.file.flush()
                 os.fsync(self.file.fileno())
                 self.file.close()

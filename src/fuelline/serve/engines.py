@@ -1,17 +1,10 @@
 """The command line of one inference server per engine, and what a machine offers them.
 
-Everything here is a pure function of its arguments except `engine_missing` (looks for the
-engine's module or program), `resolve_program` (turns argv[0] into a path) and `visible_gpus`
-(reads CUDA_VISIBLE_DEVICES or asks `nvidia-smi -L`). Command lines as built:
-
-    sglang        python -m sglang.launch_server --model-path M --host H --port P [--tp N]
-    vllm          vllm serve M --host H --port P [--tensor-parallel-size N]
-    transformers  transformers serve M --host H --port P [--device cpu]
-
-Extra engine arguments go at the end. A server gets its GPUs through CUDA_VISIBLE_DEVICES, so
-inside it they are always devices 0..N-1; `--tp`/`--tensor-parallel-size` is only added when
-N > 1. `transformers serve` gets `--device cpu` when the server has no GPU, since its default
-`auto` would otherwise pick whatever accelerator the machine has.
+Everything here is a pure function of its arguments except `engine_missing`, `resolve_program`
+and `visible_gpus`, which look at the environment. A server gets its GPUs through
+CUDA_VISIBLE_DEVICES, so inside it they are always devices 0..N-1; tensor parallelism is only
+asked for when N > 1. `transformers serve` gets `--device cpu` when the server has no GPU, since
+its default `auto` would otherwise pick whatever accelerator the machine has.
 """
 
 from __future__ import annotations

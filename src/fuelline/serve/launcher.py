@@ -166,19 +166,6 @@ class ServerGroup:
         """Make a running or coming `stop()` skip what is left of the grace period."""
         self._hurry.set()
 
-    def kill_server(self, i: int, sig: int = signal.SIGKILL) -> int:
-        """Send `sig` to server i's process only, as a crash would; the monitor restarts it. Returns the pid."""
-        process = self.servers[i].process
-        if process is None or exit_status(process) is not None:
-            raise RuntimeError(f"server {i} (port {self.servers[i].port}) is not running")
-        os.kill(process.pid, sig)
-        return process.pid
-
-    def healthy(self) -> list[bool]:
-        """Whether each server's process runs and its `/v1/models` answers 200 right now."""
-        return [s.process is not None and exit_status(s.process) is None and probe_models(s.url) is not None
-                for s in self.servers]
-
     # -- keeping them healthy -----------------------------------------------------------------
 
     def keep_healthy(self, interval: float = 5.0, stop: threading.Event | None = None) -> None:
