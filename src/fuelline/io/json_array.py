@@ -74,11 +74,7 @@ def json_array_records(stream: IO[bytes], head: bytes, start: int, stop: int | N
     size = 0  # bytes of strings and keys in the element being read
     last = ""  # the last event given to the builder
     lone_escapes: dict[int, str] = {}  # element number: its first lone surrogate escape
-
-    def lone_escape(escape: str) -> None:
-        lone_escapes.setdefault(index + 1, escape)
-
-    guarded = SurrogateGuard(head, stream, lone_escape)
+    guarded = SurrogateGuard(head, stream, lambda escape: lone_escapes.setdefault(index + 1, escape))
     try:
         for event, value in backend.basic_parse(guarded, use_float=True):
             if event == "map_key" or event == "string":  # the most frequent events first

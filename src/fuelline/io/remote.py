@@ -4,9 +4,7 @@ Every reader of fuelline works on local files (pread, mmap, Parquet's random acc
 input is fetched once into a per-machine cache and read there (`local_copy`); messages and
 `_plan.json` still name the URL. A stage whose output is a URL writes into a local staging
 directory and uploads each finished file (`RemoteDir.put`); see `fuelline.pipeline.executor`.
-
-fsspec is imported on first use, and a URL's backend (s3fs for s3://, gcsfs for gs://, …) is an
-extra package: a missing one is a one-line error naming the URL and what to install.
+fsspec and a URL's backend (s3fs for s3://, …) are imported on first use.
 
 The cache (`cache_root()`: `$FUELLINE_CACHE_DIR`, else `~/.cache/fuelline`) holds, under
 `remote/`, one copy per input URL, named by a hash of the URL and by the size and version (ETag,

@@ -26,14 +26,11 @@ INSTALL_HINTS = {
 
 def parse_ports(spec: str | int | list[int] | tuple[int, ...]) -> list[int]:
     """Ports from `A-B` (inclusive), a comma list, or both mixed (`30000-30003,30010`)."""
-    if isinstance(spec, int):
-        spec = str(spec)
-    if not isinstance(spec, str):
-        ports = [int(p) for p in spec]
+    spec = str(spec) if isinstance(spec, int) else spec
+    if isinstance(spec, str):
+        ports = [port for part in spec.split(",") for port in _parse_port_part(part.strip(), spec)]
     else:
-        ports = []
-        for part in (p.strip() for p in spec.split(",")):
-            ports.extend(_parse_port_part(part, spec))
+        ports = [int(p) for p in spec]
     for port in ports:
         if not 1 <= port <= 65535:
             raise ValueError(f"port {port} is out of range: ports are 1-65535")

@@ -82,9 +82,8 @@ class ServerGroup:
                  gpus: list[str] | None = None, on_event: Callable[[str], None] | None = None):
         if engine not in engines.ENGINES:
             raise ValueError(f"unknown engine {engine!r}: choose one of {', '.join(engines.ENGINES)}")
-        model = str(model)
         self.engine, self.host = engine, host
-        self.model_path = os.path.expanduser(model) if model.startswith("~") else model
+        self.model_path = os.path.expanduser(str(model))
         self.ports = engines.parse_ports(ports)
         self.log_dir = Path(log_dir) if log_dir is not None else engines.default_log_dir(self.model_path)
         self.servers_file = Path(servers_file) if servers_file is not None else self.log_dir / "servers.json"
