@@ -54,8 +54,7 @@ def is_disk_full(error: BaseException) -> bool:
 def reraise_naming(error: BaseException, path: str | os.PathLike) -> NoReturn:
     """Raise `error` again, as `DiskFull(path)` if it says the disk is full and names no file yet.
 
-    Called from an `except` clause; the hot write paths call it there rather than entering
-    `naming_disk_full`, which costs a context manager per write.
+    From an `except` clause: hot write paths avoid `naming_disk_full`'s context manager per write.
     """
     if isinstance(error, DiskFull) or not is_disk_full(error):
         raise error
@@ -89,10 +88,7 @@ def fsync_dir(directory: Path) -> None:
 
 
 class _TempFile(io.BufferedWriter):
-    """The temp file of an AtomicFile: a disk-full error while writing it names the final path.
-
-    A plain buffered file otherwise (numpy, pyarrow and zstandard write to it as to any file).
-    """
+    """The temp file of an AtomicFile, a plain buffered file whose disk-full errors name the final path."""
 
     def __init__(self, temp_path: Path, final_path: Path):
         super().__init__(io.FileIO(temp_path, "wb"))

@@ -92,10 +92,6 @@ class Server:
     heard: float = 0.0  # monotonic time of its last byte, or of the first request of a silence
     notes: int = 0  # silence notes said since it was last heard
 
-    @property
-    def load(self) -> float:
-        return self.in_flight / self.limit
-
 
 @dataclass
 class ClientConfig(Options):
@@ -267,18 +263,17 @@ class ServerPool:
     async def _acquire(self, avoid: set[str]) -> Server:
         """The least-loaded healthy server with room, preferring those not in `avoid`.
 
-        No lock: the pool lives on one event loop and nothing here awaits between looking at
-        the servers and taking one. The wait is on a shared future that `_changed` resolves,
-        through `asyncio.wait`, which never cancels what it waits on: Python 3.11's
-        `wait_for(Condition.wait())` left a cancelled waiter's lock re-taken by an orphaned
-        task, so the first error of a run (all servers down) hung the run while it stopped.
+        No lock: the pool lives on one event loop and nothing here awaits between looking at the
+        servers and taking one. The wait is on a shared future, through `asyncio.wait`, which never
+        cancels what it waits on: Python 3.11's `wait_for(Condition.wait())` left a cancelled
+        waiter's lock re-taken by an orphaned task, so a run whose servers were all down hung.
         """
         while True:
             free = [s for s in self.servers if s.healthy and s.in_flight < s.limit]
             if free:
                 self._down_since = None
                 preferred = [s for s in free if s.url not in avoid] or free
-                server = min(preferred, key=lambda s: s.load)
+                server = min(preferred, key=lambda s: s.in_flight / s.limit)
                 if not server.in_flight + server.probing:  # a silence starts now, not at its last answer
                     server.heard = time.monotonic()
                 server.in_flight += 1

@@ -88,9 +88,7 @@ def resolve_program(argv: list[str]) -> list[str]:
 
 
 def engine_missing(engine: str) -> str | None:
-    """Why `engine` cannot start here, with the install hint; None when it can."""
-    if engine not in ENGINES:
-        return f"unknown engine {engine!r}: choose one of {', '.join(ENGINES)}"
+    """Why `engine` (one of ENGINES) cannot start here, with the install hint; None when it can."""
     modules = {"sglang": ["sglang"], "vllm": ["vllm"], "transformers": ["transformers", "fastapi", "uvicorn"]}[engine]
     absent = [m for m in modules if importlib.util.find_spec(m) is None]
     program = {"vllm": "vllm", "transformers": "transformers"}.get(engine)

@@ -99,7 +99,7 @@ class ServerGroup:
         self.model = self.model_path  # replaced by what /v1/models reports once started
         self.started_at: str | None = None
         self.startup_timeout, self._grace, self._env, self._on_event = startup_timeout, grace, dict(env or {}), on_event
-        self._events: list[str] = []
+        self.events: list[str] = []  # one line per event, as `on_event` receives them
         self._lock = threading.RLock()
         self._monitor: threading.Thread | None = None
         self._monitor_stop = threading.Event()
@@ -123,10 +123,6 @@ class ServerGroup:
     @property
     def processes(self) -> list[subprocess.Popen | None]:
         return [s.process for s in self.servers]
-
-    @property
-    def events(self) -> list[str]:
-        return list(self._events)
 
     def __enter__(self) -> Self:
         self.start()
@@ -297,6 +293,6 @@ class ServerGroup:
                            host=self.host, started=self.started_at, servers=self.servers)
 
     def _event(self, line: str) -> None:
-        self._events.append(line)
+        self.events.append(line)
         if self._on_event is not None:
             self._on_event(line)

@@ -16,6 +16,7 @@ from transformers, an object from others).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -70,14 +71,12 @@ class EventDecoder:
         return events
 
 
+@dataclass(slots=True)
 class _Choice:
-    __slots__ = ("content", "reasoning", "calls", "finish_reason")
-
-    def __init__(self):
-        self.content: list[str] | None = None  # None: no content piece came (a null content)
-        self.reasoning: list[str] = []
-        self.calls: dict[int, dict[str, Any]] = {}  # by index: id, type, name, arguments pieces
-        self.finish_reason: Any = None
+    content: list[str] | None = None  # None: no content piece came (a null content)
+    reasoning: list[str] = field(default_factory=list)
+    calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # by index: id, type, name, arguments pieces
+    finish_reason: Any = None
 
 
 class StreamedAnswer:
