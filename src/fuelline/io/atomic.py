@@ -54,8 +54,7 @@ def is_disk_full(error: BaseException) -> bool:
 def reraise_naming(error: BaseException, path: str | os.PathLike) -> NoReturn:
     """Raise `error` again, as `DiskFull(path)` if it says the disk is full and names no file yet.
 
-    Called from an `except` clause; the hot write paths call it there rather than entering
-    `naming_disk_full`, which costs a context manager per write.
+    From an `except` clause: hot write paths avoid `naming_disk_full`'s context manager per write.
     """
     if isinstance(error, DiskFull) or not is_disk_full(error):
         raise error
@@ -71,6 +70,11 @@ def naming_disk_full(path: str | os.PathLike) -> Iterator[None]:
         reraise_naming(e, path)
 
 
+def temp_name(name: str) -> str:
+    """The hidden name a file called `name` is written under until it is complete."""
+    return f".{name}{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+
+
 def is_temp_name(name: str) -> bool:
     return name.startswith(".") and TEMP_MARK in name
 
@@ -84,10 +88,7 @@ def fsync_dir(directory: Path) -> None:
 
 
 class _TempFile(io.BufferedWriter):
-    """The temp file of an AtomicFile: a disk-full error while writing it names the final path.
-
-    A plain buffered file otherwise (numpy, pyarrow and zstandard write to it as to any file).
-    """
+    """The temp file of an AtomicFile, a plain buffered file whose disk-full errors name the final path."""
 
     def __init__(self, temp_path: Path, final_path: Path):
         super().__init__(io.FileIO(temp_path, "wb"))
@@ -111,17 +112,18 @@ class AtomicFile:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        self.temp_path = self.path.with_name(
-            f".{self.path.name}{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
-        )
+        self.temp_path = self.path.with_name(temp_name(self.path.name))
         with naming_disk_full(self.path):
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.file: IO[bytes] = _TempFile(self.temp_path, self.path)
 
-    def commit(self) -> None:
-        """Move the file to its final name; if that fails (a full disk), the temp file is removed."""
+    def commit(self, finish: Callable[[], None] | None = None) -> None:
+        """Call `finish` (what a writer still buffers goes into the file), then move the file to its
+        final name; if that fails (a full disk), the temp file is removed."""
         try:
             with naming_disk_full(self.path):
+                if finish is not None:
+                    finish()
                 self.file.flush()
                 os.fsync(self.file.fileno())
                 self.file.close()

@@ -47,11 +47,10 @@ class RejectSink(Protocol):
 class BadRecords:
     """Raises or records a bad record, following `on_error`; `local` is the file read for `source`."""
 
-    def __init__(self, source: Path | str, on_error: OnError, rejects: RejectSink | None, local: Path | None = None):
+    def __init__(self, source: Path | str, on_error: OnError, rejects: RejectSink | None, local: Path):
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
-        self.source, self.on_error, self.rejects = source, on_error, rejects
-        self.local = local if local is not None else Path(source)
+        self.source, self.on_error, self.rejects, self.local = source, on_error, rejects, local
 
     def bad(self, line: int, reason: str, what: str, raw: Any) -> None:
         if self.on_error == "raise":

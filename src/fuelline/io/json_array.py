@@ -1,10 +1,8 @@
 """Records from a byte stream that holds one top-level JSON array, with their element numbers.
 
 ijson's C backend parses the array incrementally, so memory stays that of one element whatever
-the file size. Each element's depth and size are known before it is built: an element nested
-deeper than MAX_NESTING_DEPTH, or holding more than `max_record_bytes` of text, is refused
-without being built. A break in the array's syntax ends the reading there: nothing after it
-can be located, and the elements before it stay read.
+the file size. A break in the array's syntax ends the reading there: nothing after it can be
+located, and the elements before it stay read.
 """
 
 from __future__ import annotations
@@ -60,8 +58,8 @@ def json_array_records(stream: IO[bytes], head: bytes, start: int, stop: int | N
     ijson's C parser gives the events; elements are built by its C builder, fed here so the depth
     and size of each element are known before it is built. An element nested deeper than
     MAX_NESTING_DEPTH, or with more than `max_record_bytes` of strings, is cut short where that is
-    seen (the builder's open containers are closed for it, and the rest of the element is read
-    past), then reported instead of yielded. Memory stays that of one element within the limits.
+    seen (the builder's open containers are closed for it, the rest of the element read past),
+    then reported instead of yielded.
     """
     import ijson
 
@@ -76,11 +74,7 @@ def json_array_records(stream: IO[bytes], head: bytes, start: int, stop: int | N
     size = 0  # bytes of strings and keys in the element being read
     last = ""  # the last event given to the builder
     lone_escapes: dict[int, str] = {}  # element number: its first lone surrogate escape
-
-    def lone_escape(escape: str) -> None:
-        lone_escapes.setdefault(index + 1, escape)
-
-    guarded = SurrogateGuard(head, stream, lone_escape)
+    guarded = SurrogateGuard(head, stream, lambda escape: lone_escapes.setdefault(index + 1, escape))
     try:
         for event, value in backend.basic_parse(guarded, use_float=True):
             if event == "map_key" or event == "string":  # the most frequent events first

@@ -4,12 +4,11 @@ orjson reads an integer literal outside [-2**63, 2**64) as the nearest double
 (123456789012345678901234567890 → 1.2345678901234568e+29, -9223372036854775809 →
 -9.223372036854776e+18) and refuses to write such a Python int. Every literal it rounds has
 at least 19 digits in a row, so `loads` parses with orjson and, only when the text holds such a
-run (rare: ids, hashes and timestamps are shorter, and a run inside a string costs one more
-parse, nothing else), parses it again with the standard library, whose integers are exact and
-whose floats are the same doubles. The test for a run (`may_round`) maps the bytes through a
-table and searches 19 zeros: a tenth of orjson's time on the poetry corpus's 360-byte lines,
-so the JSONL reader asks it once per 256 KiB block and per line only in a block that has one. `dumps` writes with orjson and falls back, for a value that
-holds such an integer, to the standard library in orjson's compact form.
+run (rare: ids, hashes and timestamps are shorter), again with the standard library, whose
+integers are exact and whose floats are the same doubles. The test for a run (`may_round`)
+costs a tenth of orjson's time on the poetry corpus's 360-byte lines, so the JSONL reader asks
+it once per 256 KiB block and per line only in a block that has one. `dumps` falls back the
+same way, for a value that holds such an integer, in orjson's compact form.
 """
 
 from __future__ import annotations

@@ -2,17 +2,15 @@
 
 One pass over each file's bytes (read in 8 MiB blocks, numpy per block) finds every line; blank
 lines are not records. The result is an int64 array of (start, end) byte offsets, 16 bytes per
-record, cached on disk so the next open costs one small read. The cache key is the file's
-absolute path.
+record, cached on disk (keyed by the file's absolute path) so the next open costs one small read.
 
 Cache file: a 48-byte header (magic, the data file's size and mtime_ns, the record count, and an
 xxh3-128 checksum of those fields and the offsets) followed by the offsets. A cache that does not
-match the data file's size and mtime, or is short, corrupted, unreadable or not a regular file
-(a directory at its path), is ignored without a word: the file is indexed again and the cache
-replaced atomically. A bad cache never costs more than a rescan, and never shortens or shifts
-the index. A cache that cannot be written (its path taken by something else, a directory that
-cannot be written) leaves the index whole but makes every later open rescan the file: that is
-an `IndexCacheWarning` with the reason, once per cache directory and process.
+match the data file, or is short, corrupted, unreadable or not a regular file, is ignored: the
+file is indexed again and the cache replaced atomically, so a bad cache never costs more than a
+rescan, and never shortens or shifts the index. A cache that cannot be written leaves the index
+whole but makes every later open rescan the file: an `IndexCacheWarning` says why, once per
+cache directory and process.
 
 Records are read with `os.pread` on a descriptor opened lazily (so the index pickles cheaply into
 DataLoader workers), not through an mmap: a file truncated after indexing then gives a short
@@ -20,7 +18,6 @@ read and a clear error naming the file, where an mmap read past the new end kill
 with SIGBUS. A pread costs ~0.6 µs more than an mmap slice (~10% of `index[k]` on a 500-byte
 record). Opening the descriptor checks the file's size and mtime against the index.
 """
-
 from __future__ import annotations
 
 import bisect
@@ -37,7 +34,7 @@ import orjson
 import xxhash
 
 from fuelline.io import json_exact
-from fuelline.io.atomic import AtomicFile
+from fuelline.io.atomic import atomic_write
 from fuelline.io.paths import split_suffixes
 from fuelline.io.remote import cache_root
 
@@ -59,10 +56,6 @@ class IndexCacheWarning(UserWarning):
 
 
 _warned_cache_dirs: set[Path] = set()  # a cache directory that cannot be written is said once per process
-
-
-def default_cache_dir() -> Path:
-    return cache_root() / "jsonl-index"
 
 
 def scan_line_offsets(path: str | os.PathLike) -> np.ndarray:
@@ -149,15 +142,11 @@ def write_cache(cache: Path, size: int, mtime_ns: int, offsets: np.ndarray) -> N
         _warn_not_cached(cache, "its path is taken by something that is not a regular file")
         return
     fields = CACHE_FIELDS.pack(CACHE_MAGIC, size, mtime_ns, len(offsets))
-    target = None
     try:
-        target = AtomicFile(cache)
-        target.file.write(fields + _checksum(fields, offsets))
-        target.file.write(np.ascontiguousarray(offsets, dtype="<i8").tobytes())
-        target.commit()
+        with atomic_write(cache) as f:
+            f.write(fields + _checksum(fields, offsets))
+            f.write(np.ascontiguousarray(offsets, dtype="<i8").tobytes())
     except OSError as e:
-        if target is not None:
-            target.abort()
         _warn_not_cached(cache, f"{e.strerror}: {e.filename}" if e.strerror and e.filename else str(e))
 
 
@@ -200,7 +189,7 @@ class JsonlIndex:
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
         self.paths = [Path(p) for p in paths]
-        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else cache_root() / "jsonl-index"
         for p in self.paths:
             _, compression = split_suffixes(p)
             if compression:

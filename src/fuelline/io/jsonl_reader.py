@@ -4,8 +4,6 @@ The stream is read in blocks (`fuelline.io.streams.blocks`) split on b"\\n", and
 parsed with orjson straight from bytes; this avoids the per-line text decoding of a
 TextIOWrapper and is where the reader's speed comes from (see benchmarks/bench_read.py).
 Integers beyond 64 bits, which orjson rounds to floats, are kept exact (`fuelline.io.json_exact`).
-A line longer than `max_record_bytes` is read past, never joined, and refused as
-`record_too_large`; the rejects file keeps its first REJECT_HEAD_BYTES.
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ from fuelline.io.bad_records import MAX_NESTING_DEPTH, MAX_RECORD_BYTES, BadReco
 from fuelline.io.streams import blocks
 
 REJECT_HEAD_BYTES = 4 << 10  # what the rejects file keeps of a line over max_record_bytes
+TOO_DEEP = f"nested deeper than {MAX_NESTING_DEPTH} levels (the limit for a record)"
 
 
 class _LongLine:
@@ -142,7 +141,7 @@ def _invalid_line(line: bytes, error: orjson.JSONDecodeError) -> tuple[str, str]
             return "invalid_utf8", (f"invalid UTF-8 at byte {e.start} of the line (0-based offset): "
                                     f"{line[e.start:e.end]!r} ({e.reason})")
     if "depth limit exceeded" in message:  # orjson's own limit, 1024 levels
-        return "nesting_too_deep", f"nested deeper than {MAX_NESTING_DEPTH} levels (the limit for a record)"
+        return "nesting_too_deep", TOO_DEEP
     return "malformed_json", f"invalid JSON: {message}"
 
 
@@ -177,15 +176,14 @@ def jsonl_records(stream: IO[bytes], head: bytes, start: int, stop: int | None, 
                 continue
             if (len(line) > deep_line_bytes and line.count(b"{") + line.count(b"[") > MAX_NESTING_DEPTH
                     and _deeper_than(record, MAX_NESTING_DEPTH)):
-                report.bad(lineno, "nesting_too_deep",
-                           f"nested deeper than {MAX_NESTING_DEPTH} levels (the limit for a record)", line)
+                report.bad(lineno, "nesting_too_deep", TOO_DEEP, line)
                 continue
             yield lineno, record
 
 
 def count_lines(stream: IO[bytes], head: bytes) -> int:
     """Physical lines of a stream whose first block `head` was read already; a last line without
-    a newline counts. Only newlines are counted: about 1 GB/s, nothing parsed."""
+    a newline counts. Only newlines are counted (about 1 GB/s), nothing parsed."""
     lines, last = 0, b""
     for chunk in blocks(stream, head):
         lines += chunk.count(b"\n")

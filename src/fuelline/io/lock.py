@@ -4,15 +4,12 @@ Two runs writing one directory break each other (the second removes the first on
 as leftovers). A run therefore holds an `flock` on `.NAME.lock` beside its output NAME (a
 directory or a file) from before it touches the output until it ends; the kernel releases it
 when the holder dies, even by SIGKILL, so a crashed run never blocks the next one. The file
-holds the holder's pid and start time, for the message a second run gets, and a run that ends
-removes it, while it still holds the lock. That races with nothing: a run that opened the file
-before it was removed gets the lock on a file no longer at that path, sees so (the path is gone
-or another inode) and starts again on the path's new file, so two runs never both hold "the"
-lock. Only a killed run leaves its file behind, and the next run reuses it. It sits beside the output, not inside, so that
-`--restart` can delete the output without deleting the lock, and readers of the output never
-see it (a hidden name). Children do not inherit the lock: Python opens files close-on-exec.
+holds the holder's pid and start time, for the message a second run gets. A run that ends
+removes it while it still holds the lock; a run that opened the file before sees that the path
+is gone or another inode and locks the path's new file, so two runs never both hold "the" lock.
+Beside the output, not inside, so that `--restart` can delete the output without deleting the
+lock, and readers of the output never see it. Children do not inherit it (close-on-exec).
 """
-
 from __future__ import annotations
 
 import fcntl

@@ -90,6 +90,22 @@ def _url_files(url: str) -> list[str]:
     return _files_at_url_directory(fs, path)
 
 
+def _local_files(text: str) -> list[Path]:
+    """What `expand_inputs` finds for one local path: a file, a directory or a glob."""
+    path = Path(text)
+    if path.is_dir():
+        return _files_in_directory(path)
+    if glob.has_magic(text):
+        matched = []
+        for hit in map(Path, sorted(glob.glob(text, recursive=True))):
+            matched.extend(_files_in_directory(hit) if hit.is_dir() else [hit] if is_data_file(hit) else [])
+        return matched
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file or directory")
+    _check_data_file(path)
+    return [path]
+
+
 def _check_data_file(name: str | os.PathLike) -> None:
     if not is_data_file(name):
         raise ValueError(
@@ -110,25 +126,7 @@ def expand_inputs(sources: str | os.PathLike | Iterable[str | os.PathLike]) -> l
     files: list[Path | str] = []
     for source in sources:
         text = os.fspath(source)
-        if is_url(text):
-            matched = _url_files(text)
-            if not matched:
-                raise FileNotFoundError(f"{text}: matched no data files")
-            files.extend(matched)
-            continue
-        path = Path(text)
-        if path.is_dir():
-            matched = _files_in_directory(path)
-        elif glob.has_magic(text):
-            matched = []
-            for hit in sorted(glob.glob(text, recursive=True)):
-                hit_path = Path(hit)
-                matched.extend(_files_in_directory(hit_path) if hit_path.is_dir() else [hit_path] if is_data_file(hit_path) else [])
-        elif path.exists():
-            _check_data_file(path)
-            matched = [path]
-        else:
-            raise FileNotFoundError(f"{path}: no such file or directory")
+        matched = _url_files(text) if is_url(text) else _local_files(text)
         if not matched:
             raise FileNotFoundError(f"{text}: matched no data files")
         files.extend(matched)

@@ -3,9 +3,8 @@ points every stage reads through.
 
 `iter_file_records` picks the reader by the file's suffix and first byte: Parquet by row group,
 a `.json` file that starts with `[` as one JSON array (`fuelline.io.json_array`), anything else
-as JSONL (`fuelline.io.jsonl_reader`); the bytes come decompressed from `fuelline.io.streams`.
-Memory stays bounded by one read block (JSONL), one parser buffer (JSON arrays) or one Parquet
-row group, whatever the file size; bad records follow `fuelline.io.bad_records`.
+as JSONL (`fuelline.io.jsonl_reader`); the bytes come decompressed from `fuelline.io.streams`,
+and bad records follow `fuelline.io.bad_records`. Memory stays bounded whatever the file size.
 """
 
 from __future__ import annotations
@@ -37,18 +36,16 @@ def _parquet_records(path: Path, start: int, stop: int | None) -> Iterator[tuple
     import pyarrow.parquet as pq
 
     pf = pq.ParquetFile(path)
-    first_row = 0
+    group_end = 0
     for group in range(pf.metadata.num_row_groups):
-        rows = pf.metadata.row_group(group).num_rows
-        group_end = first_row + rows
-        if group_end > start and (stop is None or first_row < stop):
-            row = first_row
-            for batch in pf.iter_batches(batch_size=8192, row_groups=[group]):
-                for record in batch.to_pylist():
-                    row += 1
-                    if row > start and (stop is None or row <= stop):
-                        yield row, record
-        first_row = group_end
+        row, group_end = group_end, group_end + pf.metadata.row_group(group).num_rows
+        if group_end <= start or (stop is not None and row >= stop):
+            continue  # a row group outside the range is never decoded
+        for batch in pf.iter_batches(batch_size=8192, row_groups=[group]):
+            for record in batch.to_pylist():
+                row += 1
+                if row > start and (stop is None or row <= stop):
+                    yield row, record
 
 
 def iter_file_records(path: str | os.PathLike, *, start: int = 0, stop: int | None = None,
@@ -57,10 +54,8 @@ def iter_file_records(path: str | os.PathLike, *, start: int = 0, stop: int | No
     """(location, record) pairs of one file; location is the 1-based line, array element or row.
 
     `start`/`stop` select a 0-based, half-open range of lines (JSONL), elements (JSON array) or
-    rows (Parquet); the stage runner uses them to split one big file into shards. A JSONL line
-    longer than `max_record_bytes` (a JSON array element with more text than that) is refused as
-    `record_too_large`, a record nested deeper than MAX_NESTING_DEPTH as `nesting_too_deep`.
-    `path` may be a URL: its local copy (`fuelline.io.remote.local_copy`) is read, the URL named.
+    rows (Parquet); the stage runner uses them to split one big file into shards. `path` may be a
+    URL: its local copy (`fuelline.io.remote.local_copy`) is read, the URL named.
     """
     if max_record_bytes < 1:
         raise ValueError(f"max_record_bytes must be at least 1, not {max_record_bytes}")
@@ -83,11 +78,9 @@ def read_records(sources: str | os.PathLike | Iterable[str | os.PathLike], *, on
                  rejects: RejectSink | None = None, max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[dict]:
     """Stream the records (dicts) of files, directories or globs, in order.
 
-    A malformed record raises `RecordError` ("FILE:LINE: what is wrong"); with
-    `on_error="skip"` it is counted in `rejects.counts` under a reason (one of
-    READ_ERROR_REASONS: `malformed_json`, `not_an_object`, `invalid_utf8`, `nesting_too_deep`,
-    `record_too_large`, `truncated_json_array`) and written to the rejects file, if `rejects`
-    has a path.
+    A malformed record raises `RecordError` ("FILE:LINE: what is wrong"); with `on_error="skip"`
+    it is counted in `rejects.counts` under one of READ_ERROR_REASONS and written to the rejects
+    file, if `rejects` has a path.
     """
     for path in expand_inputs(sources):
         for _, record in iter_file_records(path, on_error=on_error, rejects=rejects,
@@ -96,11 +89,8 @@ def read_records(sources: str | os.PathLike | Iterable[str | os.PathLike], *, on
 
 
 def count_units(path: str | os.PathLike) -> int | None:
-    """Physical lines (JSONL) or rows (Parquet) of a file, or None for a JSON array.
-
-    Counting lines decompresses the file once but parses nothing (about 1 GB/s); the stage
-    runner uses it to cut big files into shards of a fixed number of lines. A URL is counted in its local copy.
-    """
+    """Physical lines (JSONL) or rows (Parquet) of a file (a URL: of its local copy), or None for a
+    JSON array; the stage runner cuts big files into shards of a fixed number of lines by it."""
     path, local = _located(path)
     fmt, _ = split_suffixes(path)
     if fmt == ".parquet":

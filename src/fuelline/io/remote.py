@@ -4,9 +4,7 @@ Every reader of fuelline works on local files (pread, mmap, Parquet's random acc
 input is fetched once into a per-machine cache and read there (`local_copy`); messages and
 `_plan.json` still name the URL. A stage whose output is a URL writes into a local staging
 directory and uploads each finished file (`RemoteDir.put`); see `fuelline.pipeline.executor`.
-
-fsspec is imported on first use, and a URL's backend (s3fs for s3://, gcsfs for gs://, …) is an
-extra package: a missing one is a one-line error naming the URL and what to install.
+fsspec and a URL's backend (s3fs for s3://, …) are imported on first use.
 
 The cache (`cache_root()`: `$FUELLINE_CACHE_DIR`, else `~/.cache/fuelline`) holds, under
 `remote/`, one copy per input URL, named by a hash of the URL and by the size and version (ETag,
@@ -20,10 +18,9 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import secrets
 from pathlib import Path
 
-from fuelline.io.atomic import TEMP_MARK, is_temp_name, naming_disk_full
+from fuelline.io.atomic import is_temp_name, naming_disk_full, temp_name
 
 URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]+)://")  # a one-letter scheme would be a Windows drive
 # What a backend reports as a file's version, most specific first (S3, GCS, Azure, local, memory).
@@ -111,7 +108,7 @@ def local_copy(url: str) -> Path:
     if target.is_file() and target.stat().st_size == info["size"]:
         return target
     folder.mkdir(parents=True, exist_ok=True)
-    temp = folder / f".{target.name}{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    temp = folder / temp_name(target.name)
     try:
         with naming_disk_full(target):
             fs.get_file(path, os.fspath(temp))
@@ -183,7 +180,7 @@ class RemoteDir:
             return
         parent, _, base = target.rpartition("/")
         fs.makedirs(parent, exist_ok=True)
-        temp = f"{parent}/.{base}{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+        temp = f"{parent}/{temp_name(base)}"
         fs.put_file(os.fspath(local), temp)
         fs.mv(temp, target)
 

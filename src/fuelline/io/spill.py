@@ -2,10 +2,9 @@
 
 Corpus-level passes (dedup's phases, boilerplate's line counts) need all rows with the same key
 together (an exact key, a band hash, a line hash, the pairs of a document range) without any node
-holding all rows. Each task that produces rows writes
-them as one table sorted (stably) by partition, with the offsets of every partition; the task of
-partitions [lo, hi) then reads rows offsets[lo]:offsets[hi] from each writer's table,
-memory-mapped: one contiguous slice per writer, so only its own rows leave the disk.
+holding all rows. Each task that produces rows writes them as one table sorted (stably) by
+partition, with the offsets of every partition; the task of partitions [lo, hi) then reads rows
+offsets[lo]:offsets[hi] from each writer's table, memory-mapped: one contiguous slice per writer.
 
 Partitions are fine-grained (PARTITIONS per key space, the top PARTITION_BITS of a hash) and
 fixed before any count is known; a phase groups consecutive partitions into tasks once the

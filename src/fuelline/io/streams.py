@@ -1,8 +1,7 @@
 """A file's bytes, decompressed by its suffix (.gz, .zst, .bz2, .xz) and read in blocks.
 
-Every reader of records starts here. A compressed file that is
-not what its suffix says, or that ends early, is a `DamagedInput` naming the file: zstd's own
-reader would return a truncated file as a shorter complete one, hence `ZstdFrames`.
+Every reader of records starts here. A compressed file that is not what its suffix says, or
+that ends early, is a `DamagedInput` naming the file.
 """
 
 from __future__ import annotations
@@ -31,8 +30,8 @@ class ZstdFrames:
     """Every zstd frame of a file, decompressed; a file that ends inside a frame is an error.
 
     zstandard's `stream_reader` returns what it has when the input ends in the middle of a frame,
-    so a truncated file would read as a shorter complete one; here the last frame must be whole.
-    `read` returns whatever the next compressed block gives (any size, b"" at the end).
+    so a truncated file would read as a shorter complete one. `read` returns whatever the next
+    compressed block gives (any size, b"" at the end).
     """
 
     def __init__(self, path: str | os.PathLike):

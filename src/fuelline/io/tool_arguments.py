@@ -14,9 +14,8 @@ send it too). `parse_arguments` reads either into a dict, or refuses it under a 
 - `lone_surrogate`: a string holding half of a UTF-16 pair (`\\ud800` alone), which encodes no
   character and cannot be written as UTF-8.
 
-An object form's floats were read before they got here: one that a reader rounded cannot be
-told from one written so; its integers are exact when it was read with `json_exact`.
-Rendered with `json.dumps` (transformers' `tojson`, and `to_json` here), an int is its digits.
+An object form's floats were read before they got here (one a reader rounded cannot be told
+from one written so). Rendered with `json.dumps` (transformers' `tojson`, `to_json`), an int is its digits.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Record writers: JSONL compressed with zstd (the default) and Parquet, both atomic.
 
 A writer is used as a context manager: leaving the block normally commits the file under its
-final name, an exception deletes the temp file. Output bytes depend only on the records written
-(zstd level and Parquet options are fixed), which makes stage output reproducible.
-
-A full disk raises `DiskFull` (an OSError) naming the file being written, from `write` or
-`close`; the temp file is gone by then, and files committed earlier stay as they are.
+final name, an exception deletes the temp file, and a full disk is a `DiskFull` naming the file
+(`fuelline.io.atomic`). Output bytes depend only on the records written (zstd level and Parquet
+options are fixed), which makes stage output reproducible.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from typing import Any
 import zstandard
 
 from fuelline.io import json_exact
-from fuelline.io.atomic import AtomicFile, atomic_write, naming_disk_full, reraise_naming
+from fuelline.io.atomic import AtomicFile, atomic_write, reraise_naming
 
 ZSTD_LEVEL = 3
 
@@ -40,13 +38,7 @@ class RecordWriter:
 
     def close(self) -> None:
         """Commit the file; if that fails (a full disk), the temp file is removed and the error raised."""
-        try:
-            with naming_disk_full(self.path):
-                self._finish()
-        except BaseException:
-            self.abort()
-            raise
-        self._target.commit()
+        self._target.commit(self._finish)
 
     def abort(self) -> None:
         self._target.abort()

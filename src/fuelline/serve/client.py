@@ -1,40 +1,32 @@
 """An asyncio client for many OpenAI-compatible servers: least-loaded routing, retries, failover.
 
-Each server has a limit of requests in flight (`concurrency`); a request goes to the healthy
-server with the fewest requests in flight. A request that fails (connection refused or
-dropped, HTTP 429 or 5xx, no answer within `request_timeout`) is retried with exponential
-backoff, on another server when there is one, up to `attempts` times; other 4xx answers are
-final. After `failures_to_rest` failures in a row a server rests: it leaves the rotation, is
-probed (`GET /v1/models`) with growing pauses, and comes back when it answers. If no server
-has been healthy for `all_down_timeout` seconds, the run stops with an error.
+A request goes to the healthy server with the fewest requests in flight (at most `concurrency`
+each). One that fails (connection refused or dropped, HTTP 429 or 5xx, a stall, an answer the
+caller refuses) is retried with exponential backoff, on another server when there is one, up to
+`attempts` times; other 4xx answers are final. After `failures_to_rest` failures in a row a
+server rests: it leaves the rotation and is probed (`GET /v1/models`) with growing pauses until
+it answers. If no server has been healthy for `all_down_timeout` seconds, the run stops.
 
 Servers do not all take the same sampling fields: `transformers serve` answers 422 "Unexpected
-fields in the request: {'top_k', 'min_p'}" where SGLang and vLLM take them. Such a 422 is read,
-the fields are left out for that server from then on (said once, and recorded in the
-summary), and the request is sent again at once.
+fields in the request: {'top_k', 'min_p'}" where SGLang and vLLM take them. Such fields are left
+out for that server from then on (said once, and recorded in the summary) and the request is
+sent again at once. `tools` never are: an answer made without them would be another answer.
 
-Answers are streamed (`"stream": true`, parsed by `fuelline.serve.stream`), so a stalled
-server is told from a long answer: a request that receives nothing for `stall_timeout` seconds
-(before its first event or between two) is a stall, retried like a dropped connection, and its
-server rests at once; an answer that keeps streaming is never cut. Before the run each server
-is asked for a one-token completion: a server that lists its model but answers nothing within
-`stall_timeout` is left out (all of them: the run stops, saying so, within a minute under the
-defaults), and one that answers whole although asked to stream (or refuses to stream) gets
-whole-answer requests from then on, each limited by `request_timeout` (said once). A server
-resting after a stall comes back when it answers a one-token completion again, not only
-`/v1/models`. While requests wait, a server silent for 10 s (or half the stall timeout) is
-named on the terminal with how long it has been silent, again at 20, 40, 80 s, ...
+Answers are streamed (`fuelline.serve.stream`), so a stalled server is told from a long answer:
+nothing for `stall_timeout` seconds (before the first event or between two) is a stall, retried,
+and its server rests until it answers a one-token completion, not only `/v1/models`; an answer
+that keeps streaming is never cut. Before the run each server is asked for a one-token
+completion: one that answers nothing within `stall_timeout` is left out (all of them: the run
+stops, saying so), and one that answers whole although asked to stream (or refuses to stream)
+gets whole-answer requests, each limited by `request_timeout` (said once). While requests wait,
+a server silent for 10 s (or half the stall timeout) is named on the terminal, again at 20, 40, 80 s, ...
 
 An answer is its content (null counts as "" when the answer is tool calls), its tool calls in
-the chat record's form (`{"type": "function", "function": {"name", "arguments": dict}}`: the
-arguments, a JSON string on the wire, parsed by `fuelline.io.tool_arguments`, integers exact;
-ones it refuses fail the request under its reason (`bad_tool_arguments`, `unrepresentable_number`,
-`lone_surrogate`), retried like any failure), and the reasoning a reasoning parser returns
-apart (`reasoning_content`, or `reasoning` as vLLM names it since late 2025), never mixed into the
-content. A request may carry `tools`: they are sent as they are, never left out like a refused
-sampling field, since an answer made without them would be another answer.
+the chat record's form, arguments parsed by `fuelline.io.tool_arguments` (integers exact; refused
+arguments fail the request under their reason, retried like any failure), and the reasoning a
+reasoning parser returns apart (`reasoning_content`, or `reasoning` as vLLM names it since late
+2025), never mixed into the content.
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -99,10 +91,6 @@ class Server:
     probing: int = 0  # one-token completions in flight (the check, a resting server's probe)
     heard: float = 0.0  # monotonic time of its last byte, or of the first request of a silence
     notes: int = 0  # silence notes said since it was last heard
-
-    @property
-    def load(self) -> float:
-        return self.in_flight / self.limit
 
 
 @dataclass
@@ -181,18 +169,12 @@ class ServerPool:
                     server.notes = 0
                 elif silence >= first * 2 ** server.notes:
                     server.notes += 1
+                    limit = (f"it answers whole, not streamed, so a stalled answer ends only at --request-timeout "
+                             f"{self.config.request_timeout:g} s" if server.streams is False
+                             else f"a stall at --stall-timeout {self.config.stall_timeout:g} s")
                     self.warn(f"waiting: {server.url} has sent nothing for {silence:.0f} s ({waiting} request(s) in "
                               f"flight{'' if server.in_flight else ': checking it answers a one-token completion'}"
-                              f"); {self._limit(server)}")
-
-    def _limit(self, server: Server) -> str:
-        if server.streams is False:
-            return (f"it answers whole, not streamed, so a stalled answer ends only at --request-timeout "
-                    f"{self.config.request_timeout:g} s")
-        return f"a stall at --stall-timeout {self.config.stall_timeout:g} s"
-
-    def _heard(self, server: Server) -> None:
-        server.heard = time.monotonic()
+                              f"); {limit}")
 
     async def models(self, server: Server, timeout: float = 10.0) -> list[str] | None:
         """The model ids a server lists, or None when it does not answer."""
@@ -241,7 +223,7 @@ class ServerPool:
 
         server.probing += 1
         if server.in_flight + server.probing == 1:
-            self._heard(server)
+            server.heard = time.monotonic()
         body = {"model": self.model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
                 "stream": server.streams is not False}
         stall = self.config.stall_timeout
@@ -250,7 +232,7 @@ class ServerPool:
                     sock_connect=stall, sock_read=stall)) as r:
                 raw = b""
                 async for data in r.content.iter_any():
-                    self._heard(server)
+                    server.heard = time.monotonic()
                     raw += data
                 if server.streams is None:
                     self._learn_streaming(server, r.status, r.content_type, raw)
@@ -281,20 +263,19 @@ class ServerPool:
     async def _acquire(self, avoid: set[str]) -> Server:
         """The least-loaded healthy server with room, preferring those not in `avoid`.
 
-        No lock: the pool lives on one event loop and nothing here awaits between looking at
-        the servers and taking one. The wait is on a shared future that `_changed` resolves,
-        through `asyncio.wait`, which never cancels what it waits on: Python 3.11's
-        `wait_for(Condition.wait())` left a cancelled waiter's lock re-taken by an orphaned
-        task, so the first error of a run (all servers down) hung the run while it stopped.
+        No lock: the pool lives on one event loop and nothing here awaits between looking at the
+        servers and taking one. The wait is on a shared future, through `asyncio.wait`, which never
+        cancels what it waits on: Python 3.11's `wait_for(Condition.wait())` left a cancelled
+        waiter's lock re-taken by an orphaned task, so a run whose servers were all down hung.
         """
         while True:
             free = [s for s in self.servers if s.healthy and s.in_flight < s.limit]
             if free:
                 self._down_since = None
                 preferred = [s for s in free if s.url not in avoid] or free
-                server = min(preferred, key=lambda s: s.load)
+                server = min(preferred, key=lambda s: s.in_flight / s.limit)
                 if not server.in_flight + server.probing:  # a silence starts now, not at its last answer
-                    self._heard(server)
+                    server.heard = time.monotonic()
                 server.in_flight += 1
                 return server
             pause = self.config.probe_interval
@@ -311,10 +292,6 @@ class ServerPool:
         """Wake every request waiting for a server: one has room again, or came back."""
         self._change.set_result(None)
         self._change = asyncio.get_running_loop().create_future()
-
-    def _release(self, server: Server) -> None:
-        server.in_flight -= 1
-        self._changed()
 
     def _rest(self, server: Server, failure: _Retryable) -> None:
         """Take a failing server out of rotation; probe it until it answers again."""
@@ -364,7 +341,8 @@ class ServerPool:
                 server.failures_in_a_row = 0
                 return completion
             finally:
-                self._release(server)
+                server.in_flight -= 1
+                self._changed()
             if attempt < self.config.attempts:
                 self.retries += 1
                 await asyncio.sleep(min(self.config.backoff * 2 ** (attempt - 1), self.config.backoff_max))
@@ -436,7 +414,7 @@ class ServerPool:
                         server.streams = True
                         return await self._read_stream(server, r)
                     raw = await r.read()
-                    self._heard(server)
+                    server.heard = time.monotonic()
             except asyncio.TimeoutError:
                 if streamed:
                     raise _Retryable("stall", f"{server.url} sent nothing for {stall:g} s (--stall-timeout)",

@@ -10,31 +10,23 @@ make it fail on purpose, and a benchmark can find the client's ceiling without a
 
 - `GET /v1/models` lists the model; `POST /v1/chat/completions` answers `echo_answer(messages)`,
   cut to `max_tokens` words (finish reason "length") when longer, with usage counts.
-- `--reject-fields` answers 422 "Unexpected fields in the request: {...}" when a request carries
-  them, as `transformers serve` does for `top_k` and `min_p`.
-- `--reasoning` adds a separate `reasoning_content` to each answer (`echo_reasoning`), as
-  reasoning parsers of SGLang and vLLM do, so a client can be checked to keep it apart.
-- `--tools call` answers a request that carries `tools` with a tool call instead (`echo_call`:
-  one of the request's functions, arguments naming the conversation), content null and finish
-  reason "tool_calls", as OpenAI does; without it `tools` are ignored.
-- A request with `"stream": true` is answered as server-sent events, as vLLM and SGLang do: a
-  role chunk, the reasoning, content and tool-call arguments in pieces (a word each), a chunk
-  with the finish reason, a usage chunk when `stream_options.include_usage`, `data: [DONE]`;
-  `--chunk-delay` waits between chunks (a slow, healthy answer). `--stream never` answers whole
-  whatever the request says (a server that does not stream), `--stream refuse` answers 400 to a
-  streamed request.
-- `--log-requests FILE` appends each chat request's body to FILE as a JSON line, so a test can
-  check what a client sent.
-- `--fault` applies to every `--fault-every`-th chat request (1: all of them): `http500` answers
-  500, `drop` closes the connection without an answer, `stall` never answers, `stall-midway`
-  streams half of the answer and then nothing more (answered whole, it is `stall`), `cut` closes
-  it in the middle of the body; the others answer 200 with a body that is wrong in one way
-  (`ANSWER_FAULTS`), as servers in the wild do, or written in a form a client must read right
-  (`think-*`: reasoning inline in the content; `big-integer-arguments`: integers beyond 64 bits);
-  streamed, the same body is sent in pieces (`error-object` as an error event, `truncated-json`
-  the events cut in half).
+- `--reject-fields` answers 422 "Unexpected fields in the request: {...}", as `transformers serve`
+  does for `top_k` and `min_p`; `--reasoning` adds a separate `reasoning_content` (`echo_reasoning`),
+  as the reasoning parsers of SGLang and vLLM do.
+- `--tools call` answers a request that carries `tools` with a tool call (`echo_call`), content
+  null and finish reason "tool_calls", as OpenAI does; without it `tools` are ignored.
+- `"stream": true` is answered as server-sent events, as vLLM and SGLang do: a role chunk, the
+  reasoning, content and tool-call arguments in pieces (a word each), the finish reason, a usage
+  chunk when `stream_options.include_usage`, `data: [DONE]`; `--chunk-delay` waits between chunks.
+  `--stream never` answers whole whatever the request says, `--stream refuse` answers 400.
+- `--log-requests FILE` appends each chat request's body to FILE as a JSON line.
+- `--fault` applies to every `--fault-every`-th chat request: `http500` answers 500, `drop` closes
+  the connection, `stall` never answers, `stall-midway` streams half of the answer and then
+  nothing (answered whole, it is `stall`), `cut` closes it in the middle of the body; the others
+  (`ANSWER_FAULTS`) answer 200 with a body wrong in one way, as servers in the wild do, or in a
+  form a client must read right (`think-*`: reasoning inline; `big-integer-arguments`: integers
+  beyond 64 bits); streamed, the same body comes in pieces.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -72,14 +64,17 @@ def _second_choice(answer: dict) -> None:
                               "message": {"role": "assistant", "content": "another answer"}})
 
 
-def _reasoning_only(answer: dict) -> None:
-    answer["choices"][0]["message"] = {"role": "assistant", "content": None, "reasoning_content": "thinking..."}
+def _call_message(call_id: str, name: str, arguments: str) -> dict:
+    """An assistant message that is one tool call, its arguments a JSON string as on the wire."""
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]}
 
 
-def _bad_tool_arguments(answer: dict) -> None:
-    answer["choices"][0]["message"] = {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call-bad", "type": "function", "function": {"name": "lookup", "arguments": '{"city": "Par'}}]}
-    answer["choices"][0]["finish_reason"] = "tool_calls"
+def _tool_call(call_id: str, arguments: str):
+    """A fault that answers one tool call of `lookup` with the arguments string `arguments`."""
+    def fault(answer: dict) -> None:
+        answer["choices"][0].update(message=_call_message(call_id, "lookup", arguments), finish_reason="tool_calls")
+    return fault
 
 
 def _inline_think(content: str):
@@ -88,12 +83,6 @@ def _inline_think(content: str):
         message = answer["choices"][0]["message"]
         message["content"] = content.format(answer=message["content"], reasoning=INLINE_REASONING)
     return form
-
-
-def _big_integer_arguments(answer: dict) -> None:
-    answer["choices"][0]["message"] = {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call-big", "type": "function", "function": {"name": "lookup", "arguments": BIG_ARGUMENTS}}]}
-    answer["choices"][0]["finish_reason"] = "tool_calls"
 
 
 def _wrong_types(answer: dict) -> None:
@@ -110,8 +99,9 @@ ANSWER_FAULTS = {
     "two-choices": _second_choice,
     "no-choices": _set("choices", []),
     "no-message": lambda a: a["choices"][0].pop("message"),
-    "reasoning-only": _reasoning_only,
-    "bad-tool-arguments": _bad_tool_arguments,  # a tool call whose arguments string is cut JSON
+    "reasoning-only": _set("choices.0.message",
+                           {"role": "assistant", "content": None, "reasoning_content": "thinking..."}),
+    "bad-tool-arguments": _tool_call("call-bad", '{"city": "Par'),  # cut JSON
     "wrong-types": _wrong_types,
     # Answers a server without a reasoning parser gives: the reasoning inline, in each form
     "think-first": _inline_think("<think>{reasoning}</think>\n\n{answer}"),
@@ -119,7 +109,7 @@ ANSWER_FAULTS = {
     "think-in-middle": _inline_think("{answer} <think>{reasoning}</think> then more."),
     "think-twice": _inline_think("<think>a</think>{answer}<think>{reasoning}</think>d"),
     "think-unclosed": _inline_think("<think>{reasoning} {answer}"),
-    "big-integer-arguments": _big_integer_arguments,  # integers beyond 64 bits, which orjson rounds
+    "big-integer-arguments": _tool_call("call-big", BIG_ARGUMENTS),  # integers beyond 64 bits, which orjson rounds
     "html": b"<html><body><h1>502 Bad Gateway</h1></body></html>",
     "error-object": b'{"error": {"message": "model overloaded", "type": "server_error", "code": 503}}',
     "truncated-json": None,  # the answer's bytes cut in half
@@ -152,32 +142,29 @@ def echo_reasoning(messages: list[dict]) -> str:
 
 
 class EchoServer:
-    def __init__(self, model: str, fault: str | None, fault_every: int, reject_fields: set[str], delay: float,
-                 reasoning: bool = False, tools: str = "ignore", log=None, stream: str = "auto",
-                 chunk_delay: float = 0.0):
-        self.model, self.fault, self.fault_every = model, fault, fault_every
-        self.reject_fields, self.delay, self.reasoning = reject_fields, delay, reasoning
-        self.tools, self.log = tools, log  # log: a binary file open for appending, or None
-        self.stream, self.chunk_delay = stream, chunk_delay
+    def __init__(self, args: argparse.Namespace, log=None):
+        self.args = args  # the parsed command line (see the module doc)
+        self.reject_fields = {f for f in args.reject_fields.split(",") if f}
+        self.log = log  # a binary file open for appending, or None
         self.requests = 0
 
     async def models(self, request):
         from aiohttp import web
 
-        return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
+        return web.json_response({"object": "list", "data": [{"id": self.args.model, "object": "model"}]})
 
     async def chat(self, request):
         from aiohttp import web
 
         self.requests += 1
-        fault = self.fault if self.fault and self.requests % self.fault_every == 0 else None
+        fault = self.args.fault if self.args.fault and self.requests % self.args.fault_every == 0 else None
         if fault == "http500":
             return web.Response(status=500, text="injected failure")
         if fault == "drop":
             request.transport.close()
             return web.Response(status=500)
         body = orjson.loads(await request.read())
-        streamed = bool(body.get("stream")) and self.stream != "never"
+        streamed = bool(body.get("stream")) and self.args.stream != "never"
         if fault == "stall" or (fault == "stall-midway" and not streamed):
             await asyncio.Event().wait()
         if self.log is not None:
@@ -186,32 +173,32 @@ class EchoServer:
         unexpected = self.reject_fields & set(body)
         if unexpected:
             return web.Response(status=422, text=f"Unexpected fields in the request: {sorted(unexpected)}")
-        if streamed and self.stream == "refuse":
+        if streamed and self.args.stream == "refuse":
             return web.Response(status=400, text="streaming is not supported")
-        if self.delay:
-            await asyncio.sleep(self.delay)
+        if self.args.delay:
+            await asyncio.sleep(self.args.delay)
         messages = body["messages"]
         words = echo_answer(messages).split()
         limit = body.get("max_tokens") or len(words)
         content, finish = (" ".join(words[:limit]), "length") if limit < len(words) else (" ".join(words), "stop")
         prompt_tokens = sum(len((m.get("content") or "").split()) for m in messages)
         message = {"role": "assistant", "content": content}
-        if self.tools == "call" and body.get("tools"):
+        if self.args.tools == "call" and body.get("tools"):
             name, arguments = echo_call(messages, body["tools"])
-            message = {"role": "assistant", "content": None, "tool_calls": [
-                {"id": f"call-{self.requests}", "type": "function",
-                 "function": {"name": name, "arguments": orjson.dumps(arguments).decode()}}]}
+            message = _call_message(f"call-{self.requests}", name, orjson.dumps(arguments).decode())
             finish = "tool_calls"
-        if self.reasoning:
+        if self.args.reasoning:
             message["reasoning_content"] = echo_reasoning(messages)
         answer = {
-            "id": f"chatcmpl-{self.requests}", "object": "chat.completion", "model": self.model,
+            "id": f"chatcmpl-{self.requests}", "object": "chat.completion", "model": self.args.model,
             "choices": [{"index": 0, "finish_reason": finish, "message": message}],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": min(limit, len(words)),
                       "total_tokens": prompt_tokens + min(limit, len(words))},
         }
-        if fault == "cut" and not streamed:
-            return await _cut(request, orjson.dumps(answer))
+        if fault == "cut" and not streamed:  # headers promising the whole body, then half of it
+            raw = orjson.dumps(answer)
+            return await self._write(request, [raw[:len(raw) // 2]], fault,
+                                     {"Content-Type": "application/json", "Content-Length": str(len(raw))})
         change = ANSWER_FAULTS.get(fault)
         if callable(change):
             change(answer)
@@ -223,35 +210,39 @@ class EchoServer:
             raw = raw[:len(raw) // 2]
         return web.Response(body=raw, content_type="text/html" if fault == "html" else "application/json")
 
-
     async def _stream(self, request, answer: dict, fault: str | None, include_usage: bool):
         """`answer` as server-sent events (see the module doc), with a streamed form of `fault`."""
-        from aiohttp import web
-
         if fault == "error-object":
-            events = [b'{"error": {"message": "model overloaded", "type": "server_error", "code": 503}}']
+            events = [ANSWER_FAULTS[fault]]
         else:
-            events = [orjson.dumps({"id": answer["id"], "object": "chat.completion.chunk", "model": self.model,
+            events = [orjson.dumps({"id": answer["id"], "object": "chat.completion.chunk", "model": self.args.model,
                                     "choices": choices, **extra}) for choices, extra in _chunks(answer, include_usage)]
             events.append(b"[DONE]")
         raw = [b"data: " + event + b"\n\n" for event in events]
         if fault in ("cut", "truncated-json", "stall-midway"):
             joined = b"".join(raw)
             raw = [joined[:len(joined) // 2]]
-        elif not self.chunk_delay:  # all at once: an instant server's events arrive together
+        elif not self.args.chunk_delay:  # all at once: an instant server's events arrive together
             raw = [b"".join(raw)]
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        return await self._write(request, raw, fault,
+                                 {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+
+    async def _write(self, request, pieces: list[bytes], fault: str | None, headers: dict):
+        """`pieces` as one response, `--chunk-delay` between them; then the end, or what `fault` says instead."""
+        from aiohttp import web
+
+        response = web.StreamResponse(headers=headers)
         await response.prepare(request)
-        for k, piece in enumerate(raw):
-            if k and self.chunk_delay:
-                await asyncio.sleep(self.chunk_delay)
+        for k, piece in enumerate(pieces):
+            if k and self.args.chunk_delay:
+                await asyncio.sleep(self.args.chunk_delay)
             await response.write(piece)
         if fault == "stall-midway":
             await asyncio.Event().wait()
         if fault == "cut":
             request.transport.close()
-            return response
-        await response.write_eof()
+        else:
+            await response.write_eof()
         return response
 
 
@@ -283,18 +274,6 @@ def _chunks(answer: dict, include_usage: bool) -> list[tuple[list[dict], dict]]:
     return chunks
 
 
-async def _cut(request, raw: bytes):
-    """Headers promising the whole body, half of it, then the connection closed."""
-    from aiohttp import web
-
-    response = web.StreamResponse(headers={"Content-Type": "application/json"})
-    response.content_length = len(raw)
-    await response.prepare(request)
-    await response.write(raw[:len(raw) // 2])
-    request.transport.close()
-    return response
-
-
 def echo_app(argv: list[str] | None = None):
     """The server's aiohttp app and its parsed command line (host, port): what `main` serves, and what a
     test can serve on a thread of its own (`--port 0`) without starting a process."""
@@ -315,8 +294,7 @@ def echo_app(argv: list[str] | None = None):
     parser.add_argument("--chunk-delay", type=float, default=0.0)
     args = parser.parse_args(argv)
     log = open(args.log_requests, "ab") if args.log_requests else None
-    server = EchoServer(args.model, args.fault, args.fault_every, {f for f in args.reject_fields.split(",") if f},
-                        args.delay, args.reasoning, args.tools, log, args.stream, args.chunk_delay)
+    server = EchoServer(args, log)
     app = web.Application()
     app.router.add_get("/v1/models", server.models)
     app.router.add_post("/v1/chat/completions", server.chat)

@@ -1,17 +1,10 @@
 """The command line of one inference server per engine, and what a machine offers them.
 
-Everything here is a pure function of its arguments except `engine_missing` (looks for the
-engine's module or program), `resolve_program` (turns argv[0] into a path) and `visible_gpus`
-(reads CUDA_VISIBLE_DEVICES or asks `nvidia-smi -L`). Command lines as built:
-
-    sglang        python -m sglang.launch_server --model-path M --host H --port P [--tp N]
-    vllm          vllm serve M --host H --port P [--tensor-parallel-size N]
-    transformers  transformers serve M --host H --port P [--device cpu]
-
-Extra engine arguments go at the end. A server gets its GPUs through CUDA_VISIBLE_DEVICES, so
-inside it they are always devices 0..N-1; `--tp`/`--tensor-parallel-size` is only added when
-N > 1. `transformers serve` gets `--device cpu` when the server has no GPU, since its default
-`auto` would otherwise pick whatever accelerator the machine has.
+Everything here is a pure function of its arguments except `engine_missing`, `resolve_program`
+and `visible_gpus`, which look at the environment. A server gets its GPUs through
+CUDA_VISIBLE_DEVICES, so inside it they are always devices 0..N-1; tensor parallelism is only
+asked for when N > 1. `transformers serve` gets `--device cpu` when the server has no GPU, since
+its default `auto` would otherwise pick whatever accelerator the machine has.
 """
 
 from __future__ import annotations
@@ -33,14 +26,11 @@ INSTALL_HINTS = {
 
 def parse_ports(spec: str | int | list[int] | tuple[int, ...]) -> list[int]:
     """Ports from `A-B` (inclusive), a comma list, or both mixed (`30000-30003,30010`)."""
-    if isinstance(spec, int):
-        spec = str(spec)
-    if not isinstance(spec, str):
-        ports = [int(p) for p in spec]
+    spec = str(spec) if isinstance(spec, int) else spec
+    if isinstance(spec, str):
+        ports = [port for part in spec.split(",") for port in _parse_port_part(part.strip(), spec)]
     else:
-        ports = []
-        for part in (p.strip() for p in spec.split(",")):
-            ports.extend(_parse_port_part(part, spec))
+        ports = [int(p) for p in spec]
     for port in ports:
         if not 1 <= port <= 65535:
             raise ValueError(f"port {port} is out of range: ports are 1-65535")
@@ -98,9 +88,7 @@ def resolve_program(argv: list[str]) -> list[str]:
 
 
 def engine_missing(engine: str) -> str | None:
-    """Why `engine` cannot start here, with the install hint; None when it can."""
-    if engine not in ENGINES:
-        return f"unknown engine {engine!r}: choose one of {', '.join(ENGINES)}"
+    """Why `engine` (one of ENGINES) cannot start here, with the install hint; None when it can."""
     modules = {"sglang": ["sglang"], "vllm": ["vllm"], "transformers": ["transformers", "fastapi", "uvicorn"]}[engine]
     absent = [m for m in modules if importlib.util.find_spec(m) is None]
     program = {"vllm": "vllm", "transformers": "transformers"}.get(engine)

@@ -1,17 +1,12 @@
 """A group of OpenAI-compatible inference servers of one model: start, watch, restart, stop.
 
 `ServerGroup` starts one server per port (command lines from `fuelline.serve.engines`; each
-server's process and log: `fuelline.serve.server`). On Linux every server also gets a
-parent-death signal (SIGTERM), so it goes when the launcher goes, even by SIGKILL. Start-up
-waits until every server answers `GET /v1/models` with 200 (`fuelline.serve.network`); a server
-that exits first fails the start with the tail of its log, and everything started is stopped
-again. Then the group writes the servers file that regeneration clients read
-(`fuelline.serve.servers_file`).
-
-Stopping touches exactly the processes the group started: SIGTERM to each server's process
-group, SIGKILL to what is left after a grace period. A server's exit is noticed with
-`waitid(WNOWAIT)`, which leaves the process unreaped, so its pid, and with it the process
-group id, cannot be handed to another process before the group is signalled and reaped.
+server's process and log: `fuelline.serve.server`), each with a parent-death signal on Linux so
+it goes when the launcher goes, even by SIGKILL. Start-up waits until every server answers
+`GET /v1/models` with 200 (`fuelline.serve.network`); a server that exits first fails the start
+with the tail of its log, and everything started is stopped again. Then the group writes the
+servers file that regeneration clients read (`fuelline.serve.servers_file`). Stopping touches
+exactly the processes the group started (`fuelline.serve.processes` says how).
 
 The keep-healthy loop (`keep_healthy`, or `start_monitor` in a thread) checks every server's
 process and `/v1/models` every few seconds; a server whose process died is started again on
@@ -22,7 +17,6 @@ lose its requests. Linux sends the parent-death signal when the *thread* that st
 process ends, so servers are started by the main thread, or else by a thread of the group's
 own that lives until `stop()` (a restart by the monitor thread, a group built in a worker).
 """
-
 from __future__ import annotations
 
 import concurrent.futures
@@ -32,7 +26,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Self
@@ -57,15 +51,6 @@ class ServerStartError(RuntimeError):
 
 class EngineNotInstalled(RuntimeError):
     """The engine's module or program is not in this environment."""
-
-
-@dataclass
-class _Options:
-    startup_timeout: float
-    grace: float
-    env: dict[str, str]
-    on_event: Callable[[str], None] | None
-    events: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -97,9 +82,8 @@ class ServerGroup:
                  gpus: list[str] | None = None, on_event: Callable[[str], None] | None = None):
         if engine not in engines.ENGINES:
             raise ValueError(f"unknown engine {engine!r}: choose one of {', '.join(engines.ENGINES)}")
-        model = str(model)
         self.engine, self.host = engine, host
-        self.model_path = os.path.expanduser(model) if model.startswith("~") else model
+        self.model_path = os.path.expanduser(str(model))
         self.ports = engines.parse_ports(ports)
         self.log_dir = Path(log_dir) if log_dir is not None else engines.default_log_dir(self.model_path)
         self.servers_file = Path(servers_file) if servers_file is not None else self.log_dir / "servers.json"
@@ -114,7 +98,8 @@ class ServerGroup:
         ]
         self.model = self.model_path  # replaced by what /v1/models reports once started
         self.started_at: str | None = None
-        self._options = _Options(startup_timeout, grace, dict(env or {}), on_event)
+        self.startup_timeout, self._grace, self._env, self._on_event = startup_timeout, grace, dict(env or {}), on_event
+        self.events: list[str] = []  # one line per event, as `on_event` receives them
         self._lock = threading.RLock()
         self._monitor: threading.Thread | None = None
         self._monitor_stop = threading.Event()
@@ -139,10 +124,6 @@ class ServerGroup:
     def processes(self) -> list[subprocess.Popen | None]:
         return [s.process for s in self.servers]
 
-    @property
-    def events(self) -> list[str]:
-        return list(self._options.events)
-
     def __enter__(self) -> Self:
         self.start()
         return self
@@ -159,7 +140,7 @@ class ServerGroup:
                 self._spawn(server)
                 gpus = f"GPU {','.join(server.gpus)}" if server.gpus else "CPU"
                 self._event(f"server {server.port}: starting, pid {server.process.pid}, {gpus}, log {server.log}")
-            self._wait_until_healthy(self.servers, self._options.startup_timeout)
+            self._wait_until_healthy(self.servers, self.startup_timeout)
             self.model = served_name(self.servers[0].url, self.model_path)
             self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
             self._write_servers_file()
@@ -179,19 +160,6 @@ class ServerGroup:
     def hurry(self) -> None:
         """Make a running or coming `stop()` skip what is left of the grace period."""
         self._hurry.set()
-
-    def kill_server(self, i: int, sig: int = signal.SIGKILL) -> int:
-        """Send `sig` to server i's process only, as a crash would; the monitor restarts it. Returns the pid."""
-        process = self.servers[i].process
-        if process is None or exit_status(process) is not None:
-            raise RuntimeError(f"server {i} (port {self.servers[i].port}) is not running")
-        os.kill(process.pid, sig)
-        return process.pid
-
-    def healthy(self) -> list[bool]:
-        """Whether each server's process runs and its `/v1/models` answers 200 right now."""
-        return [s.process is not None and exit_status(s.process) is None and probe_models(s.url) is not None
-                for s in self.servers]
 
     # -- keeping them healthy -----------------------------------------------------------------
 
@@ -255,8 +223,8 @@ class ServerGroup:
             server.set_state("unresponsive", now)
             self._event(f"server {server.port}: process {server.process.pid} runs but GET /v1/models does not "
                         f"answer; left running")
-        elif not answered and server.state == "starting" and now - server.since > self._options.startup_timeout:
-            self._event(f"server {server.port}: no answer {self._options.startup_timeout:g} s after its start; "
+        elif not answered and server.state == "starting" and now - server.since > self.startup_timeout:
+            self._event(f"server {server.port}: no answer {self.startup_timeout:g} s after its start; "
                         f"stopping it to start again")
             self._terminate(server)  # next round sees an exited process and restarts it with backoff
 
@@ -276,12 +244,12 @@ class ServerGroup:
         """Start server's process from a thread that lives as long as the group (its parent-death
         signal fires when the starting thread ends): the main thread, else the group's own."""
         if threading.current_thread() is threading.main_thread():
-            server.start(self._options.env, self._hide_gpus)
+            server.start(self._env, self._hide_gpus)
             return
         with self._lock:
             if self._spawner is None:
                 self._spawner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fuelline-serve-spawn")
-        self._spawner.submit(server.start, self._options.env, self._hide_gpus).result()
+        self._spawner.submit(server.start, self._env, self._hide_gpus).result()
 
     def _wait_until_healthy(self, servers: list[Server], timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -307,7 +275,7 @@ class ServerGroup:
                 time.sleep(0.25)
 
     def _terminate(self, server: Server) -> None:
-        server.terminate(self._options.grace, self._hurry)
+        server.terminate(self._grace, self._hurry)
 
     def _stop_all(self) -> None:
         with self._lock:
@@ -325,6 +293,6 @@ class ServerGroup:
                            host=self.host, started=self.started_at, servers=self.servers)
 
     def _event(self, line: str) -> None:
-        self._options.events.append(line)
-        if self._options.on_event is not None:
-            self._options.on_event(line)
+        self.events.append(line)
+        if self._on_event is not None:
+            self._on_event(line)

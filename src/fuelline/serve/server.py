@@ -4,9 +4,7 @@ log, and its state in the launcher's keep-healthy loop.
 Each start appends a header line and then the process's stdout and stderr to the server's log
 (`LOG_DIR/server-PORT.log`), so the log of a restarted server holds every start; `log_tail`
 reads only what the current process wrote. The process runs in a session and process group of
-its own, behind the parent-death signal of `fuelline.serve.processes`. Stopping it: SIGTERM to
-its process group, SIGKILL to what is left after the grace period, then reaping it, so its pid
-(and with it the group id) stays ours until the group has been signalled.
+its own, behind the parent-death signal of `fuelline.serve.processes`, which says how it is stopped.
 """
 
 from __future__ import annotations

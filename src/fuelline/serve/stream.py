@@ -1,10 +1,7 @@
 """A streamed chat completion (server-sent events) put back together as the answer a whole reply would be.
 
-A client that waits for a whole answer cannot tell a stalled server from a long answer: both are
-silence until the end. Streamed (`"stream": true`), an answer arrives a token or so per event,
-so a long silence between events is a stall whatever the answer's length.
-
-The wire format is SSE as OpenAI-compatible servers write it: lines `data: JSON` (a
+Streamed, an answer arrives a token or so per event, so a long silence is a stall whatever the
+answer's length (`fuelline.serve.client`). The wire format is SSE as OpenAI-compatible servers write it: lines `data: JSON` (a
 `chat.completion.chunk`), an empty line ending each event, lines starting with `:` comments
 (keep-alives), line ends LF, CRLF or CR. OpenAI, vLLM and SGLang end with `data: [DONE]`;
 `transformers serve` ends after its last chunk (finish reason and usage) without it. A chunk's
@@ -19,6 +16,7 @@ from transformers, an object from others).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -73,14 +71,12 @@ class EventDecoder:
         return events
 
 
+@dataclass(slots=True)
 class _Choice:
-    __slots__ = ("content", "reasoning", "calls", "finish_reason")
-
-    def __init__(self):
-        self.content: list[str] | None = None  # None: no content piece came (a null content)
-        self.reasoning: list[str] = []
-        self.calls: dict[int, dict[str, Any]] = {}  # by index: id, type, name, arguments pieces
-        self.finish_reason: Any = None
+    content: list[str] | None = None  # None: no content piece came (a null content)
+    reasoning: list[str] = field(default_factory=list)
+    calls: dict[int, dict[str, Any]] = field(default_factory=dict)  # by index: id, type, name, arguments pieces
+    finish_reason: Any = None
 
 
 class StreamedAnswer:
