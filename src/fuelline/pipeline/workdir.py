@@ -20,7 +20,9 @@ fingerprints of what it reads (a tokenizer, a model). Running a step again, unde
   that stopped on bad input has nothing worth keeping);
 - anything else is refused, naming what differs (`StepOutputMismatch`): `--restart` (in a
   pipeline `--restart-from STEP`) deletes it, or the user chooses another output. An output
-  that holds something but no plan marker is no step's and is never touched.
+  that holds something but no plan marker is no step's and is never touched, unless it holds a
+  marker of an earlier fuelline (`EARLIER_MARKERS`): its work is neither resumed nor reused, and
+  the refusal names the marker and `--restart`.
 An output made by an earlier version is read in today's terms: an option added since stands for
 its default (`defaults`), one renamed since is read under its new name (`renamed`), and one that
 is no longer part of the identity (removed, or moved to the run options as pack's shard_size) is
@@ -44,22 +46,19 @@ from fuelline.io.stage_layout import PLAN_FILE, STATS_FILE
 from fuelline.pipeline.stats import StepStats, read_stats, resumed
 
 RESTART_HINT = "pass --restart to delete it and run again, or choose another output directory"
+# The plan markers of outputs that an earlier fuelline left unfinished: pack's shards under `_work/`,
+# a cache build's `.build/`, the identity of a step done in one go (tokenizer, export, vocab-map).
+EARLIER_MARKERS = ("_work/plan.json", ".build/plan.json", "_started.json")
 
 
 class StepOutputMismatch(RuntimeError):
     """The output holds the result of different options or inputs, or is no step's output."""
 
-    def __init__(self, message: str, differences: list[str] | None = None):
-        super().__init__(message)
-        self.differences = differences  # the names of what differs; None: no step's output
-
     def in_pipeline(self, step: str) -> StepOutputMismatch:
         """The refusal as a pipeline says it: which option of `fuelline run` redoes this step alone."""
-        if self.differences is None:
-            return self
         return StepOutputMismatch(str(self).replace(RESTART_HINT, (
             f"pass --restart-from {step} to redo this step and the ones after it, keeping those before "
-            "(--restart redoes every step)")), self.differences)
+            "(--restart redoes every step)")))
 
 
 def mismatch(where: str | os.PathLike, existing: dict[str, Any], identity: dict[str, Any]) -> StepOutputMismatch:
@@ -68,8 +67,7 @@ def mismatch(where: str | os.PathLike, existing: dict[str, Any], identity: dict[
     differences = _differences(existing, identity)
     named = [f"{k} ({str(old)[:12]}… there, {str(new)[:12]}… now)" if k.endswith("fingerprint") else k
              for k, old, new in differences]
-    return StepOutputMismatch(f"{where} holds the output of a run with different {', '.join(named)}; {RESTART_HINT}",
-                              [k for k, _, _ in differences])
+    return StepOutputMismatch(f"{where} holds the output of a run with different {', '.join(named)}; {RESTART_HINT}")
 
 
 def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
@@ -133,11 +131,15 @@ class WorkDir:
                                f"{self.name} over; nothing was run") from None
 
     def restart(self) -> None:
-        """`--restart`: delete the output when it is a step's (a plan marker or stats.json); one that
-        is not is refused, never deleted."""
-        if not (self.plan_path.exists() or self.stats_path.exists() or self.is_empty()):
+        """`--restart`: delete the output when it is a step's (a plan marker, an earlier fuelline's
+        included, or stats.json); one that is not is refused, never deleted."""
+        if not (self.plan_path.exists() or self.stats_path.exists() or self.earlier_marker() or self.is_empty()):
             raise not_a_step_output(self.name)
         self.discard()
+
+    def earlier_marker(self) -> str | None:
+        """The marker of an earlier fuelline in this directory output, if it holds one."""
+        return next((m for m in EARLIER_MARKERS if not self.is_file and (self.path / m).exists()), None)
 
     def is_empty(self) -> bool:
         """Nothing here but hidden files (a `.DS_Store`; a cache build's `.build/`)."""
@@ -202,6 +204,9 @@ class WorkDir:
                 self.resumed = True
                 return existing
             self.discard()
+        elif marker := self.earlier_marker():  # its plan is not today's: resuming it could mix two formats
+            raise StepOutputMismatch(f"{self.name} was left unfinished by an earlier fuelline version ({marker} "
+                                     f"there, no {PLAN_FILE}) and cannot be resumed; {RESTART_HINT}")
         elif not self.is_empty():
             raise not_a_step_output(self.name)
         new = {"identity": self.identity, **(plan() if plan is not None else {})}
