@@ -49,22 +49,23 @@ class StepStats:
     def write(self, directory: Path, name: str = STATS_FILE) -> dict[str, Any]:
         """Write DIRECTORY/stats.json (the step's last write); return what was written."""
         stats = self.to_json()
-        write_stats(directory / name, stats)
+        write_json(directory / name, stats)
         return stats
 
 
-def write_stats(path: Path, stats: dict[str, Any]) -> None:
-    write_bytes_atomic(path, orjson.dumps(stats, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """A step's bookkeeping file (stats.json, a plan or shard marker), atomically, keys sorted."""
+    write_bytes_atomic(path, orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
 
 
-def read_stats(path: Path) -> dict[str, Any] | None:
-    """The stats of a finished step, or None when it has not finished (no stats.json)."""
+def read_stats(path: Path, what: str = "stats.json") -> dict[str, Any] | None:
+    """The stats of a finished step (or another bookkeeping file, `what`), or None when there is none."""
     try:
         return orjson.loads(path.read_bytes())
     except FileNotFoundError:
         return None
     except orjson.JSONDecodeError as e:
-        raise ValueError(f"{path}: not a stats.json fuelline wrote ({e}); pass --restart to redo the step") from None
+        raise ValueError(f"{path}: not a {what} fuelline wrote ({e}); pass --restart to redo the step") from None
 
 
 def resumed(stats: dict[str, Any], started: float) -> dict[str, Any]:

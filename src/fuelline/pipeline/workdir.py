@@ -23,11 +23,8 @@ fingerprints of what it reads (a tokenizer, a model). Running a step again, unde
   that holds something but no plan marker is no step's and is never touched, unless it holds a
   marker of an earlier fuelline (`EARLIER_MARKERS`): its work is neither resumed nor reused, and
   the refusal names the marker and `--restart`.
-An output made by an earlier version is read in today's terms: an option added since stands for
-its default (`defaults`), one renamed since is read under its new name (`renamed`), and one that
-is no longer part of the identity (removed, or moved to the run options as pack's shard_size) is
-left out; so an output made before such a change is still found again when the options it was
-made with are today's (`WorkDir(…, **identity_history(Config))`).
+The identity of an output made by an earlier version is read in today's terms (`_completed`), so
+that adding, renaming or dropping an option does not orphan it.
 """
 
 from __future__ import annotations
@@ -38,12 +35,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import orjson
-
-from fuelline.io.atomic import write_bytes_atomic
 from fuelline.io.lock import exclusive_output
 from fuelline.io.stage_layout import PLAN_FILE, STATS_FILE
-from fuelline.pipeline.stats import StepStats, read_stats, resumed
+from fuelline.pipeline.stats import StepStats, read_stats, resumed, write_json
 
 RESTART_HINT = "pass --restart to delete it and run again, or choose another output directory"
 # The plan markers of outputs that an earlier fuelline left unfinished: pack's shards under `_work/`,
@@ -84,10 +78,6 @@ def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> 
 def not_a_step_output(where: str | os.PathLike) -> StepOutputMismatch:
     return StepOutputMismatch(f"{where} exists, is not empty and is not a fuelline stage output; "
                               "choose another output directory")
-
-
-def _dumps(obj) -> bytes:
-    return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
 
 
 class WorkDir:
@@ -168,27 +158,11 @@ class WorkDir:
         config = {**{k: v for k, v in self.defaults.items() if k not in config}, **config}
         return {**existing, "config": {k: v for k, v in config.items() if k in now}}
 
-    def resumes(self, existing: dict[str, Any], *, anything_finished: bool) -> bool:
-        """Whether to resume the unfinished work recorded here with identity `existing`: True when it is
-        this run's; False when it is another's of which nothing finished (the caller discards it);
-        refused when it is another's with finished parts."""
-        existing = self._completed(existing)
-        if existing == self.identity:
-            return True
-        if not anything_finished:
-            return False
-        raise mismatch(self.name, existing, self.identity)
-
     def read_plan(self) -> dict[str, Any] | None:
         """The plan marker, or None; a plan written before the identity had a key of its own (a
         record stage's) is its own identity."""
-        try:
-            plan = orjson.loads(self.plan_path.read_bytes())
-        except FileNotFoundError:
-            return None
-        except orjson.JSONDecodeError as e:
-            raise ValueError(f"{self.plan_path}: not a plan fuelline wrote ({e}); pass --restart to redo the step") from None
-        if "identity" not in plan:
+        plan = read_stats(self.plan_path, "plan")
+        if plan is not None and "identity" not in plan:
             plan = {"identity": {k: v for k, v in plan.items() if k != "shards"}, **plan}
         return plan
 
@@ -200,9 +174,11 @@ class WorkDir:
         the existing output holds finished work (asked only of another identity's)."""
         existing = self.read_plan()
         if existing is not None:
-            if self.resumes(existing["identity"], anything_finished=anything_finished()):
+            if (found := self._completed(existing["identity"])) == self.identity:
                 self.resumed = True
                 return existing
+            if anything_finished():
+                raise mismatch(self.name, found, self.identity)
             self.discard()
         elif marker := self.earlier_marker():  # its plan is not today's: resuming it could mix two formats
             raise StepOutputMismatch(f"{self.name} was left unfinished by an earlier fuelline version ({marker} "
@@ -210,7 +186,7 @@ class WorkDir:
         elif not self.is_empty():
             raise not_a_step_output(self.name)
         new = {"identity": self.identity, **(plan() if plan is not None else {})}
-        write_bytes_atomic(self.plan_path, _dumps(new))
+        write_json(self.plan_path, new)
         self.resumed = False
         return new
 
