@@ -142,10 +142,10 @@ def run_params(*names: str) -> list[click.Option]:
     return [option_for(*fields[name]) for name in names or fields] + [restart_option(), quiet_option()]
 
 
-def run_options(values: dict) -> RunOptions:
-    """The RunOptions of a command's values (`run_params()`), taken out of `values`."""
-    names = {f.name for f, _ in option_fields(RunOptions)}
-    chosen = given({name: values.pop(name) for name in list(values) if name in names})
+def run_options(values: dict, *names: str) -> RunOptions:
+    """The RunOptions of a command's values (`run_params(*names)`), taken out of `values`."""
+    names = names or [f.name for f, _ in option_fields(RunOptions)]
+    chosen = given({name: values.pop(name) for name in names})
     return RunOptions(**chosen, restart=values.pop("restart"), progress=not values.pop("quiet"))
 
 
