@@ -38,14 +38,8 @@ class Interrupted(KeyboardInterrupt):
 
 
 class FuellineGroup(click.Group):
-    """`fuelline`: turns an expected mistake into one line, and keeps tracebacks for bugs.
-
-    A USER_ERRORS exception from any subcommand prints `error: MESSAGE` (and its notes) on stderr and exits 2,
-    as does a full disk (`DiskFull`, or any OSError that says ENOSPC): "no space left on device
-    while writing FILE; free space and re-run the same command to resume". Any other exception
-    is a bug and shows its traceback, as does every error under `--debug`.
-    Ctrl-C prints `interrupted: …` (how to resume) and exits 130, the shell's code for SIGINT.
-    """
+    """`fuelline`: an expected mistake (USER_ERRORS, a full disk) is one line and exit 2, Ctrl-C says how to
+    resume and exits 130 (the shell's code for SIGINT); a bug, or any error under `--debug`, keeps its traceback."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -39,7 +39,7 @@ from fuelline.io.readers import READ_ERROR_REASONS, iter_file_records
 from fuelline.io.rejects import Rejects
 from fuelline.io.stage_layout import DONE_DIR, PREPARE_DIR, REJECTS_DIR, STAGE_PART_PREFIX, PLAN_FILE
 from fuelline.io.writers import RecordWriter, open_writer
-from fuelline.pipeline.options import identity_history
+from fuelline.pipeline.options import identity_history, identity_values
 from fuelline.pipeline.output import OutputStore, open_output
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.pipeline.stage import PrepareContext, ShardContext, Stage
@@ -205,7 +205,7 @@ def _identity(stage: Stage, inputs: list[Path | str], options: RunOptions, targe
               output_dir: Path) -> dict:
     identity = {
         "version": PLAN_VERSION,
-        **stage.fingerprint(),
+        "stage": stage.name, "config": identity_values(stage.config),
         "inputs": describe_inputs(inputs),
         "shard_size": options.shard_size,
         "output_format": options.output_format,
