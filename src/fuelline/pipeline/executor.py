@@ -1,24 +1,10 @@
 """Running a stage over input shards, resumably, on an executor: local processes or Ray tasks.
 
-Layout of a stage's output directory (its names: `fuelline.io.stage_layout`):
-
-    _plan.json        what this directory is the output of (stage options, inputs, shards)
-    part-00000.*      output shard k, written atomically
-    _rejects/part-*   dropped and unreadable records of shard k, with their reasons
-    _prepare/         what a corpus-level stage learned before the shards (Stage.prepare)
-    _done/part-*.json completion marker of shard k: its counts, seconds and output sizes
-    stats.json        the stage's totals, written last; the funnel report reads only these
-    NAME/part-*       a further named output of a stage that writes several (Stage.outputs),
-                      unless the run puts it elsewhere; the first output stays at the top
-
-The output may be an fsspec URL (`s3://bucket/clean`): `fuelline.pipeline.output` says how its
-files get there. It keeps the one resume contract (`fuelline.pipeline.workdir`); within it, a
-shard counts as finished only when its marker exists and the sizes it records match the files
-on disk: a crash before the marker, or a truncated temp file, means the shard is redone.
-
-The executor only runs functions on items (`fuelline.pipeline.workers`): `WorkerPool` (processes
-on this machine) and `RayExecutor` (Ray tasks on a cluster) run the same shard function over the
-same shards, so which one ran, like how many workers, changes nothing on disk and is no part of
+It writes the layout of a stage's output directory (`fuelline.io.stage_layout`), locally or at an
+fsspec URL (`s3://bucket/clean`, `fuelline.pipeline.output`), under the one resume contract
+(`fuelline.pipeline.workdir`); within it, a shard counts as finished only when its marker exists
+and the sizes it records match the files on disk: a crash before the marker, or a truncated temp
+file, means the shard is redone. Which executor ran (`fuelline.pipeline.workers`) is no part of
 `_plan.json`: a run begun on one may be resumed on the other.
 """
 

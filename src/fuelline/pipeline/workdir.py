@@ -95,9 +95,8 @@ class WorkDir:
         self.started = time.perf_counter()
         self.is_file = beside is not None
         if self.is_file:
-            stem = self.path.name[: -len(self.path.suffix)] if self.path.suffix else self.path.name
             self.plan_path = self.path.with_name(f".{self.path.name}.plan.json")
-            self.stats_path = self.path.with_name(f"{stem}.{STATS_FILE}")
+            self.stats_path = self.path.with_name(f"{self.path.stem}.{STATS_FILE}")
             self.members = [self.path, *beside, self.stats_path, self.plan_path]
         else:
             self.plan_path, self.stats_path = self.path / PLAN_FILE, self.path / STATS_FILE
