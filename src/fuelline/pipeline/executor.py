@@ -138,11 +138,6 @@ def _finished_marker(output_dir: Path, shard: InputShard, size_of: Callable[[str
     return marker
 
 
-def _outside_targets(targets: dict[str, Path], output_dir: Path) -> list[Path]:
-    """Output directories that are not inside the stage directory."""
-    return [d for d in targets.values() if not d.resolve().is_relative_to(output_dir.resolve())]
-
-
 class _StageDir(WorkDir):
     """A stage's output directory in its store (a URL's staging directory), with the parts it
     wrote into other directories (`targets` outside it)."""
@@ -247,8 +242,9 @@ def run_stage(stage: Stage, inputs, output_dir: str | os.PathLike, options: RunO
     store = open_output(output_dir)
     files = expand_inputs(inputs)
     targets = output_targets(stage, store.directory, store.locations(output_locations))
+    outside = [d for d in targets.values() if not d.resolve().is_relative_to(store.directory.resolve())]
     step_dir = _StageDir(store, _identity(stage, files, options, targets, store.directory),
-                         identity_history(type(stage.config)), _outside_targets(targets, store.directory))
+                         identity_history(type(stage.config)), outside)
     with step_dir.lock():
         return _run_locked(stage, files, step_dir, options, targets)
 

@@ -91,18 +91,12 @@ def dominant_drop(stats: dict[str, Any], share: float = 0.5) -> str | None:
         f"; the first: {example}" if example else "")
 
 
-def nothing_kept(stats: dict[str, Any]) -> str | None:
-    """Why a step that kept nothing of a non-empty input failed (its output trains nothing), or None."""
+def require_kept(stats: dict[str, Any]) -> None:
+    """A step that kept nothing of a non-empty input failed (its output trains nothing): a ValueError
+    saying why (the CLI's one-line error, exit 2)."""
     if not stats.get("records_in", 0) or stats.get("records_out", 0):
-        return None
+        return
     reasons = ", ".join(f"{reason} {n:,}" for reason, n in stats["dropped"].items())
     detail = dominant_drop(stats, share=0)
-    return (f"{stats['stage']} kept none of its {stats['records_in']:,} records"
-            + (f" (dropped: {reasons}); {detail}" if detail else ""))
-
-
-def require_kept(stats: dict[str, Any]) -> None:
-    """A step that kept nothing of a non-empty input failed: ValueError with `nothing_kept`'s reason
-    (the CLI's one-line error, exit 2)."""
-    if (message := nothing_kept(stats)) is not None:
-        raise ValueError(message)
+    raise ValueError(f"{stats['stage']} kept none of its {stats['records_in']:,} records"
+                     + (f" (dropped: {reasons}); {detail}" if detail else ""))
