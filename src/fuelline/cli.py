@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from fuelline import __version__
-from fuelline.io.remote import is_url, refuse_url
+from fuelline.io.remote import filesystem, is_url, refuse_url
 from fuelline.pipeline.registry import STAGES, step_class
 from fuelline.pipeline.stats import dominant_drop, require_kept
 from fuelline.pipeline.workers import RunOptions
@@ -30,6 +30,7 @@ USER_ERRORS = (ValueError, RuntimeError, FileNotFoundError, IsADirectoryError, N
 RESUME_HINT = "run the same command again to resume"
 SUMMARY_KEYS = ("dedup", "tokenizer", "outputs", "schemas", "forms", "encoder", "export")
 CHAT_PREFIX = "chat-"
+PACK_RUN_OPTIONS = ("workers", "shard_size", "executor", "ray_address")  # pack's on_error is its own
 
 
 class Interrupted(KeyboardInterrupt):
@@ -37,14 +38,8 @@ class Interrupted(KeyboardInterrupt):
 
 
 class FuellineGroup(click.Group):
-    """`fuelline`: turns an expected mistake into one line, and keeps tracebacks for bugs.
-
-    A USER_ERRORS exception from any subcommand prints `error: MESSAGE` (and its notes) on stderr and exits 2,
-    as does a full disk (`DiskFull`, or any OSError that says ENOSPC): "no space left on device
-    while writing FILE; free space and re-run the same command to resume". Any other exception
-    is a bug and shows its traceback, as does every error under `--debug`.
-    Ctrl-C prints `interrupted: …` (how to resume) and exits 130, the shell's code for SIGINT.
-    """
+    """`fuelline`: an expected mistake (USER_ERRORS, a full disk) is one line and exit 2, Ctrl-C says how to
+    resume and exits 130 (the shell's code for SIGINT); a bug, or any error under `--debug`, keeps its traceback."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -124,10 +119,15 @@ def _print_stats(all_stats: list[dict], outputs: list[Path | str | None] | None 
         for split, numbers in stats.get("splits", {}).items():
             template = stats.get("identity", {}).get("config", {}).get("template")
             click.echo(f"  {split}: {_split_summary(numbers, template)}")
-        for warning in stats.get("warnings", []) + stats.get("tokenizer", {}).get("warnings", []):
-            click.echo(f"  warning: {warning}", err=True)
-        if stats.get("records_out") and (dominant := dominant_drop(stats)):  # nothing kept: require_kept says it
-            click.echo(f"  warning: {dominant}", err=True)
+        _warn(stats, "  ")
+
+
+def _warn(stats: dict, indent: str = "") -> None:
+    """A step's warnings on stderr, and the reason most of its records were dropped."""
+    for warning in stats.get("warnings", []) + stats.get("tokenizer", {}).get("warnings", []):
+        click.echo(f"{indent}warning: {warning}", err=True)
+    if stats.get("records_out") and (dominant := dominant_drop(stats)):  # nothing kept: require_kept says it
+        click.echo(f"{indent}warning: {dominant}", err=True)
 
 
 def _rejects_note(stats: dict, output: Path | str | None) -> str:
@@ -135,15 +135,13 @@ def _rejects_note(stats: dict, output: Path | str | None) -> str:
 
     if output is None or not stats.get("dropped"):
         return ""
-    if is_url(output):  # a stage output at a URL
-        from fuelline.io.remote import filesystem
-
-        fs, path = filesystem(output)
-        rejects = f"{output.rstrip('/')}/{REJECTS_DIR}"
-        return f"  (rejected records in {rejects}/)" if fs.isdir(f"{path.rstrip('/')}/{REJECTS_DIR}") else ""
-    if not (Path(output) / REJECTS_DIR).is_dir():
-        return ""
-    return f"  (rejected records in {Path(output) / REJECTS_DIR}/)"
+    rejects = f"{str(output).rstrip('/')}/{REJECTS_DIR}"
+    if is_url(output):
+        fs, path = filesystem(rejects)
+        found = fs.isdir(path)
+    else:
+        found = Path(rejects).is_dir()
+    return f"  (rejected records in {rejects}/)" if found else ""
 
 
 def _local_only(ctx: click.Context, param: click.Parameter, value):
@@ -207,19 +205,29 @@ def _stage_options(cls) -> list[click.Option]:
     return params
 
 
-def _run_from_cli(name: str, cls, inputs, output, *, config_file, explain=None, output_locations=None,
-                  **values) -> dict | None:
-    """Build the stage's config (TOML file, then options given) and run it; None after --explain."""
+def _build_step(name: str, values: dict, where: str, config_file: str | None = None):
+    """Step (or stage) `name` with the options of a --config TOML file, then those given in `values`."""
     from fuelline.pipeline.config import build_dataclass, read_toml
+
+    cls = step_class(name)
+    from_file = read_toml(config_file) if config_file else {}
+    return cls(build_dataclass(cls.Config, {**from_file, **given(values)}, config_file or where))
+
+
+def _run_from_cli(name: str, inputs, output, *, config_file, where=None, explain=None, output_locations=None,
+                  **values) -> dict | None:
+    """Build the stage (TOML file, then options given) and run it, printing its stats; None after --explain."""
     from fuelline.pipeline.executor import run_stage
 
     options = run_options(values)
-    from_file = read_toml(config_file) if config_file else {}
-    config = build_dataclass(cls.Config, {**from_file, **given(values)}, config_file or f"fuelline {name}")
+    stage = _build_step(name, values, where or f"fuelline {name}", config_file)
     if explain:
-        click.echo(cls.explain_report(list(inputs), config, explain))
+        click.echo(stage.explain_report(list(inputs), stage.config, explain))
         return None
-    return run_stage(cls(config), list(inputs), output, options, output_locations)
+    stats = run_stage(stage, list(inputs), output, options, output_locations)
+    _print_stats([stats], [output])
+    require_kept(stats)
+    return stats
 
 
 def _stage_command(name: str, command_name: str | None = None) -> click.Command:
@@ -227,10 +235,7 @@ def _stage_command(name: str, command_name: str | None = None) -> click.Command:
     cls = step_class(name)
 
     def callback(inputs, output, **values):
-        stats = _run_from_cli(name, cls, inputs, output, **values)
-        if stats is not None:
-            _print_stats([stats], [output])
-            require_kept(stats)
+        _run_from_cli(name, inputs, output, **values)
 
     output = click.Option(["--output", "-o"], required=True, type=click.Path(file_okay=False),
                           help="output directory: a path, or a URL (s3://…, gs://…; docs/io.md)")
@@ -263,30 +268,22 @@ def _chat_prepare_command() -> click.Command:
             if work_dir:
                 raise ValueError("--work-dir is for a .jsonl --train-output; with URLs the step's directory is "
                                  "--train-output itself")
-            stats = _run_from_cli("chat prepare", cls, inputs, train_output, output_locations={"eval": eval_output},
-                                  **values)
-            if stats is not None:
-                _print_stats([stats], [train_output])
-                require_kept(stats)
-            return
-        train, evals = Path(train_output), Path(eval_output)
-        single = {name: path for name, path in (("train", train), ("eval", evals)) if path.suffix == ".jsonl"}
-        if "train" not in single:  # the train directory is the stage directory
-            if work_dir:
-                raise ValueError(f"--work-dir is for a .jsonl --train-output; {train} is the step's directory itself")
-            stage_dir = train
+            stage_dir, single = train_output, {}
         else:
-            stage_dir = Path(work_dir) if work_dir else train.with_name(train.name + ".parts")
-        locations = {} if "eval" in single else {"eval": evals}
-        stats = _run_from_cli("chat prepare", cls, inputs, stage_dir, output_locations=locations, **values)
+            train, evals = train_output, eval_output = Path(train_output), Path(eval_output)
+            single = {name: path for name, path in (("train", train), ("eval", evals)) if path.suffix == ".jsonl"}
+            if "train" not in single and work_dir:  # the train directory is the stage directory
+                raise ValueError(f"--work-dir is for a .jsonl --train-output; {train} is the step's directory itself")
+            stage_dir = train if "train" not in single else Path(work_dir or train.with_name(train.name + ".parts"))
+        locations = {} if "eval" in single else {"eval": eval_output}
+        stats = _run_from_cli("chat-prepare", inputs, stage_dir, where="fuelline chat prepare",
+                              output_locations=locations, **values)
         if stats is None:
             return
-        _print_stats([stats], [stage_dir])
-        require_kept(stats)
         for name, path in single.items():
             write_jsonl_file(stage_dir if name == "train" else stage_dir / name, path)
-        click.echo(f"train  {stats['outputs']['train']:,} conversations → {train}\n"
-                   f"eval   {stats['outputs']['eval']:,} prompts → {evals}")
+        click.echo(f"train  {stats['outputs']['train']:,} conversations → {train_output}\n"
+                   f"eval   {stats['outputs']['eval']:,} prompts → {eval_output}")
 
     outputs = [
         click.Option(["--train-output"], required=True, type=click.Path(),
@@ -316,12 +313,10 @@ def regenerate_command(inputs, output, resume, restart, quiet, **values):
     from dataclasses import replace
 
     from fuelline.chat.regenerate_config import resolve_servers
-    from fuelline.pipeline.config import build_dataclass
 
-    step = step_class("regenerate")
-    config = build_dataclass(step.Config, given(values), "fuelline chat regenerate")
-    model, _ = resolve_servers(config.model, config.servers, config.servers_file)
-    step = step(replace(config, model=model))  # the model the servers serve is part of what a resume checks
+    step = _build_step("regenerate", values, "fuelline chat regenerate")
+    model, _ = resolve_servers(step.config.model, step.config.servers, step.config.servers_file)
+    step.config = replace(step.config, model=model)  # the model the servers serve is part of what a resume checks
     step.warn = lambda message: click.echo(message, err=True)
     try:
         stats = step.run(list(inputs), Path(output), RunOptions(restart=restart, progress=not quiet), {})
@@ -355,25 +350,18 @@ chat.add_command(_stage_command("chat-from-poetry", "from-poetry"))
     click.Option(["--input", "-i", "inputs"], multiple=True, required=True, help="document records (files, dirs, globs)"),
     click.Option(["--output", "-o"], required=True, type=click.Path(file_okay=False),
                  help="output directory: train/, val/ and a copy of the tokenizer"),
-    *config_params(step_class("pack").Config), *run_params("workers", "shard_size", "executor", "ray_address")])
-def pack(inputs, output, workers, shard_size, restart, quiet, executor, ray_address, **values):
-    from fuelline.pipeline.config import build_dataclass
-
-    step = step_class("pack")
-    config = build_dataclass(step.Config, given(values), "fuelline pack")
-    options = RunOptions(**given({"workers": workers, "shard_size": shard_size, "executor": executor,
-                                  "ray_address": ray_address}), restart=restart, progress=not quiet)
-    stats = step(config).run(list(inputs), output, options, {})  # a URL stays one, for pack to refuse
+    *config_params(step_class("pack").Config), *run_params(*PACK_RUN_OPTIONS)])
+def pack(inputs, output, **values):
+    options = run_options(values, *PACK_RUN_OPTIONS)
+    step = _build_step("pack", values, "fuelline pack")
+    stats = step.run(list(inputs), output, options, {})  # a URL stays one, for pack to refuse
     for split, numbers in stats["splits"].items():
-        click.echo(f"{split:<6} {_split_summary(numbers, config.template, 9)}")
+        click.echo(f"{split:<6} {_split_summary(numbers, step.config.template, 9)}")
     if stats["dropped"] or any(stats["counters"].values()):
         click.echo("dropped: " + (", ".join(f"{k} {v:,}" for k, v in stats["dropped"].items()) or "none") +
                    "".join(f"; {k} {v:,}" for k, v in stats["counters"].items()) + _rejects_note(stats, output))
     click.echo(f"{stats['dtype']}, vocabulary {stats['vocab_size']:,}; wrote {output}")
-    for warning in stats.get("warnings", []):
-        click.echo(f"warning: {warning}", err=True)
-    if stats.get("records_out") and (dominant := dominant_drop(stats)):
-        click.echo(f"warning: {dominant}", err=True)
+    _warn(stats)
     require_kept(stats)
 
 
@@ -460,18 +448,14 @@ def tokenizer() -> None:
     *config_params(step_class("tokenizer").Config), restart_option("delete what OUTPUT holds and train again"),
     quiet_option(shows_progress=False)])
 def train(inputs, output, restart, **values):
-    from fuelline.pipeline.config import build_dataclass
-
-    step = step_class("tokenizer")
-    config = build_dataclass(step.Config, given(values), "fuelline tokenizer train")
-    stats = step(config).run(list(inputs), Path(output), RunOptions(restart=restart), {})
+    stats = _build_step("tokenizer", values, "fuelline tokenizer train").run(
+        list(inputs), Path(output), RunOptions(restart=restart), {})
     report = stats["tokenizer"]
     done = f"trained in an earlier run ({output}; --restart to train again)" if stats.get("resumed") else \
         f"trained on {stats['records_in']:,} documents in {report['train_seconds']} s"
     click.echo(f"{done}: {report['vocab_size']:,} tokens, {report['tokens_per_char']} tokens per character, "
                f"{report['isolated_share']:.1%} of punctuation marks are tokens of their own; wrote {output}")
-    for warning in report["warnings"]:
-        click.echo(f"warning: {warning}", err=True)
+    _warn(stats)
 
 
 @tokenizer.command("from-tiktoken", params=[quiet_option(shows_progress=False)])

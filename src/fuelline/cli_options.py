@@ -40,13 +40,6 @@ def _comma_list(item: type):
     return callback
 
 
-def _shown_default(field: dataclasses.Field) -> str:
-    default = default_of(field)
-    if field.metadata.get("size"):
-        return size_text(default)
-    return ",".join(map(str, default)) if isinstance(default, list) else default
-
-
 def within_bounds(field: dataclasses.Field, flag: str, parse=None):
     """A click callback refusing a value outside `field`'s declared range, in one line
     (`fuelline` prints a ValueError as `error: …` and exits 2); `parse` first, when given."""
@@ -68,17 +61,17 @@ def at_least(low: float):
     return callback
 
 
-def _help_with_default(field: dataclasses.Field, hint, flag: str) -> str:
+def _help_with_default(field: dataclasses.Field, flag: str) -> str:
     """The field's help, then its default (for a flag pair, the flag that is the default) and its range."""
-    help_text, shown = field.metadata.get("help", ""), _shown_default(field)
-    notes = []
-    if isinstance(shown, bool):
-        notes.append(f"default: {flag if shown else '--no-' + flag[2:]}")
-    elif shown not in (NO_DEFAULT, None, "") and not field.metadata.get("required"):
-        notes.append(f"default: {shown}")
+    default, notes = default_of(field), []
+    if isinstance(default, bool):
+        notes.append(f"default: {flag if default else '--no-' + flag[2:]}")
+    elif default not in (NO_DEFAULT, None, "", []) and not field.metadata.get("required"):
+        shown = ",".join(map(str, default)) if isinstance(default, list) else default
+        notes.append(f"default: {size_text(default) if field.metadata.get('size') else shown}")
     if bounds := bounds_text(field):
         notes.append(bounds)
-    return help_text + (f"  [{'; '.join(notes)}]" if notes else "")
+    return field.metadata.get("help", "") + (f"  [{'; '.join(notes)}]" if notes else "")
 
 
 def option_for(field: dataclasses.Field, hint) -> click.Option:
@@ -91,7 +84,7 @@ def option_for(field: dataclasses.Field, hint) -> click.Option:
     if field.metadata.get("step_ref"):  # a pipeline's @STEP; here a directory that must exist
         return click.Option([flag, *names], required=True, type=click.Path(exists=True, file_okay=False),
                             help=field.metadata.get("help", ""))
-    help_text = _help_with_default(field, hint, flag)
+    help_text = _help_with_default(field, flag)
     common = {"default": None, "help": help_text, "required": bool(field.metadata.get("required")),
               "callback": within_bounds(field, flag)}
     if hint is bool or _optional_of(hint) is bool:
@@ -142,10 +135,10 @@ def run_params(*names: str) -> list[click.Option]:
     return [option_for(*fields[name]) for name in names or fields] + [restart_option(), quiet_option()]
 
 
-def run_options(values: dict) -> RunOptions:
-    """The RunOptions of a command's values (`run_params()`), taken out of `values`."""
-    names = {f.name for f, _ in option_fields(RunOptions)}
-    chosen = given({name: values.pop(name) for name in list(values) if name in names})
+def run_options(values: dict, *names: str) -> RunOptions:
+    """The RunOptions of a command's values (`run_params(*names)`), taken out of `values`."""
+    names = names or [f.name for f, _ in option_fields(RunOptions)]
+    chosen = given({name: values.pop(name) for name in names})
     return RunOptions(**chosen, restart=values.pop("restart"), progress=not values.pop("quiet"))
 
 

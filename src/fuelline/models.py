@@ -75,30 +75,38 @@ def tiny_qwen3(directory: str | os.PathLike, tokenizer_dir: str | os.PathLike, s
     beside the model with QWEN3_CHAT_TEMPLATE and eos `<|im_end|>`, which is also the generation
     config's eos. The same seed gives the same weights.
     """
-    import torch
-    from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoTokenizer
 
     directory = Path(directory)
     if _complete(directory):
         return directory
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
-    tokenizer.eos_token = "<|im_end|>"
-    eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
-    config = Qwen3Config(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
-        initializer_range=0.2, tie_word_embeddings=False, eos_token_id=eos_id, pad_token_id=pad_id,
-        bos_token_id=None,
-    )
-    torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config).eval()
     # Sampling by default, with the values Qwen3 ships: `transformers serve` samples only when the
     # model's generation config says so (a request's temperature > 0 alone stays greedy), and
     # temperature 0 in a request turns sampling off.
-    model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id, do_sample=True,
-                                               temperature=0.6, top_p=0.95, top_k=20)
+    return _save_tiny_qwen3(directory, AutoTokenizer.from_pretrained(tokenizer_dir), QWEN3_CHAT_TEMPLATE, layers, seed,
+                            {"max_position_embeddings": 4096, "tie_word_embeddings": False},
+                            {"do_sample": True, "temperature": 0.6, "top_p": 0.95, "top_k": 20})
+
+
+def _save_tiny_qwen3(directory: Path, tokenizer, chat_template: str, layers: int, seed: int, config: dict,
+                     generation: dict, pad_token: str | None = None) -> Path:
+    """A Qwen3 of `layers` layers (hidden 64, weights drawn from `seed`) over `tokenizer`, saved with
+    `chat_template` and eos `<|im_end|>`; `config` and `generation` set what the two tiny models differ in."""
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    tokenizer.chat_template = chat_template
+    tokenizer.eos_token = "<|im_end|>"
+    eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    pad_id = tokenizer.convert_tokens_to_ids(pad_token) if pad_token else \
+        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
+    model_config = Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, initializer_range=0.2, eos_token_id=eos_id,
+        pad_token_id=pad_id, bos_token_id=None, **config)
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(model_config).eval()
+    model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id, **generation)
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
@@ -242,8 +250,7 @@ def tiny_chat_model(directory: str | os.PathLike, texts: list[str], vocab_size: 
     import tempfile
 
     import orjson
-    import torch
-    from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoTokenizer
 
     from fuelline.tokenizer.train import train_tokenizer
 
@@ -255,17 +262,6 @@ def tiny_chat_model(directory: str | os.PathLike, texts: list[str], vocab_size: 
         corpus.write_bytes(b"".join(orjson.dumps({"text": t}) + b"\n" for t in texts))
         train_tokenizer([corpus], Path(work) / "tokenizer", vocab_size=vocab_size, pretokenize="bytelevel")
         tokenizer = AutoTokenizer.from_pretrained(Path(work) / "tokenizer")
-    tokenizer.chat_template = CHATML_CHAT_TEMPLATE
-    tokenizer.eos_token = "<|im_end|>"
-    eos_id, pad_id = tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<pad>")
-    config = Qwen3Config(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
-        initializer_range=0.2, tie_word_embeddings=True, eos_token_id=eos_id, pad_token_id=pad_id, bos_token_id=None)
-    torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config).eval()
-    model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id, do_sample=False)
-    directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return _mark_complete(directory)
+    return _save_tiny_qwen3(directory, tokenizer, CHATML_CHAT_TEMPLATE, layers, seed,
+                            {"max_position_embeddings": 2048, "tie_word_embeddings": True}, {"do_sample": False},
+                            pad_token="<pad>")

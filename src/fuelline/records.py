@@ -42,11 +42,8 @@ def chat(id: str, conversations: list[dict[str, Any]], meta: dict[str, Any] | No
          tools: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """`{"id", "conversations": [turn, …], "tools"?, "meta"?}`: a training conversation.
 
-    Its contract (turns, tool calls and results, reasoning, weights, ids, the order of turns) is
-    `fuelline.formats.chat_record`'s, which every step reading chat records checks. Arguments'
-    integers may exceed 64 bits: `fuelline.io.json_exact` reads and writes them exactly.
-    Supervised in training: assistant contents, tool-call text and end-of-turn tokens, reasoning
-    only when kept; never tool results, tool schemas, role headers or generation prompts.
+    Its contract is `fuelline.formats.chat_record`'s, which every step reading chat records checks;
+    what of it is trained on is told in docs/design.md ("Record contracts").
     """
     record: dict[str, Any] = {"id": id, "conversations": conversations}
     if tools:

@@ -218,3 +218,20 @@ def test_restart_deletes_only_a_steps_output_and_says_when_it_cannot(tmp_path, i
     finally:
         out.chmod(0o700)
     assert failed.exit_code == 2 and "could not delete" in failed.stderr and "nothing was run" in failed.stderr
+
+
+@pytest.mark.parametrize("name, marker", [("pack", "_work/plan.json"), ("cache", ".build/plan.json"),
+                                          ("tokenizer", "_started.json")])
+def test_an_output_an_earlier_version_left_unfinished_is_refused_naming_its_marker_until_restart(name, marker, inputs,
+                                                                                              tmp_path):
+    out = tmp_path / "out"
+    (out / marker).parent.mkdir(parents=True, exist_ok=True)
+    (out / marker).write_bytes(b'{"identity": {}, "shards": []}')  # the plans of then: not read now
+    args = CASES[name].args(inputs, out)
+    refused = invoke_cli(*args)
+    assert refused.exit_code == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert f"{out} was left unfinished by an earlier fuelline version ({marker} there, no _plan.json) and cannot be " \
+           "resumed; pass --restart" in refused.stderr, refused.stderr
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == [marker]  # untouched
+    _run(*args, "--restart")
+    assert not (out / marker).exists() and "identity" in orjson.loads(CASES[name].stats(out).read_bytes())

@@ -121,8 +121,6 @@ def _prepare(ranks: Ranks, step_dir: WorkDir, model: Path, inputs, config: Cache
         if (output / BUILD_DIR).exists():
             shutil.rmtree(output / BUILD_DIR)  # left by a merge stopped after the manifest
         return {"finished": finished}
-    if not step_dir.plan_path.exists() and (begun := Plan.load(output)) is not None:
-        step_dir.begin(lambda: False, lambda: {"identity": begun.identity})  # a build begun before plan markers
     step_dir.begin(lambda: (plan := Plan.load(output)) is not None
                    and any(shard_done(plan.build_dir, s.shard_id) for s in plan.shards))
     plan = Plan.load(output) if step_dir.resumed else None

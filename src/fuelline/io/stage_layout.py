@@ -5,8 +5,10 @@
     part-00000.*      output shard k, the only records in the directory
     _rejects/part-*   dropped and unreadable records of shard k, with their reasons
     _prepare/         what a corpus-level stage learned before the shards
-    _done/part-*.json completion marker of shard k
+    _done/part-*.json completion marker of shard k: its counts, seconds and output sizes
     stats.json        the stage's totals, written last
+    NAME/part-*       a further named output of a stage that writes several (`Stage.outputs`),
+                      unless the run puts it elsewhere; the first output stays at the top
 
 `fuelline.pipeline.executor` writes this layout; `fuelline.io.paths` reads a directory that
 holds `_done/` as its part files only, so bookkeeping and a further output's parts never pass for

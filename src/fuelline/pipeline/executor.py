@@ -1,29 +1,10 @@
 """Running a stage over input shards, resumably, on an executor: local processes or Ray tasks.
 
-Layout of a stage's output directory (its names: `fuelline.io.stage_layout`):
-
-    _plan.json        what this directory is the output of (stage options, inputs, shards)
-    part-00000.*      output shard k, written atomically
-    _rejects/part-*   dropped and unreadable records of shard k, with their reasons
-    _prepare/         what a corpus-level stage learned before the shards (Stage.prepare)
-    _done/part-*.json completion marker of shard k: its counts, seconds and output sizes
-    stats.json        the stage's totals, written last; the funnel report reads only these
-    NAME/part-*       a further named output of a stage that writes several (Stage.outputs),
-                      unless the run puts it elsewhere; the first output stays at the top
-
-The output may be an fsspec URL (`s3://bucket/clean`): `fuelline.pipeline.output` says how its
-files get there.
-
-A shard counts as finished only when its marker exists and the sizes it records match the files
-on disk: a crash before the marker, or a truncated temp file, means the shard is redone.
-Re-running over a directory made from other options or inputs is refused once a shard has
-finished (before that, e.g. after a stop on bad input, the new options simply replace the old);
-`restart` discards whatever the directory holds and starts over. A run holds the directory's lock
-(`fuelline.io.lock`) for its whole life, so a second run into it is refused at once.
-
-The executor only runs functions on items (`fuelline.pipeline.workers`): `WorkerPool` (processes
-on this machine) and `RayExecutor` (Ray tasks on a cluster) run the same shard function over the
-same shards, so which one ran, like how many workers, changes nothing on disk and is no part of
+It writes the layout of a stage's output directory (`fuelline.io.stage_layout`), locally or at an
+fsspec URL (`s3://bucket/clean`, `fuelline.pipeline.output`), under the one resume contract
+(`fuelline.pipeline.workdir`); within it, a shard counts as finished only when its marker exists
+and the sizes it records match the files on disk: a crash before the marker, or a truncated temp
+file, means the shard is redone. Which executor ran (`fuelline.pipeline.workers`) is no part of
 `_plan.json`: a run begun on one may be resumed on the other.
 """
 
@@ -38,17 +19,17 @@ from typing import Callable, Iterator
 
 import orjson
 
-from fuelline.io.atomic import remove_temp_files, write_bytes_atomic
+from fuelline.io.atomic import remove_temp_files
 from fuelline.io.paths import expand_inputs
 from fuelline.io.readers import READ_ERROR_REASONS, iter_file_records
 from fuelline.io.rejects import Rejects
 from fuelline.io.stage_layout import DONE_DIR, PREPARE_DIR, REJECTS_DIR, STAGE_PART_PREFIX, PLAN_FILE
-from fuelline.io.writers import OUTPUT_FORMATS, RecordWriter, open_writer
-from fuelline.pipeline.options import identity_history
+from fuelline.io.writers import RecordWriter, open_writer
+from fuelline.pipeline.options import identity_history, identity_values
 from fuelline.pipeline.output import OutputStore, open_output
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.pipeline.stage import PrepareContext, ShardContext, Stage
-from fuelline.pipeline.stats import StepStats
+from fuelline.pipeline.stats import StepStats, write_json
 from fuelline.pipeline.step import Step
 from fuelline.pipeline.workdir import WorkDir, not_a_step_output
 from fuelline.pipeline.workers import RunOptions, open_executor
@@ -57,14 +38,6 @@ from fuelline.records import Location
 
 PLAN_VERSION = 1
 PROGRESS_EVERY = 4096
-
-
-def _dumps(obj) -> bytes:
-    return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
-
-
-def _read_json(path: Path):
-    return orjson.loads(path.read_bytes())
 
 
 def output_targets(stage: Stage, output_dir: Path, locations: dict[str, str | os.PathLike] | None = None
@@ -148,7 +121,7 @@ def run_shard(stage: Stage, shard: InputShard, store: OutputStore, targets: dict
     if rejects.written:
         marker["files"][f"{REJECTS_DIR}/{rejects_path.name}"] = rejects_path.stat().st_size
     marker_name = f"{DONE_DIR}/{shard.part_name}.json"
-    write_bytes_atomic(output_dir / marker_name, _dumps(marker))
+    write_json(output_dir / marker_name, marker)
     store.publish([*marker["files"], marker_name])
     return marker
 
@@ -156,18 +129,13 @@ def run_shard(stage: Stage, shard: InputShard, store: OutputStore, targets: dict
 def _finished_marker(output_dir: Path, shard: InputShard, size_of: Callable[[str], int | None]) -> dict | None:
     """The shard's marker if the shard is complete (`size_of`: the finished files' sizes), else None."""
     try:
-        marker = _read_json(output_dir / DONE_DIR / f"{shard.part_name}.json")
+        marker = orjson.loads((output_dir / DONE_DIR / f"{shard.part_name}.json").read_bytes())
     except (FileNotFoundError, orjson.JSONDecodeError):
         return None
     for name, size in marker["files"].items():
         if size_of(name) != size:
             return None
     return marker
-
-
-def _outside_targets(targets: dict[str, Path], output_dir: Path) -> list[Path]:
-    """Output directories that are not inside the stage directory."""
-    return [d for d in targets.values() if not d.resolve().is_relative_to(output_dir.resolve())]
 
 
 class _StageDir(WorkDir):
@@ -218,7 +186,7 @@ def _identity(stage: Stage, inputs: list[Path | str], options: RunOptions, targe
               output_dir: Path) -> dict:
     identity = {
         "version": PLAN_VERSION,
-        **stage.fingerprint(),
+        "stage": stage.name, "config": identity_values(stage.config),
         "inputs": describe_inputs(inputs),
         "shard_size": options.shard_size,
         "output_format": options.output_format,
@@ -270,14 +238,13 @@ def run_stage(stage: Stage, inputs, output_dir: str | os.PathLike, options: RunO
     shards of an earlier, interrupted run with the same options are kept. For a stage with
     several outputs, `output_locations` may put the outputs after the first elsewhere.
     """
-    options = options or RunOptions()
-    if options.output_format not in OUTPUT_FORMATS:
-        raise ValueError(f"unknown output format {options.output_format!r}; choose one of {sorted(OUTPUT_FORMATS)}")
+    options = options or RunOptions()  # its output_format checked where it was built
     store = open_output(output_dir)
     files = expand_inputs(inputs)
     targets = output_targets(stage, store.directory, store.locations(output_locations))
+    outside = [d for d in targets.values() if not d.resolve().is_relative_to(store.directory.resolve())]
     step_dir = _StageDir(store, _identity(stage, files, options, targets, store.directory),
-                         identity_history(type(stage.config)), _outside_targets(targets, store.directory))
+                         identity_history(type(stage.config)), outside)
     with step_dir.lock():
         return _run_locked(stage, files, step_dir, options, targets)
 

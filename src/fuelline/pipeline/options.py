@@ -210,10 +210,8 @@ def identity_values(config) -> dict[str, Any]:
 
 
 def identity_history(cls: type) -> dict[str, dict[str, Any]]:
-    """How the identity of an output made by an earlier version reads now (`fuelline.pipeline.workdir`'s
-    `WorkDir(…, **identity_history(Config))`): `defaults`, the identity values of Config class `cls`
-    at their defaults (what an option added since stands for), and `renamed`, {earlier name: name
-    now} of the options renamed since (`was`)."""
+    """`WorkDir(…, **identity_history(Config))`: `defaults`, what an option added since an output was made
+    stands for there, and `renamed`, {earlier name: name now} of the options renamed since (`was`)."""
     fields = option_fields(cls)
     return {"defaults": {f.name: default_of(f) for f, _ in fields if f.metadata.get("identity", True)},
             "renamed": {f.metadata["was"]: f.name for f, _ in fields if f.metadata.get("was")}}

@@ -1,7 +1,6 @@
 """Where a stage's output lives: a local directory, or an fsspec URL its files are uploaded to.
 
-The layout (`fuelline.io.stage_layout`; `fuelline.pipeline.executor` writes it) is the same for both: `_plan.json`, part
-files, `_rejects/`, `_done/` markers, `_prepare/`, and `stats.json` last. For a URL
+The layout (`fuelline.io.stage_layout`) is the same for both. For a URL
 (`s3://bucket/clean`) the run writes into a local staging directory under the cache
 (`fuelline.io.remote.staging_dir`) and `RemoteOutput` uploads each finished shard's files, its
 marker last, from the worker that wrote them; `_plan.json` goes up when it is written and

@@ -32,15 +32,6 @@ from fuelline.progress import progress_bar
 SYSTEM_RETRIES = 3  # tries after a worker died; an exception raised by the task is not retried
 CANCEL_WAIT_S = 30.0  # how long cancelled tasks get to stop before the output's lock is let go
 WAIT_S = 1.0  # longest wait between two looks at the tasks (and at Ctrl-C)
-RAY_MISSING = 'the ray executor needs Ray: pip install -e ".[ray]"'
-
-
-def _import_ray():
-    try:
-        import ray
-    except ImportError:
-        raise RuntimeError(RAY_MISSING) from None
-    return ray
 
 
 def _call(fn: Callable, item):
@@ -71,7 +62,10 @@ class RayExecutor:
         self._connected = False  # by us: leaving disconnects (and stops a cluster started here)
 
     def __enter__(self):
-        ray = _import_ray()
+        try:
+            import ray
+        except ImportError:
+            raise RuntimeError('the ray executor needs Ray: pip install -e ".[ray]"') from None
         if not ray.is_initialized():
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # a cluster started here reports nothing
             where = {"address": self.address} if self.address else {"address": "local", "num_cpus": self.workers}

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable, Iterator, Sequence
 
 from fuelline.io.rejects import Rejects
-from fuelline.pipeline.options import Options, identity_values
+from fuelline.pipeline.options import Options
 from fuelline.pipeline.shards import InputShard
 from fuelline.records import Drop, Location
 
@@ -94,7 +94,3 @@ class Stage:
 
     def apply(self, record: dict, location: Location) -> dict | Drop:
         raise NotImplementedError(f"stage {self.name!r} must implement apply() or process()")
-
-    def fingerprint(self) -> dict[str, Any]:
-        """What identifies this stage's output: its name and every option (the resume check)."""
-        return {"stage": self.name, "config": identity_values(self.config)}

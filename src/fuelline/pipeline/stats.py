@@ -49,22 +49,23 @@ class StepStats:
     def write(self, directory: Path, name: str = STATS_FILE) -> dict[str, Any]:
         """Write DIRECTORY/stats.json (the step's last write); return what was written."""
         stats = self.to_json()
-        write_stats(directory / name, stats)
+        write_json(directory / name, stats)
         return stats
 
 
-def write_stats(path: Path, stats: dict[str, Any]) -> None:
-    write_bytes_atomic(path, orjson.dumps(stats, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """A step's bookkeeping file (stats.json, a plan or shard marker), atomically, keys sorted."""
+    write_bytes_atomic(path, orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
 
 
-def read_stats(path: Path) -> dict[str, Any] | None:
-    """The stats of a finished step, or None when it has not finished (no stats.json)."""
+def read_stats(path: Path, what: str = "stats.json") -> dict[str, Any] | None:
+    """The stats of a finished step (or another bookkeeping file, `what`), or None when there is none."""
     try:
         return orjson.loads(path.read_bytes())
     except FileNotFoundError:
         return None
     except orjson.JSONDecodeError as e:
-        raise ValueError(f"{path}: not a stats.json fuelline wrote ({e}); pass --restart to redo the step") from None
+        raise ValueError(f"{path}: not a {what} fuelline wrote ({e}); pass --restart to redo the step") from None
 
 
 def resumed(stats: dict[str, Any], started: float) -> dict[str, Any]:
@@ -90,18 +91,12 @@ def dominant_drop(stats: dict[str, Any], share: float = 0.5) -> str | None:
         f"; the first: {example}" if example else "")
 
 
-def nothing_kept(stats: dict[str, Any]) -> str | None:
-    """Why a step that kept nothing of a non-empty input failed (its output trains nothing), or None."""
+def require_kept(stats: dict[str, Any]) -> None:
+    """A step that kept nothing of a non-empty input failed (its output trains nothing): a ValueError
+    saying why (the CLI's one-line error, exit 2)."""
     if not stats.get("records_in", 0) or stats.get("records_out", 0):
-        return None
+        return
     reasons = ", ".join(f"{reason} {n:,}" for reason, n in stats["dropped"].items())
     detail = dominant_drop(stats, share=0)
-    return (f"{stats['stage']} kept none of its {stats['records_in']:,} records"
-            + (f" (dropped: {reasons}); {detail}" if detail else ""))
-
-
-def require_kept(stats: dict[str, Any]) -> None:
-    """A step that kept nothing of a non-empty input failed: ValueError with `nothing_kept`'s reason
-    (the CLI's one-line error, exit 2)."""
-    if (message := nothing_kept(stats)) is not None:
-        raise ValueError(message)
+    raise ValueError(f"{stats['stage']} kept none of its {stats['records_in']:,} records"
+                     + (f" (dropped: {reasons}); {detail}" if detail else ""))

@@ -7,8 +7,7 @@ one resume contract of `fuelline.pipeline.workdir` (lock, plan marker, identity,
 whether a pipeline or its command runs it.
 
 Record stages (`fuelline.pipeline.stage`) are steps through `fuelline.pipeline.executor.RecordStep`,
-which runs them shard by shard; tokenizer, pack, regenerate, cache, specforge-export, vocab-map
-and report implement `run` themselves, reading their inputs whole.
+which runs them shard by shard; the other steps (`fuelline.pipeline.registry.STEPS`) implement `run`.
 """
 
 from __future__ import annotations

@@ -20,12 +20,11 @@ fingerprints of what it reads (a tokenizer, a model). Running a step again, unde
   that stopped on bad input has nothing worth keeping);
 - anything else is refused, naming what differs (`StepOutputMismatch`): `--restart` (in a
   pipeline `--restart-from STEP`) deletes it, or the user chooses another output. An output
-  that holds something but no plan marker is no step's and is never touched.
-An output made by an earlier version is read in today's terms: an option added since stands for
-its default (`defaults`), one renamed since is read under its new name (`renamed`), and one that
-is no longer part of the identity (removed, or moved to the run options as pack's shard_size) is
-left out; so an output made before such a change is still found again when the options it was
-made with are today's (`WorkDir(…, **identity_history(Config))`).
+  that holds something but no plan marker is no step's and is never touched, unless it holds a
+  marker of an earlier fuelline (`EARLIER_MARKERS`): its work is neither resumed nor reused, and
+  the refusal names the marker and `--restart`.
+The identity of an output made by an earlier version is read in today's terms (`_completed`), so
+that adding, renaming or dropping an option does not orphan it.
 """
 
 from __future__ import annotations
@@ -36,30 +35,24 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import orjson
-
-from fuelline.io.atomic import write_bytes_atomic
 from fuelline.io.lock import exclusive_output
 from fuelline.io.stage_layout import PLAN_FILE, STATS_FILE
-from fuelline.pipeline.stats import StepStats, read_stats, resumed
+from fuelline.pipeline.stats import StepStats, read_stats, resumed, write_json
 
 RESTART_HINT = "pass --restart to delete it and run again, or choose another output directory"
+# The plan markers of outputs that an earlier fuelline left unfinished: pack's shards under `_work/`,
+# a cache build's `.build/`, the identity of a step done in one go (tokenizer, export, vocab-map).
+EARLIER_MARKERS = ("_work/plan.json", ".build/plan.json", "_started.json")
 
 
 class StepOutputMismatch(RuntimeError):
     """The output holds the result of different options or inputs, or is no step's output."""
 
-    def __init__(self, message: str, differences: list[str] | None = None):
-        super().__init__(message)
-        self.differences = differences  # the names of what differs; None: no step's output
-
     def in_pipeline(self, step: str) -> StepOutputMismatch:
         """The refusal as a pipeline says it: which option of `fuelline run` redoes this step alone."""
-        if self.differences is None:
-            return self
         return StepOutputMismatch(str(self).replace(RESTART_HINT, (
             f"pass --restart-from {step} to redo this step and the ones after it, keeping those before "
-            "(--restart redoes every step)")), self.differences)
+            "(--restart redoes every step)")))
 
 
 def mismatch(where: str | os.PathLike, existing: dict[str, Any], identity: dict[str, Any]) -> StepOutputMismatch:
@@ -68,8 +61,7 @@ def mismatch(where: str | os.PathLike, existing: dict[str, Any], identity: dict[
     differences = _differences(existing, identity)
     named = [f"{k} ({str(old)[:12]}… there, {str(new)[:12]}… now)" if k.endswith("fingerprint") else k
              for k, old, new in differences]
-    return StepOutputMismatch(f"{where} holds the output of a run with different {', '.join(named)}; {RESTART_HINT}",
-                              [k for k, _, _ in differences])
+    return StepOutputMismatch(f"{where} holds the output of a run with different {', '.join(named)}; {RESTART_HINT}")
 
 
 def _differences(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[tuple[str, Any, Any]]:
@@ -88,10 +80,6 @@ def not_a_step_output(where: str | os.PathLike) -> StepOutputMismatch:
                               "choose another output directory")
 
 
-def _dumps(obj) -> bytes:
-    return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
-
-
 class WorkDir:
     """The output of one step run with one identity: a directory, or (`beside` given) the file
     `path` with the files beside it that belong to it (`OUT.jsonl.errors`)."""
@@ -107,9 +95,8 @@ class WorkDir:
         self.started = time.perf_counter()
         self.is_file = beside is not None
         if self.is_file:
-            stem = self.path.name[: -len(self.path.suffix)] if self.path.suffix else self.path.name
             self.plan_path = self.path.with_name(f".{self.path.name}.plan.json")
-            self.stats_path = self.path.with_name(f"{stem}.{STATS_FILE}")
+            self.stats_path = self.path.with_name(f"{self.path.stem}.{STATS_FILE}")
             self.members = [self.path, *beside, self.stats_path, self.plan_path]
         else:
             self.plan_path, self.stats_path = self.path / PLAN_FILE, self.path / STATS_FILE
@@ -133,11 +120,15 @@ class WorkDir:
                                f"{self.name} over; nothing was run") from None
 
     def restart(self) -> None:
-        """`--restart`: delete the output when it is a step's (a plan marker or stats.json); one that
-        is not is refused, never deleted."""
-        if not (self.plan_path.exists() or self.stats_path.exists() or self.is_empty()):
+        """`--restart`: delete the output when it is a step's (a plan marker, an earlier fuelline's
+        included, or stats.json); one that is not is refused, never deleted."""
+        if not (self.plan_path.exists() or self.stats_path.exists() or self.earlier_marker() or self.is_empty()):
             raise not_a_step_output(self.name)
         self.discard()
+
+    def earlier_marker(self) -> str | None:
+        """The marker of an earlier fuelline in this directory output, if it holds one."""
+        return next((m for m in EARLIER_MARKERS if not self.is_file and (self.path / m).exists()), None)
 
     def is_empty(self) -> bool:
         """Nothing here but hidden files (a `.DS_Store`; a cache build's `.build/`)."""
@@ -166,27 +157,11 @@ class WorkDir:
         config = {**{k: v for k, v in self.defaults.items() if k not in config}, **config}
         return {**existing, "config": {k: v for k, v in config.items() if k in now}}
 
-    def resumes(self, existing: dict[str, Any], *, anything_finished: bool) -> bool:
-        """Whether to resume the unfinished work recorded here with identity `existing`: True when it is
-        this run's; False when it is another's of which nothing finished (the caller discards it);
-        refused when it is another's with finished parts."""
-        existing = self._completed(existing)
-        if existing == self.identity:
-            return True
-        if not anything_finished:
-            return False
-        raise mismatch(self.name, existing, self.identity)
-
     def read_plan(self) -> dict[str, Any] | None:
         """The plan marker, or None; a plan written before the identity had a key of its own (a
         record stage's) is its own identity."""
-        try:
-            plan = orjson.loads(self.plan_path.read_bytes())
-        except FileNotFoundError:
-            return None
-        except orjson.JSONDecodeError as e:
-            raise ValueError(f"{self.plan_path}: not a plan fuelline wrote ({e}); pass --restart to redo the step") from None
-        if "identity" not in plan:
+        plan = read_stats(self.plan_path, "plan")
+        if plan is not None and "identity" not in plan:
             plan = {"identity": {k: v for k, v in plan.items() if k != "shards"}, **plan}
         return plan
 
@@ -198,14 +173,19 @@ class WorkDir:
         the existing output holds finished work (asked only of another identity's)."""
         existing = self.read_plan()
         if existing is not None:
-            if self.resumes(existing["identity"], anything_finished=anything_finished()):
+            if (found := self._completed(existing["identity"])) == self.identity:
                 self.resumed = True
                 return existing
+            if anything_finished():
+                raise mismatch(self.name, found, self.identity)
             self.discard()
+        elif marker := self.earlier_marker():  # its plan is not today's: resuming it could mix two formats
+            raise StepOutputMismatch(f"{self.name} was left unfinished by an earlier fuelline version ({marker} "
+                                     f"there, no {PLAN_FILE}) and cannot be resumed; {RESTART_HINT}")
         elif not self.is_empty():
             raise not_a_step_output(self.name)
         new = {"identity": self.identity, **(plan() if plan is not None else {})}
-        write_bytes_atomic(self.plan_path, _dumps(new))
+        write_json(self.plan_path, new)
         self.resumed = False
         return new
 

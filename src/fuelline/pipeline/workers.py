@@ -3,8 +3,10 @@
 An executor only runs functions on items: `WorkerPool` (processes on this machine) and
 `RayExecutor` (`fuelline.pipeline.ray_executor`, Ray tasks on a cluster) run the same function
 over the same items and return the results in their order, so which one ran, like how many
-workers, changes no byte of the output. The stage runner (`fuelline.pipeline.executor`) and
-the packer (`fuelline.pack.packer`) both run on them.
+workers, changes no byte of the output. Both are context managers (leaving one ends its workers)
+with `map(fn, items, desc, progress=…)` and `run_shards(run, shards, bar)`; the first error a task
+raises is re-raised once the tasks not yet started are cancelled. The stage runner
+(`fuelline.pipeline.executor`) and the packer (`fuelline.pack.packer`) both run on them.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import queue
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from multiprocessing import get_context
-from typing import Any, Callable, Protocol, Self, Sequence
+from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 
@@ -70,25 +72,7 @@ class RunOptions(Options):
         return max(1, min(workers, pending))
 
 
-class Executor(Protocol):
-    """What runs a stage's work: `WorkerPool` (processes here) or `RayExecutor` (Ray tasks).
-
-    Opened as a context manager; leaving it ends its workers. The first error a task raises is
-    re-raised by `map` or `run_shards` once the tasks not yet started are cancelled.
-    """
-
-    def __enter__(self) -> Self: ...
-
-    def __exit__(self, *exc) -> None: ...
-
-    def map(self, fn: Callable, items: Sequence, desc: str, *, progress: bool) -> list:
-        """`[fn(x) for x in items]` on the workers (`fn` picklable), with a progress bar of items."""
-
-    def run_shards(self, run: Callable[..., dict], shards: list[InputShard], bar: tqdm) -> None:
-        """`run(shard, progress=…)` for every shard (`progress` optional), counting records on `bar`."""
-
-
-def open_executor(options: RunOptions, tasks: int) -> Executor:
+def open_executor(options: RunOptions, tasks: int) -> WorkerPool | RayExecutor:
     """The executor `options` ask for, with at most `tasks` workers where it starts them."""
     workers = options.resolved_workers(tasks)
     if options.executor == "ray":
