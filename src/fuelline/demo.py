@@ -80,20 +80,19 @@ def _poem(rng: random.Random, i: int) -> dict:
             "dynasty": "tang" if form == "quantangshi" else "song", "id": f"demo-{i}"}
 
 
+# The dirt put into a poem's first line: (where, characters replaced, mark); no mark: a variant
+# note on a random character. A fifth kind, "empty", leaves the poem without lines.
+DIRT = {"missing": (2, 1, "□"), "circle": (1, 1, "○"), "composed": (1, 1, "{𥫗/戢}"), "note": (3, 0, None)}
+
+
 def _dirty(poem: dict, rng: random.Random) -> dict:
-    lines = list(poem["paragraphs"])
-    kind = rng.choice(["missing", "circle", "composed", "note", "empty"])
-    if kind == "missing":
-        lines[0] = lines[0][:2] + "□" + lines[0][3:]
-    elif kind == "circle":
-        lines[0] = lines[0][:1] + "○" + lines[0][2:]
-    elif kind == "composed":
-        lines[0] = lines[0][:1] + "{𥫗/戢}" + lines[0][2:]
-    elif kind == "note":
-        lines[0] = lines[0][:3] + "（一作「" + rng.choice(HAN) + "」）" + lines[0][3:]
-    else:
-        lines = []
-    return {**poem, "paragraphs": lines}
+    kind = rng.choice([*DIRT, "empty"])
+    if kind == "empty":
+        return {**poem, "paragraphs": []}
+    at, replaced, mark = DIRT[kind]
+    first, *rest = poem["paragraphs"]
+    mark = mark or f"（一作「{rng.choice(HAN)}」）"
+    return {**poem, "paragraphs": [first[:at] + mark + first[at + replaced:], *rest]}
 
 
 def generate_corpus(directory: Path, seed: int = 0, poems: int = 3000) -> tuple[Path, bool]:

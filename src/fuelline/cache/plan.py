@@ -296,14 +296,9 @@ def make_plan(directory: Path, inputs: list[str], model: str | os.PathLike, conf
     """Encode the inputs into `.build/` and fix the shards; written atomically, plan.json last."""
     build = directory / BUILD_DIR
     build.mkdir(parents=True, exist_ok=True)
-    rejects = Rejects(build / REJECTS)
-    try:
-        with atomic_write(build / "input_ids.bin") as ids_file, atomic_write(build / "loss_mask.bin") as mask_file:
-            encoded = encode_inputs(inputs, model, config, ids_file, mask_file, rejects, progress)
-    except BaseException:
-        rejects.abort()
-        raise
-    rejects.close()
+    with (Rejects(build / REJECTS) as rejects, atomic_write(build / "input_ids.bin") as ids_file,
+          atomic_write(build / "loss_mask.bin") as mask_file):
+        encoded = encode_inputs(inputs, model, config, ids_file, mask_file, rejects, progress)
     with atomic_write(build / "samples.npy") as f:
         np.save(f, encoded.samples)
     layout = layout_for(config, hidden_size)

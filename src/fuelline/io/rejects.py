@@ -22,7 +22,8 @@ class Rejects:
     record, or the raw text when it could not be parsed. A record that cannot be written as JSON
     (nested deeper than orjson writes, a non-string key) is kept as its raw line, if given, else as
     a shortened repr, and `detail` says so: a reject never stops a run. The file is created only
-    when the first record is rejected, and committed atomically by `close()`.
+    when the first record is rejected, and committed atomically by `close()`; as a context manager,
+    committed when the block ends normally, removed when it raises.
     """
 
     def __init__(self, path: str | os.PathLike | None = None):
@@ -68,3 +69,12 @@ class Rejects:
     def abort(self) -> None:
         if self._writer is not None:
             self._writer.abort()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

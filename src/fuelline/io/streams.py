@@ -91,18 +91,13 @@ def decompression_errors(path: str | os.PathLike):
                            "or is the file damaged?") from None
 
 
+OPENERS = {".gz": gzip.open, ".zst": ZstdFrames, ".zstd": ZstdFrames, ".bz2": bz2.open, ".xz": lzma.open}
+
+
 def open_binary(path: str | os.PathLike) -> IO[bytes]:
-    """Open `path` for reading, decompressing by suffix (.gz, .zst, .bz2, .xz)."""
+    """Open `path` for reading, decompressing by suffix (`OPENERS`; each reads bytes by default)."""
     _, compression = split_suffixes(path)
-    if compression == ".gz":
-        return gzip.open(path, "rb")
-    if compression in (".zst", ".zstd"):
-        return ZstdFrames(path)
-    if compression == ".bz2":
-        return bz2.open(path, "rb")
-    if compression == ".xz":
-        return lzma.open(path, "rb")
-    return open(path, "rb")
+    return OPENERS[compression](path) if compression in OPENERS else open(path, "rb")
 
 
 def blocks(stream: IO[bytes], head: bytes = b"") -> Iterator[bytes]:

@@ -50,7 +50,8 @@ from fuelline.pipeline.options import group, identity_history, identity_values, 
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.pipeline.stats import StepStats
 from fuelline.pipeline.workdir import WorkDir
-from fuelline.pipeline.workers import RunOptions, open_executor
+from fuelline.pipeline.executor import open_executor
+from fuelline.pipeline.workers import RunOptions
 from fuelline.records import unit_interval
 
 SPLITS = ("train", "val")
@@ -107,13 +108,8 @@ def encode_shard(shard: InputShard, *, tokenizer_path: str, config: PackConfig, 
         return orjson.loads(marker_path.read_bytes())
     tokenizer = _load_tokenizer(tokenizer_path, threads)
     template = TEMPLATES[config.template](tokenizer, **config.template_options(Path(tokenizer_path).parent))
-    rejects = Rejects(workdir.parent / REJECTS_DIR / f"{shard.part_name}.jsonl.zst")
-    try:
+    with Rejects(workdir.parent / REJECTS_DIR / f"{shard.part_name}.jsonl.zst") as rejects:
         parts, doc_ids = _render_shard(shard, template, config.errors.on_error, rejects)
-    except BaseException:
-        rejects.abort()
-        raise
-    rejects.close()
 
     def joined(name: str, dtype) -> np.ndarray:
         return np.concatenate([getattr(p, name) for p in parts]) if parts else np.zeros(0, dtype)

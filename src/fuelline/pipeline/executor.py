@@ -14,6 +14,7 @@ import functools
 import os
 import time
 from collections import Counter
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -32,7 +33,8 @@ from fuelline.pipeline.stage import PrepareContext, ShardContext, Stage
 from fuelline.pipeline.stats import StepStats, write_json
 from fuelline.pipeline.step import Step
 from fuelline.pipeline.workdir import WorkDir, not_a_step_output
-from fuelline.pipeline.workers import RunOptions, open_executor
+from fuelline.pipeline.ray_executor import RayExecutor  # imports Ray itself only when it is opened
+from fuelline.pipeline.workers import RunOptions, WorkerPool
 from fuelline.progress import progress_bar
 from fuelline.records import Location
 
@@ -59,6 +61,14 @@ def output_targets(stage: Stage, output_dir: Path, locations: dict[str, str | os
     for name in stage.outputs[1:]:
         targets[name] = Path((locations or {}).get(name, output_dir / name))
     return targets
+
+
+def open_executor(options: RunOptions, tasks: int) -> WorkerPool | RayExecutor:
+    """The executor `options` ask for, with at most `tasks` workers where it starts them."""
+    workers = options.resolved_workers(tasks)
+    if options.executor == "ray":
+        return RayExecutor(options.ray_address, workers)
+    return WorkerPool(workers)
 
 
 def _write_shard_outputs(stage: Stage, records: Iterator[tuple[Location, dict]], ctx: ShardContext,
@@ -92,18 +102,11 @@ def run_shard(stage: Stage, shard: InputShard, store: OutputStore, targets: dict
                 progress(PROGRESS_EVERY)
             yield Location(shard.source, line), record
 
-    writers = {name: open_writer(directory / shard.part_name, options.output_format)
-               for name, directory in targets.items()}
-    try:
+    with ExitStack() as files:  # committed when the shard is written, removed when anything raised
+        files.enter_context(rejects)
+        writers = {name: files.enter_context(open_writer(directory / shard.part_name, options.output_format))
+                   for name, directory in targets.items()}
         _write_shard_outputs(stage, located(), ctx, writers)
-    except BaseException:
-        for writer in writers.values():
-            writer.abort()
-        rejects.abort()
-        raise
-    for writer in writers.values():
-        writer.close()
-    rejects.close()
     progress(read % PROGRESS_EVERY)
     unreadable = sum(rejects.counts[r] for r in READ_ERROR_REASONS)
     marker = {

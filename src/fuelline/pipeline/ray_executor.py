@@ -1,11 +1,11 @@
 """The Ray executor: a stage's shards and its `prepare` map run as Ray tasks, on a cluster or here.
 
-It runs the same functions on the same items as the local `WorkerPool` and returns results in
-the order of the items, so the output bytes are the same. A shard task writes its part files
-and, last, its completion marker into the output directory exactly as a local worker does, so
-resume works the same and a directory begun by one executor is finished by the other. That
-directory is a path every node sees (NFS, Lustre), or a URL (object storage) the task uploads its
-files to; see docs/ray.md.
+It runs the same functions on the same items as the local `WorkerPool` (`map` is their shared
+`fuelline.pipeline.workers.Executor.map`) and returns results in the order of the items, so the
+output bytes are the same. A shard task writes its part files and, last, its completion marker
+into the output directory exactly as a local worker does, so resume works the same and a
+directory begun by one executor is finished by the other. That directory is a path every node
+sees (NFS, Lustre), or a URL (object storage) the task uploads its files to; see docs/ray.md.
 
 Failures. A task whose worker process dies (killed, out of memory, node lost) is retried by Ray
 up to SYSTEM_RETRIES times: the shard is redone from its start and its atomic writes give the
@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from tqdm import tqdm
 
 from fuelline.pipeline.shards import InputShard
-from fuelline.progress import progress_bar
+from fuelline.pipeline.workers import Executor
 
 SYSTEM_RETRIES = 3  # tries after a worker died; an exception raised by the task is not retried
 CANCEL_WAIT_S = 30.0  # how long cancelled tasks get to stop before the output's lock is let go
@@ -47,7 +47,7 @@ def _name(items: Sequence, i: int, desc: str) -> str:
     return f"shard {item.part_name} ({item.source}, {span})"
 
 
-class RayExecutor:
+class RayExecutor(Executor):
     """Ray tasks on the cluster at `address` ("auto", HOST:PORT), or on one started here for the
     run with `workers` CPUs when `address` is None.
 
@@ -85,17 +85,6 @@ class RayExecutor:
     def __exit__(self, *exc):
         if self._connected:
             self._ray.shutdown()
-
-    def map(self, fn: Callable, items: Sequence, desc: str, *, progress: bool) -> list:
-        """`[fn(x) for x in items]`, one Ray task per item, with a progress bar of finished tasks."""
-        results: list = [None] * len(items)
-        with progress_bar(total=len(items), desc=desc, disable=not progress, leave=False) as bar:
-            def store(i: int, result) -> None:
-                results[i] = result
-                bar.update()
-
-            self._gather(fn, items, desc, store)
-        return results
 
     def run_shards(self, run: Callable[..., dict], shards: list[InputShard], bar: tqdm) -> None:
         """`run(shard)` for every shard, one Ray task each; `bar` counts a shard's records when it finishes."""

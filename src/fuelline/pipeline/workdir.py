@@ -1,30 +1,13 @@
 """A step's output: the one resume contract every step keeps (record stages, tokenizer, pack,
-regenerate, cache build, cache export, vocab-map, report; docs/io.md says it for users).
+regenerate, cache build, cache export, vocab-map, report). Its markers (the lock beside the output,
+`_plan.json` written first, `stats.json` last) and the five states a run can find under the lock
+are in docs/design.md, "Resume contract"; docs/io.md says it for users.
 
-An output is a directory (`OUT/`), or a file with files beside it (regenerate's `OUT.jsonl`,
-vocab-map's `vocab_mapping.pt`). Every step keeps it the same way:
-
-    .OUT.lock       the lock (`fuelline.io.lock`), beside the output, never inside what `--restart`
-                    deletes; taken before anything of the output is read or deleted, held to the end
-    _plan.json      the plan marker, written before any work: {"identity": …, and the step's own
-                    plan, e.g. "shards"}; beside a file output it is `.OUT.plan.json`
-    stats.json      written last (`StepStats`, identity included): the output is finished; beside a
-                    file output it is `STEM.stats.json`
-
-A step is recognized by its identity: the options that decide its bytes, its inputs, and the
-fingerprints of what it reads (a tokenizer, a model). Running a step again, under the lock:
-- `--restart` deletes the output first, when it is a step's (a deletion that fails is an error);
-- a finished output with the same identity returns its stats, marked resumed (`finished`);
-- an unfinished one with the same identity resumes, keeping what was finished (`begin`);
-- an unfinished one with another identity is replaced while nothing of it has finished (a run
-  that stopped on bad input has nothing worth keeping);
-- anything else is refused, naming what differs (`StepOutputMismatch`): `--restart` (in a
-  pipeline `--restart-from STEP`) deletes it, or the user chooses another output. An output
-  that holds something but no plan marker is no step's and is never touched, unless it holds a
-  marker of an earlier fuelline (`EARLIER_MARKERS`): its work is neither resumed nor reused, and
-  the refusal names the marker and `--restart`.
-The identity of an output made by an earlier version is read in today's terms (`_completed`), so
-that adding, renaming or dropping an option does not orphan it.
+An output that holds something but no plan marker is no step's and is never touched, unless it
+holds a marker of an earlier fuelline (`EARLIER_MARKERS`): its work is neither resumed nor
+reused, and the refusal names the marker and `--restart`. The identity of an output made by an
+earlier version is read in today's terms (`_completed`), so that adding, renaming or dropping an
+option does not orphan it.
 """
 
 from __future__ import annotations

@@ -4,13 +4,14 @@ An executor only runs functions on items: `WorkerPool` (processes on this machin
 `RayExecutor` (`fuelline.pipeline.ray_executor`, Ray tasks on a cluster) run the same function
 over the same items and return the results in their order, so which one ran, like how many
 workers, changes no byte of the output. Both are context managers (leaving one ends its workers)
-with `map(fn, items, desc, progress=…)` and `run_shards(run, shards, bar)`; the first error a task
-raises is re-raised once the tasks not yet started are cancelled. The stage runner
-(`fuelline.pipeline.executor`) and the packer (`fuelline.pack.packer`) both run on them.
+with `map(fn, items, desc, progress=…)` (`Executor`) and `run_shards(run, shards, bar)`; the first
+error a task raises is re-raised once the tasks not yet started are cancelled. The stage runner
+(`fuelline.pipeline.executor`, which opens them) and the packer (`fuelline.pack.packer`) run on them.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -23,7 +24,6 @@ from tqdm import tqdm
 from fuelline.io.bad_records import ON_ERROR
 from fuelline.pipeline.lifetime import die_with_parent
 from fuelline.pipeline.options import Options, option
-from fuelline.pipeline.ray_executor import RayExecutor  # imports Ray itself only when it is opened
 from fuelline.pipeline.shards import InputShard
 from fuelline.progress import progress_bar
 
@@ -72,15 +72,23 @@ class RunOptions(Options):
         return max(1, min(workers, pending))
 
 
-def open_executor(options: RunOptions, tasks: int) -> WorkerPool | RayExecutor:
-    """The executor `options` ask for, with at most `tasks` workers where it starts them."""
-    workers = options.resolved_workers(tasks)
-    if options.executor == "ray":
-        return RayExecutor(options.ray_address, workers)
-    return WorkerPool(workers)
+class Executor:
+    """What both executors share: `map` over their `_gather(fn, items, desc, on_result)`, which runs `fn`
+    on every item and hands each result over with its position as its task ends."""
+
+    def map(self, fn: Callable, items: Sequence, desc: str, *, progress: bool) -> list:
+        """`[fn(x) for x in items]`, on the workers, with a progress bar of finished items."""
+        results: list = [None] * len(items)
+        with progress_bar(total=len(items), desc=desc, disable=not progress, leave=False) as bar:
+            def store(i: int, result) -> None:
+                results[i] = result
+                bar.update()
+
+            self._gather(fn, items, desc, store)
+        return results
 
 
-class WorkerPool:
+class WorkerPool(Executor):
     """The processes of one stage run: started on first use, shared by `prepare` and the shards.
 
     Spawned, not forked (the parent may hold threads: pyarrow, tqdm); starting them and
@@ -109,8 +117,15 @@ class WorkerPool:
                                              initargs=(self._updates, os.getpid()))
         return self._pool
 
-    def _gather(self, futures: dict, on_result: Callable[[int, object], None], bar: tqdm | None) -> None:
-        """Wait for every future, in completion order; the first error cancels the rest."""
+    def _gather(self, fn: Callable, items: Sequence, desc: str, on_result: Callable[[int, object], None],
+                bar: tqdm | None = None) -> None:
+        """Run `fn` on every item; results in completion order; the first error cancels the rest. `bar`
+        counts what the workers report through their queue."""
+        if self.workers == 1:
+            for i, item in enumerate(items):
+                on_result(i, fn(item))
+            return
+        futures = {self._executor().submit(fn, item): i for i, item in enumerate(items)}
         running = set(futures)
         try:
             while running:
@@ -124,31 +139,13 @@ class WorkerPool:
                 future.cancel()  # finished work stays finished; queued work is not started
             raise
 
-    def map(self, fn: Callable, items: Sequence, desc: str, *, progress: bool) -> list:
-        """`[fn(x) for x in items]`, on the workers, with a progress bar."""
-        results: list = [None] * len(items)
-        with progress_bar(total=len(items), desc=desc, disable=not progress, leave=False) as bar:
-            if self.workers == 1:
-                for i, item in enumerate(items):
-                    results[i] = fn(item)
-                    bar.update()
-                return results
-
-            def store(i: int, result) -> None:
-                results[i] = result
-                bar.update()
-
-            self._gather({self._executor().submit(fn, item): i for i, item in enumerate(items)}, store, None)
-        return results
-
     def run_shards(self, run: Callable[..., dict], shards: list[InputShard], bar: tqdm) -> None:
         """`run(shard, progress=…)` for every shard; a worker's progress reaches `bar` through a queue."""
         if self.workers == 1:
             for shard in shards:
                 run(shard, progress=bar.update)
             return
-        futures = {self._executor().submit(_run_in_worker, run, s): s for s in shards}
-        self._gather(futures, lambda shard, marker: None, bar)
+        self._gather(functools.partial(_run_in_worker, run), shards, "shards", lambda i, marker: None, bar)
         _drain(self._updates, bar)
 
 
