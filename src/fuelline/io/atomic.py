@@ -142,6 +142,20 @@ class AtomicFile:
             self.temp_path.unlink(missing_ok=True)
 
 
+class CommitOnExit:
+    """A context manager for an atomic output with `close()` (commit) and `abort()` (remove): leaving
+    the block normally commits, an exception removes."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
 @contextmanager
 def atomic_write(path: str | os.PathLike) -> Iterator[IO[bytes]]:
     """Write a binary file atomically: committed on clean exit, removed on any exception.

@@ -41,32 +41,34 @@ def is_data_file(path: str | os.PathLike) -> bool:
     return bool(fmt) and not (fmt == ".parquet" and compression)
 
 
+def _data_files(relatives: list[str], stage: bool) -> list[str]:
+    """The data files among `relatives` (names under a directory, `/`-separated), in the order of
+    sorted local Paths: of a stage's directory (`stage`: it holds `_done/`) its part files only, else
+    those outside hidden and `_` folders, bookkeeping left out."""
+    if stage:
+        chosen = [r for r in relatives if "/" not in r and r.startswith(STAGE_PART_PREFIX) and is_data_file(r)]
+    else:
+        chosen = [r for r in relatives if not any(d.startswith((".", "_")) for d in r.split("/")[:-1])
+                  and is_data_file(r) and r.rsplit("/", 1)[-1] not in BOOKKEEPING_FILES]
+    return sorted(chosen, key=lambda r: tuple(r.split("/")))
+
+
 def _files_in_directory(directory: Path) -> list[Path]:
-    if (directory / DONE_DIR).is_dir():
-        return sorted(p for p in directory.iterdir() if p.name.startswith(STAGE_PART_PREFIX) and is_data_file(p))
-    found = []
+    relatives = []
     for root, dirs, files in os.walk(directory):
-        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
-        found.extend(Path(root) / f for f in files if is_data_file(f) and f not in BOOKKEEPING_FILES)
-    return sorted(found)
-
-
-def _sort_key(relative: str) -> tuple[str, ...]:
-    return tuple(relative.split("/"))  # the order of sorted local Paths: by component
+        dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]  # skipped whole, not listed
+        relatives += [Path(root, f).relative_to(directory).as_posix() for f in files]
+    return [directory / r for r in _data_files(relatives, (directory / DONE_DIR).is_dir())]
 
 
 def _files_at_url_directory(fs, directory: str) -> list[str]:
-    """The data files under a directory of an fsspec filesystem, as URLs (see `_files_in_directory`)."""
+    """The data files under a directory of an fsspec filesystem, as URLs."""
     directory = directory.rstrip("/")
     found = fs.find(directory, detail=True)
     files = {name[len(directory) + 1:]: name for name, info in found.items()
              if info["type"] == "file" and name.startswith(directory + "/")}
-    if any(r.startswith(f"{DONE_DIR}/") for r in files):
-        chosen = [r for r in files if "/" not in r and r.startswith(STAGE_PART_PREFIX) and is_data_file(r)]
-    else:
-        chosen = [r for r in files if not any(d.startswith((".", "_")) for d in r.split("/")[:-1])
-                  and is_data_file(r) and r.rsplit("/", 1)[-1] not in BOOKKEEPING_FILES]
-    return [fs.unstrip_protocol(files[r]) for r in sorted(chosen, key=_sort_key)]
+    stage = any(r.startswith(f"{DONE_DIR}/") for r in files)
+    return [fs.unstrip_protocol(files[r]) for r in _data_files(list(files), stage)]
 
 
 def _url_files(url: str) -> list[str]:

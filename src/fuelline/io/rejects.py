@@ -9,13 +9,14 @@ from typing import Any
 
 import orjson
 
+from fuelline.io.atomic import CommitOnExit
 from fuelline.io.writers import JsonlZstWriter
 
 _SHORT = reprlib.Repr()
 _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist, _SHORT.maxdict = 12, 4096, 4096, 100, 100
 
 
-class Rejects:
+class Rejects(CommitOnExit):
     """Counts rejected records by reason and, given a path, writes each one to a JSONL.zst file.
 
     Each line is `{"reason", "source", "line", "detail", "record"}`; `record` holds the parsed
@@ -69,12 +70,3 @@ class Rejects:
     def abort(self) -> None:
         if self._writer is not None:
             self._writer.abort()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()

@@ -15,12 +15,12 @@ from typing import Any
 import zstandard
 
 from fuelline.io import json_exact
-from fuelline.io.atomic import AtomicFile, atomic_write, reraise_naming
+from fuelline.io.atomic import AtomicFile, CommitOnExit, atomic_write, reraise_naming
 
 ZSTD_LEVEL = 3
 
 
-class RecordWriter:
+class RecordWriter(CommitOnExit):
     """Base: counts records, commits on `close()`, removes the temp file on `abort()`."""
 
     suffix = ""
@@ -42,15 +42,6 @@ class RecordWriter:
 
     def abort(self) -> None:
         self._target.abort()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
 
 class JsonlZstWriter(RecordWriter):

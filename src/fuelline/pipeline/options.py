@@ -1,17 +1,10 @@
 """A step's options declared once, as the fields of its Config dataclass.
 
-Each field carries its default, its help text, its choices, and whether it is part of what the
-step makes (`identity`): `--threads` or `--concurrency` change how fast, never what, so a run
-that differs only in them resumes. The CLI options (cli.py), the pipeline-file keys
-(pipeline/config.py) and the identity a finished step is recognized by are all read from here.
-
-A field whose type is itself such a dataclass is a group (regenerate's `client`, `group()`): its
-options are the step's options too, with flat names (`concurrency`, not `client.concurrency`), or
-with the group's prefix (the servers a regenerate step starts: `serve_model` is `fuelline serve`'s
-`model`).
-
-A Config derives from `Options`, so that an option's choices and range are checked where the
-Config is built, whether from the CLI, a pipeline file or Python: declared once, checked once.
+The CLI options, the pipeline-file keys and the identity a finished step is recognized by are all
+read from here (docs/design.md, "The step protocol"). A group (`group()`) takes flat names
+(`concurrency`, not `client.concurrency`) or its prefix (`serve_model` is `fuelline serve`'s
+`model`). A Config derives from `Options`, so that its choices and ranges are checked where it is
+built, from the CLI, a pipeline file or Python alike: declared once, checked once.
 """
 
 from __future__ import annotations

@@ -12,14 +12,11 @@ fields in the request: {'top_k', 'min_p'}" where SGLang and vLLM take them. Such
 out for that server from then on (said once, and recorded in the summary) and the request is
 sent again at once. `tools` never are: an answer made without them would be another answer.
 
-Answers are streamed (`fuelline.serve.stream`), so a stalled server is told from a long answer:
-nothing for `stall_timeout` seconds (before the first event or between two) is a stall, retried,
-and its server rests until it answers a one-token completion, not only `/v1/models`; an answer
-that keeps streaming is never cut. Before the run each server is asked for a one-token
-completion: one that answers nothing within `stall_timeout` is left out (all of them: the run
-stops, saying so), and one that answers whole although asked to stream (or refuses to stream)
-gets whole-answer requests, each limited by `request_timeout` (said once). While requests wait,
-a server silent for 10 s (or half the stall timeout) is named on the terminal, again at 20, 40, 80 s, ...
+Answers are streamed (`fuelline.serve.stream`), so a stalled server is told from a long answer;
+the stall, the one-token check of every server before the run, the fallback to whole answers and
+the notes on a silent server are told in docs/chat.md (`--stall-timeout`, `--request-timeout`). A
+stalled server rests until it answers a one-token completion, not only `/v1/models`; a server is
+named silent after 10 s (or half the stall timeout), again at 20, 40, 80 s, ...
 
 An answer is its content (null counts as "" when the answer is tool calls), its tool calls in
 the chat record's form, arguments parsed by `fuelline.io.tool_arguments` (integers exact; refused

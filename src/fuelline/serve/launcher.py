@@ -204,7 +204,7 @@ class ServerGroup:
             return
         code = exit_status(server.process)
         if code is not None:
-            self._terminate(server)  # whatever it left in its process group, then reap it
+            server.terminate(self._grace, self._hurry)  # whatever it left in its process group, then reap it
             server.failures += 1
             delay = min(MAX_BACKOFF_S, 2.0 ** (server.failures - 1))
             server.restart_at = now + delay
@@ -226,7 +226,7 @@ class ServerGroup:
         elif not answered and server.state == "starting" and now - server.since > self.startup_timeout:
             self._event(f"server {server.port}: no answer {self.startup_timeout:g} s after its start; "
                         f"stopping it to start again")
-            self._terminate(server)  # next round sees an exited process and restarts it with backoff
+            server.terminate(self._grace, self._hurry)  # next round sees an exited process and restarts it with backoff
 
     # -- processes ----------------------------------------------------------------------------
 
@@ -274,16 +274,13 @@ class ServerGroup:
             if waiting:
                 time.sleep(0.25)
 
-    def _terminate(self, server: Server) -> None:
-        server.terminate(self._grace, self._hurry)
-
     def _stop_all(self) -> None:
         with self._lock:
             running = [s for s in self.servers if s.process is not None and s.process.returncode is None]
             for server in running:  # all get SIGTERM at once, so the grace periods overlap
                 signal_group(server.process.pid, signal.SIGTERM)
             for server in running:
-                self._terminate(server)
+                server.terminate(self._grace, self._hurry)
                 server.set_state("stopped")
 
     # -- bookkeeping --------------------------------------------------------------------------
