@@ -2,7 +2,7 @@
 
 The phases (exact, candidates and verify as tasks on the stage's executor; components and
 decisions in the driver) and what each holds in memory: docs/dedup.md, "Phases, and memory".
-Each task writes its result atomically and then a marker holding what it returned (`_saved_once`,
+Each task writes its result atomically and then a marker holding what it returned (`saved_once`,
 `_spilled_once`), so an interrupted run redoes only unfinished tasks. Tasks are cut by row counts,
 never by the number of workers, and what a phase finds never depends on the cut (equal keys and
 equal band hashes share a partition; pairs are made unique within their first document's range):
@@ -26,8 +26,8 @@ from fuelline.dedup.exact import group_labels
 from fuelline.dedup.lsh import bucket_pairs, candidate_probability, unique_pairs
 from fuelline.dedup.simhash import choose_blocks, find_probability, hamming_pairs
 from fuelline.io.atomic import atomic_write, run_once
-from fuelline.io.spill import (PARTITIONS, group_ranges, range_partition, read_spill, save_array, spill_counts,
-                               write_spill)
+from fuelline.io.spill import (PARTITIONS, group_ranges, map_saved, range_partition, read_spill, save_array,
+                               saved_once, spill_counts, task_prefix, write_spill)
 from fuelline.io.writers import JsonlZstWriter
 
 KEEP, EXACT, NEAR = 0, 1, 2
@@ -96,25 +96,9 @@ def is_dropped(bits: np.ndarray, docs: np.ndarray) -> np.ndarray:
     return ((bits[docs >> 3] >> (7 - (docs & 7)).astype(np.uint8)) & 1).astype(bool)
 
 
-def _task_prefix(directory: Path, i: int) -> Path:
-    return directory / f"task-{i:05d}"
-
-
-def _saved_once(directory: Path, i: int, work: Callable[[], tuple[np.ndarray, dict]]) -> dict:
-    """Task i's pairs as task-I.npy, then its marker, unless an earlier run finished it."""
-    path = _task_prefix(directory, i).with_suffix(".npy")
-
-    def save() -> dict:
-        pairs, result = work()
-        save_array(path, pairs)
-        return result
-
-    return run_once(path.with_suffix(".json"), save)
-
-
 def _spilled_once(directory: Path, i: int, documents: int, find: Callable[[], np.ndarray]) -> dict:
     """Task i's distinct candidate pairs as a spill table by their first document's range, then its marker."""
-    prefix = _task_prefix(directory, i)
+    prefix = task_prefix(directory, i)
 
     def spill() -> dict:
         pairs = unique_pairs(find(), documents)
@@ -122,16 +106,6 @@ def _spilled_once(directory: Path, i: int, documents: int, find: Callable[[], np
         return {"pairs": len(pairs)}
 
     return run_once(prefix.with_suffix(".json"), spill)
-
-
-def _map_saved(map_tasks: Callable, task: Callable, ranges: list[tuple], directory: Path,
-               desc: str) -> tuple[list[dict], np.ndarray]:
-    """A phase of `_saved_once` tasks, one per range: what each returned, and their pairs
-    concatenated in task order."""
-    directory.mkdir(parents=True, exist_ok=True)
-    results = map_tasks(functools.partial(task, directory=directory), _tasks(ranges), desc)
-    arrays = [np.load(_task_prefix(directory, i).with_suffix(".npy")) for i in range(len(ranges))]
-    return results, np.concatenate(arrays) if arrays else np.empty((0, 2), dtype=np.int64)
 
 
 # Phase 1: exact duplicates.
@@ -148,7 +122,7 @@ def find_exact(task: tuple[int, int, int], shards: HashedShards, keep: str, dire
         pairs = np.stack([rows["doc"][duplicate], rows["doc"][winner[duplicate]]], axis=1)
         return pairs, {"duplicates": len(duplicate)}
 
-    return _saved_once(directory, i, work)
+    return saved_once(directory, i, work)
 
 
 # Phase 2: candidate pairs.
@@ -193,7 +167,7 @@ def verify_pairs(task: tuple[int, int, int], shards: HashedShards, candidates: l
         verified = pairs if threshold is None else pairs[shards.jaccard(pairs) >= threshold]
         return verified, {"candidates": len(pairs), "verified": len(verified)}
 
-    return _saved_once(directory, i, work)
+    return saved_once(directory, i, work)
 
 
 # The driver.
@@ -229,9 +203,10 @@ def _layout(config: DedupConfig, eligible: int) -> dict:
 def decide(shards: HashedShards, config: DedupConfig, workdir: Path, map_tasks: Callable, laps) -> Decision:
     """Run phases 1–4 over hashed shards with `map_tasks(fn, items, desc)`; `laps(name)` times each."""
     n = shards.documents
-    exact_results, exact = _map_saved(
+    exact_results, exact = map_saved(
         map_tasks, functools.partial(find_exact, shards=shards, keep=config.keep),
-        group_ranges(spill_counts(shards.prefixes("exact")), ROWS_PER_TASK), workdir / "exact", "dedup: exact")
+        group_ranges(spill_counts(shards.prefixes("exact")), ROWS_PER_TASK), workdir / "exact", "dedup: exact",
+        np.empty((0, 2), np.int64))
     exact = exact[np.argsort(exact[:, 0], kind="stable")]
     bits = np.zeros((n + 7) // 8, dtype=np.uint8)  # as np.packbits would make it, without n bytes first
     np.bitwise_or.at(bits, exact[:, 0] >> 3, (0x80 >> (exact[:, 0] & 7)).astype(np.uint8))
@@ -255,13 +230,14 @@ def decide(shards: HashedShards, config: DedupConfig, workdir: Path, map_tasks: 
     map_tasks(find, candidate_tasks, "dedup: candidates")
     laps("candidates")
 
-    candidates = [_task_prefix(directory, i) for i, *_ in candidate_tasks]
+    candidates = [task_prefix(directory, i) for i, *_ in candidate_tasks]
     counts = spill_counts(candidates) if candidates else np.zeros(PARTITIONS, dtype=np.int64)
     per_task = min(PAIRS_PER_TASK, max(1, -(-int(counts.sum()) // MIN_VERIFY_TASKS)))
-    verify_results, verified = _map_saved(
+    verify_results, verified = map_saved(
         map_tasks, functools.partial(verify_pairs, shards=shards, candidates=candidates,
                                      threshold=config.threshold if config.verify else None),
-        group_ranges(counts, per_task), workdir / "verify", "dedup: verify")
+        group_ranges(counts, per_task), workdir / "verify", "dedup: verify",
+        np.empty((0, 2), np.int64))
     laps("verify")
 
     nodes = np.unique(verified)
