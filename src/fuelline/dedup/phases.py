@@ -283,14 +283,6 @@ def document_ids(shards: HashedShards, docs: np.ndarray) -> list[str]:
     return ids
 
 
-def pair_similarity(pairs: np.ndarray, shards: HashedShards) -> np.ndarray:
-    """Jaccard similarity of each pair; 1.0 for a document with itself, without reading it."""
-    similarity = np.ones(len(pairs))
-    other = pairs[:, 0] != pairs[:, 1]
-    similarity[other] = shards.jaccard(pairs[other])
-    return similarity
-
-
 AUDIT_LEVELS = [None, "exact", "near"]
 
 
@@ -301,11 +293,12 @@ def write_audit_part(task: tuple, shards: HashedShards, directory: Path) -> dict
     path = directory / f"part-{i:05d}.jsonl.zst"
 
     def work() -> dict:
-        # An exact copy's similarity is its keeper's: the same text.
-        similarity = np.round(pair_similarity(np.stack([exact_keeper, final], axis=1), shards), 4)
+        # An exact copy's similarity is its keeper's: the same text; a kept document's with itself is 1.0, unread.
+        similarity, other = np.ones(len(docs)), exact_keeper != final
+        similarity[other] = shards.jaccard(np.stack([exact_keeper[other], final[other]], axis=1))
         with JsonlZstWriter(path) as writer:
             for doc_id, cluster, code, value in zip(document_ids(shards, docs), document_ids(shards, final),
-                                                    codes.tolist(), similarity.tolist()):
+                                                    codes.tolist(), np.round(similarity, 4).tolist()):
                 writer.write({"id": doc_id, "cluster": cluster, "kept": code == KEEP, "removed": AUDIT_LEVELS[code],
                               "similarity": value})
         return {"rows": len(docs)}
