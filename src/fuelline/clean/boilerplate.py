@@ -7,34 +7,22 @@ verbatim or with another year, across documents. Each distinct line gets four fe
                          documents, 1 from `saturation` of the corpus on (1%: 4,000 of 400k)
     pos_consistency      share of those documents in which it sits in the first or last
                          `edge_fraction` of the non-blank lines (see `edge_width`)
-    template_similarity  separators (| · » > : 《) and template words (home, 首页, ©, all rights
-                         reserved, 版权所有, …), see `template_similarity`
+    template_similarity  separators and template words, see `template_similarity`
     short_text_score     1 up to `short_width` display columns, 0 from `long_width` on (a CJK
                          character is two columns, so a 7-character poem line is 14)
 
 and is removed when alpha·doc_freq + beta·pos_consistency + gamma·template_similarity +
-delta·short_text_score > threshold and at least `min_doc_freq` documents hold it.
+delta·short_text_score > threshold and at least `min_doc_freq` documents hold it. Lines are
+counted whole, once per document, after normalization (`keyed_lines`), so a frequent word in
+varied lines is never removed.
 
-Lines are counted whole, once per document, after normalization (NFKC, whitespace collapsed,
-lowercase, every digit → 0, so "© 2025 X" and "© 2026 X" are one line). A word as frequent as
-"market" is therefore never removed: only a line that recurs in full is a candidate.
-
-Counting in bounded memory, as tasks. No line and no dict of distinct lines is kept. Each line
-becomes a 64-bit xxh3 hash; the distinct hashes of a document go, with an is-edge flag, into a
-fixed numpy buffer of `BUFFER_ENTRIES` = 4M pairs (8 + 1 bytes: 36 MiB, ~110 MiB while it is
-argsorted and reduced). A full buffer is reduced to (hash, docs, edges) rows of 24 bytes, written
-as a spill table by hash partition (`fuelline.io.spill`, `LineCounter`). One such count runs per
-input shard, as a task on the stage's executor (local processes or Ray); merging tasks then sum
-the tables' rows of a range of hash partitions each (`count_corpus`), so no process holds every
-distinct line: a corpus of 1e9 line occurrences, mostly distinct, spills ~24 GB per pass, and a
-merging task holds ~8 M lines. Only
-hashes held by at least `min_doc_freq` documents are kept, as sorted arrays (24 bytes each) that
-travel to every worker with the stage. Two of 1e9 distinct lines share a 64-bit hash with
-probability ~3%, and then only merge their counts.
-
-Speed: the counting pass takes ~3 s per million lines on one core (the poetry corpus, 1.76M
-non-blank lines, in 5.3 s), two thirds of it NFKC. There the defaults remove 5,668 lines (0.3%):
-stray "）。" fragments and 元曲 stage directions such as "（唱）。" at the ends of poems.
+Counting in bounded memory, as tasks (how they run and what they measured: docs/boilerplate.md).
+No line and no dict of distinct lines is kept: each line becomes a 64-bit xxh3 hash, buffered
+with an is-edge flag (`BUFFER_ENTRIES`, 36 MiB) and spilled as (hash, docs, edges) rows of 24
+bytes by hash partition (`LineCounter`); merging tasks sum a range of partitions each
+(`count_corpus`). 1e9 line occurrences, mostly distinct, spill ~24 GB per pass and a merging task
+holds ~8 M lines. Two of 1e9 distinct lines share a 64-bit hash with probability ~3%, and then
+only merge their counts.
 """
 
 from __future__ import annotations
@@ -58,8 +46,8 @@ import xxhash
 from fuelline.io.atomic import atomic_write, run_once
 from fuelline.io.paths import expand_inputs
 from fuelline.io.readers import RecordError, iter_file_records
-from fuelline.io.spill import (PARTITIONS, group_ranges, hash_partition, read_spill, save_array, spill_counts,
-                               write_spill)
+from fuelline.io.spill import (PARTITIONS, group_ranges, hash_partition, map_saved, read_spill, saved_once,
+                               spill_counts, write_spill)
 from fuelline.pipeline.options import option
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.pipeline.stage import PrepareContext, ShardContext, Stage, StageConfig
@@ -266,16 +254,15 @@ def merge_line_counts(task: tuple[int, int, int], prefixes: list[Path], min_doc_
     """The shards' counts of the lines in hash partitions [lo, hi), summed; those of at least
     `min_doc_freq` documents kept, sorted by hash."""
     i, lo, hi = task
-    path = directory / f"task-{i:05d}.npy"
 
-    def work() -> dict:
+    def work() -> tuple[np.ndarray, dict]:
         rows = read_spill(prefixes, lo, hi, ("hash", "docs", "edges"))
         hashes, docs, edges = _reduce(rows["hash"], rows["docs"], rows["edges"])
         frequent = docs >= min_doc_freq
-        save_array(path, np.stack([hashes[frequent].view(np.int64), docs[frequent], edges[frequent]]))
-        return {"lines": int(frequent.sum())}
+        columns = np.stack([hashes[frequent].view(np.int64), docs[frequent], edges[frequent]])
+        return columns, {"lines": int(frequent.sum())}
 
-    return run_once(path.with_suffix(".json"), work)
+    return saved_once(directory, i, work)
 
 
 def count_corpus(ctx: PrepareContext, texts: Callable[[InputShard], Iterable[str]], config: BoilerplateConfig
@@ -286,14 +273,11 @@ def count_corpus(ctx: PrepareContext, texts: Callable[[InputShard], Iterable[str
     counted = ctx.map(functools.partial(count_shard_lines, texts=texts, config=config, workdir=ctx.workdir),
                       ctx.shards, "boilerplate: counting lines")
     prefixes = [ctx.workdir / "lines" / table for shard in counted for table in shard["tables"]]
-    merged = ctx.workdir / "merged"
-    merged.mkdir(parents=True, exist_ok=True)
     counts = spill_counts(prefixes) if prefixes else np.zeros(PARTITIONS, np.int64)
-    tasks = [(i, lo, hi) for i, (lo, hi) in enumerate(group_ranges(counts, ROWS_PER_TASK))]
-    ctx.map(functools.partial(merge_line_counts, prefixes=prefixes, min_doc_freq=config.min_doc_freq,
-                              directory=merged), tasks, "boilerplate: merging counts")
-    parts = [np.load(merged / f"task-{i:05d}.npy") for i, *_ in tasks]
-    columns = np.concatenate(parts, axis=1) if parts else np.empty((3, 0), dtype=np.int64)
+    _, columns = map_saved(ctx.map, functools.partial(merge_line_counts, prefixes=prefixes,
+                                                      min_doc_freq=config.min_doc_freq),
+                           group_ranges(counts, ROWS_PER_TASK), ctx.workdir / "merged", "boilerplate: merging counts",
+                           np.empty((3, 0), dtype=np.int64), axis=1)
     for name in ("lines", "merged"):
         if (ctx.workdir / name).exists():  # scratch of this run; one that cannot be removed is said
             shutil.rmtree(ctx.workdir / name)

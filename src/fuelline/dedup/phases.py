@@ -1,33 +1,12 @@
 """Dedup's decision as phases of independent tasks, so that no node holds every document's hashes.
 
-Hashing (one task per input shard, `fuelline.dedup.stage.hash_shard`) leaves, per shard, the
-exact keys and the band hashes as spill files (`fuelline.io.spill`), the SimHashes, the
-lengths and the shingles. Then, each phase a map over tasks on the stage's executor:
-
-1. exact: a task per range of key partitions groups equal keys and names each group's keeper;
-   the driver marks the duplicates in a bitmap, one bit per document;
-2. candidates: a task per band and range of band-hash partitions (MinHash), or per range of the
-   SimHash tables, pairs the documents the bitmap leaves and spills its pairs by the range of the
-   pair's first document;
-3. verify: a task per range of first documents reads those pairs from every candidate task,
-   removes repeats and keeps the pairs whose true Jaccard similarity reaches the threshold,
-   reading only the shingles of its own pairs' documents;
-4. components, in the driver: union-find over the documents of verified pairs only;
-5. decisions, in the driver: a keep/drop code per document, one shard at a time; the audit's
-   rows in order, which tasks write a range each (similarities, ids) and the driver concatenates.
-
-Each task writes its result atomically and then a marker holding what it returned, so an
-interrupted run redoes only unfinished tasks. Tasks are cut by row counts, never by the number of
-workers, and what a phase finds never depends on the cut (equal keys and equal band hashes share
-a partition; pairs are made unique within their first document's range): the bytes are the same
-on any executor and any cluster.
-
-Memory. A task holds its rows, at most about ROWS_PER_TASK of 16–32 B (one partition may hold
-more). The driver holds one bit per document, 16 B per exact duplicate and per verified pair, ~100 B
-per clustered document (to put the audit in order), and one shard's decisions at a time; ids and
-shingles stay on disk. SimHash's
-candidate tasks are cut by tables, not documents: each holds 17 B per document (every SimHash,
-and which documents are left after the exact level).
+The phases (exact, candidates and verify as tasks on the stage's executor; components and
+decisions in the driver) and what each holds in memory: docs/dedup.md, "Phases, and memory".
+Each task writes its result atomically and then a marker holding what it returned (`saved_once`,
+`_spilled_once`), so an interrupted run redoes only unfinished tasks. Tasks are cut by row counts,
+never by the number of workers, and what a phase finds never depends on the cut (equal keys and
+equal band hashes share a partition; pairs are made unique within their first document's range):
+the bytes are the same on any executor and any cluster.
 """
 
 from __future__ import annotations
@@ -47,8 +26,8 @@ from fuelline.dedup.exact import group_labels
 from fuelline.dedup.lsh import bucket_pairs, candidate_probability, unique_pairs
 from fuelline.dedup.simhash import choose_blocks, find_probability, hamming_pairs
 from fuelline.io.atomic import atomic_write, run_once
-from fuelline.io.spill import (PARTITIONS, group_ranges, range_partition, read_spill, save_array, spill_counts,
-                               write_spill)
+from fuelline.io.spill import (PARTITIONS, group_ranges, map_saved, range_partition, read_spill, save_array,
+                               saved_once, spill_counts, task_prefix, write_spill)
 from fuelline.io.writers import JsonlZstWriter
 
 KEEP, EXACT, NEAR = 0, 1, 2
@@ -117,8 +96,16 @@ def is_dropped(bits: np.ndarray, docs: np.ndarray) -> np.ndarray:
     return ((bits[docs >> 3] >> (7 - (docs & 7)).astype(np.uint8)) & 1).astype(bool)
 
 
-def _pairs_or_empty(arrays: list[np.ndarray]) -> np.ndarray:
-    return np.concatenate(arrays) if arrays else np.empty((0, 2), dtype=np.int64)
+def _spilled_once(directory: Path, i: int, documents: int, find: Callable[[], np.ndarray]) -> dict:
+    """Task i's distinct candidate pairs as a spill table by their first document's range, then its marker."""
+    prefix = task_prefix(directory, i)
+
+    def spill() -> dict:
+        pairs = unique_pairs(find(), documents)
+        write_spill(prefix, range_partition(pairs[:, 0], documents), PARTITIONS, {"a": pairs[:, 0], "b": pairs[:, 1]})
+        return {"pairs": len(pairs)}
+
+    return run_once(prefix.with_suffix(".json"), spill)
 
 
 # Phase 1: exact duplicates.
@@ -126,54 +113,44 @@ def _pairs_or_empty(arrays: list[np.ndarray]) -> np.ndarray:
 def find_exact(task: tuple[int, int, int], shards: HashedShards, keep: str, directory: Path) -> dict:
     """Groups of equal keys in key partitions [lo, hi); writes (duplicate, keeper) pairs."""
     i, lo, hi = task
-    path = directory / f"task-{i:05d}.npy"
 
-    def work() -> dict:
+    def work() -> tuple[np.ndarray, dict]:
         rows = read_spill(shards.prefixes("exact"), lo, hi, ("key0", "key1", "doc", "length"), shards.starts)
         # Equal keys share a partition and come in document order, so positions order like documents.
         winner = keepers(group_labels(np.stack([rows["key0"], rows["key1"]], axis=1)), rows["length"], keep)
         duplicate = np.flatnonzero(winner != np.arange(len(winner)))
-        save_array(path, np.stack([rows["doc"][duplicate], rows["doc"][winner[duplicate]]], axis=1))
-        return {"duplicates": len(duplicate)}
+        pairs = np.stack([rows["doc"][duplicate], rows["doc"][winner[duplicate]]], axis=1)
+        return pairs, {"duplicates": len(duplicate)}
 
-    return run_once(path.with_suffix(".json"), work)
+    return saved_once(directory, i, work)
 
 
 # Phase 2: candidate pairs.
 
-def _spill_pairs(prefix: Path, pairs: np.ndarray, documents: int) -> dict:
-    pairs = unique_pairs(pairs, documents)
-    write_spill(prefix, range_partition(pairs[:, 0], documents), PARTITIONS, {"a": pairs[:, 0], "b": pairs[:, 1]})
-    return {"pairs": len(pairs)}
-
-
 def band_candidates(task: tuple[int, int, int, int], shards: HashedShards, dropped: Path, directory: Path) -> dict:
     """Pairs sharing a hash in band `band`, partitions [lo, hi), among documents not dropped."""
     i, band, lo, hi = task
-    prefix = directory / f"task-{i:05d}"
 
-    def work() -> dict:
+    def find() -> np.ndarray:
         first = band * PARTITIONS
         rows = read_spill(shards.prefixes("bands"), first + lo, first + hi, ("hash", "doc"), shards.starts)
         kept = ~is_dropped(np.load(dropped, mmap_mode="r"), rows["doc"])
-        return _spill_pairs(prefix, bucket_pairs(rows["hash"][kept], rows["doc"][kept]), shards.documents)
+        return bucket_pairs(rows["hash"][kept], rows["doc"][kept])
 
-    return run_once(prefix.with_suffix(".json"), work)
+    return _spilled_once(directory, i, shards.documents, find)
 
 
 def simhash_candidates(task: tuple[int, int, int], shards: HashedShards, dropped: Path, directory: Path,
                        hamming: int, blocks: int) -> dict:
     """Pairs within `hamming` bits first found by tables [lo, hi), among documents not dropped."""
     i, lo, hi = task
-    prefix = directory / f"task-{i:05d}"
 
-    def work() -> dict:
+    def find() -> np.ndarray:
         values = np.concatenate([np.load(d / "simhash.npy") for d in shards.dirs])
         eligible = np.flatnonzero(np.unpackbits(np.load(dropped), count=shards.documents) == 0)
-        pairs = hamming_pairs(values[eligible], eligible, hamming, blocks, range(lo, hi))
-        return _spill_pairs(prefix, pairs, shards.documents)
+        return hamming_pairs(values[eligible], eligible, hamming, blocks, range(lo, hi))
 
-    return run_once(prefix.with_suffix(".json"), work)
+    return _spilled_once(directory, i, shards.documents, find)
 
 
 # Phase 3: verification.
@@ -183,16 +160,14 @@ def verify_pairs(task: tuple[int, int, int], shards: HashedShards, candidates: l
     """The distinct candidate pairs whose first document is in range partitions [lo, hi), and
     those of them at Jaccard ≥ threshold (all of them when threshold is None)."""
     i, lo, hi = task
-    path = directory / f"task-{i:05d}.npy"
 
-    def work() -> dict:
+    def work() -> tuple[np.ndarray, dict]:
         rows = read_spill(candidates, lo, hi, ("a", "b"))
         pairs = unique_pairs(np.stack([rows["a"], rows["b"]], axis=1).astype(np.int64), shards.documents)
         verified = pairs if threshold is None else pairs[shards.jaccard(pairs) >= threshold]
-        save_array(path, verified)
-        return {"candidates": len(pairs), "verified": len(verified)}
+        return verified, {"candidates": len(pairs), "verified": len(verified)}
 
-    return run_once(path.with_suffix(".json"), work)
+    return saved_once(directory, i, work)
 
 
 # The driver.
@@ -228,14 +203,10 @@ def _layout(config: DedupConfig, eligible: int) -> dict:
 def decide(shards: HashedShards, config: DedupConfig, workdir: Path, map_tasks: Callable, laps) -> Decision:
     """Run phases 1–4 over hashed shards with `map_tasks(fn, items, desc)`; `laps(name)` times each."""
     n = shards.documents
-    for name in ("exact", "candidates", "verify"):
-        (workdir / name).mkdir(parents=True, exist_ok=True)
-
-    exact_ranges = group_ranges(spill_counts(shards.prefixes("exact")), ROWS_PER_TASK)
-    exact_tasks = _tasks(exact_ranges)
-    map_tasks(functools.partial(find_exact, shards=shards, keep=config.keep, directory=workdir / "exact"),
-              exact_tasks, "dedup: exact")
-    exact = _pairs_or_empty([np.load(workdir / "exact" / f"task-{i:05d}.npy") for i, *_ in exact_tasks])
+    exact_results, exact = map_saved(
+        map_tasks, functools.partial(find_exact, shards=shards, keep=config.keep),
+        group_ranges(spill_counts(shards.prefixes("exact")), ROWS_PER_TASK), workdir / "exact", "dedup: exact",
+        np.empty((0, 2), np.int64))
     exact = exact[np.argsort(exact[:, 0], kind="stable")]
     bits = np.zeros((n + 7) // 8, dtype=np.uint8)  # as np.packbits would make it, without n bytes first
     np.bitwise_or.at(bits, exact[:, 0] >> 3, (0x80 >> (exact[:, 0] & 7)).astype(np.uint8))
@@ -244,28 +215,29 @@ def decide(shards: HashedShards, config: DedupConfig, workdir: Path, map_tasks: 
     laps("exact")
 
     layout = _layout(config, n - len(exact))
+    directory = workdir / "candidates"
+    directory.mkdir(parents=True, exist_ok=True)
     if config.method == "minhash":
         counts = spill_counts(shards.prefixes("bands")).reshape(layout["bands"], PARTITIONS)
         candidate_tasks = _tasks([(band, lo, hi) for band in range(layout["bands"])
                                   for lo, hi in group_ranges(counts[band], ROWS_PER_TASK)])
-        find = functools.partial(band_candidates, shards=shards, dropped=bitmap, directory=workdir / "candidates")
+        find = functools.partial(band_candidates, shards=shards, dropped=bitmap, directory=directory)
     else:
         step = -(-layout["tables"] // SIMHASH_TASKS)
         candidate_tasks = _tasks([(lo, min(lo + step, layout["tables"])) for lo in range(0, layout["tables"], step)])
-        find = functools.partial(simhash_candidates, shards=shards, dropped=bitmap, directory=workdir / "candidates",
+        find = functools.partial(simhash_candidates, shards=shards, dropped=bitmap, directory=directory,
                                  hamming=layout["hamming"], blocks=layout["blocks"])
     map_tasks(find, candidate_tasks, "dedup: candidates")
     laps("candidates")
 
-    candidates = [workdir / "candidates" / f"task-{i:05d}" for i, *_ in candidate_tasks]
+    candidates = [task_prefix(directory, i) for i, *_ in candidate_tasks]
     counts = spill_counts(candidates) if candidates else np.zeros(PARTITIONS, dtype=np.int64)
     per_task = min(PAIRS_PER_TASK, max(1, -(-int(counts.sum()) // MIN_VERIFY_TASKS)))
-    verify_tasks = _tasks(group_ranges(counts, per_task))
-    results = map_tasks(functools.partial(verify_pairs, shards=shards, candidates=candidates,
-                                          directory=workdir / "verify",
-                                          threshold=config.threshold if config.verify else None),
-                        verify_tasks, "dedup: verify")
-    verified = _pairs_or_empty([np.load(workdir / "verify" / f"task-{i:05d}.npy") for i, *_ in verify_tasks])
+    verify_results, verified = map_saved(
+        map_tasks, functools.partial(verify_pairs, shards=shards, candidates=candidates,
+                                     threshold=config.threshold if config.verify else None),
+        group_ranges(counts, per_task), workdir / "verify", "dedup: verify",
+        np.empty((0, 2), np.int64))
     laps("verify")
 
     nodes = np.unique(verified)
@@ -273,7 +245,7 @@ def decide(shards: HashedShards, config: DedupConfig, workdir: Path, map_tasks: 
     winner = keepers(labels, shards.gather("lengths", nodes), config.keep)
     near = np.flatnonzero(winner != np.arange(len(nodes)))
     laps("cluster")
-    candidate_pairs = sum(r["candidates"] for r in results)
+    candidate_pairs = sum(r["candidates"] for r in verify_results)
     summary = {
         "method": config.method, **layout,
         "exact_duplicates": len(exact),
@@ -282,8 +254,8 @@ def decide(shards: HashedShards, config: DedupConfig, workdir: Path, map_tasks: 
         "rejected_pairs": candidate_pairs - len(verified) if config.verify else None,
         "clusters": len(np.unique(labels)),
         "near_duplicates": len(near),
-        "tasks": {"hash": len(shards.dirs), "exact": len(exact_tasks), "candidates": len(candidate_tasks),
-                  "verify": len(verify_tasks)},
+        "tasks": {"hash": len(shards.dirs), "exact": len(exact_results), "candidates": len(candidate_tasks),
+                  "verify": len(verify_results)},
     }
     return Decision(exact, np.stack([nodes[near], nodes[winner[near]]], axis=1), summary)
 
@@ -311,14 +283,6 @@ def document_ids(shards: HashedShards, docs: np.ndarray) -> list[str]:
     return ids
 
 
-def pair_similarity(pairs: np.ndarray, shards: HashedShards) -> np.ndarray:
-    """Jaccard similarity of each pair; 1.0 for a document with itself, without reading it."""
-    similarity = np.ones(len(pairs))
-    other = pairs[:, 0] != pairs[:, 1]
-    similarity[other] = shards.jaccard(pairs[other])
-    return similarity
-
-
 AUDIT_LEVELS = [None, "exact", "near"]
 
 
@@ -329,11 +293,12 @@ def write_audit_part(task: tuple, shards: HashedShards, directory: Path) -> dict
     path = directory / f"part-{i:05d}.jsonl.zst"
 
     def work() -> dict:
-        # An exact copy's similarity is its keeper's: the same text.
-        similarity = np.round(pair_similarity(np.stack([exact_keeper, final], axis=1), shards), 4)
+        # An exact copy's similarity is its keeper's: the same text; a kept document's with itself is 1.0, unread.
+        similarity, other = np.ones(len(docs)), exact_keeper != final
+        similarity[other] = shards.jaccard(np.stack([exact_keeper[other], final[other]], axis=1))
         with JsonlZstWriter(path) as writer:
             for doc_id, cluster, code, value in zip(document_ids(shards, docs), document_ids(shards, final),
-                                                    codes.tolist(), similarity.tolist()):
+                                                    codes.tolist(), np.round(similarity, 4).tolist()):
                 writer.write({"id": doc_id, "cluster": cluster, "kept": code == KEEP, "removed": AUDIT_LEVELS[code],
                               "similarity": value})
         return {"rows": len(docs)}

@@ -9,13 +9,10 @@ their shingle sets as 0/1 vectors, so the Hamming distance estimates cosine simi
 Jaccard. For sets of equal size cos θ = 2J/(1+J): at J = 0.85, θ/π = 0.13, so 8.3 of 64 bits differ on average
 (standard deviation 2.7) whatever the length of the documents; unrelated documents differ in 32.
 
-Why it is here: 8 bytes per document, where MinHash computes a 128 × 4 = 512-byte signature and
-keeps 11 band hashes (88 B) at the default threshold. Where it loses: 64 bits are a noisy
-estimate, so a Jaccard threshold needs a large distance. `choose_hamming` takes the smallest k
-that finds 80% of the pairs right at the threshold (binomial model, `find_probability`): k = 10
-at 0.85 (MinHash's 11 × 11 bands: 87%), 6 at 0.95. On the 398,457 poems (bench_simhash.py,
-2 workers) k = 10 finds 92% of the near-duplicate pairs that are not exact copies, MinHash 97%;
-k = 12 matches MinHash but its candidate search takes 8 s against MinHash's 0.4 s.
+Why it is here, and where it loses to MinHash (measured side by side): docs/dedup.md. 64 bits are
+a noisy estimate, so a Jaccard threshold needs a large distance: `choose_hamming` takes the
+smallest k that finds 80% of the pairs right at the threshold (binomial model,
+`find_probability`): k = 10 at 0.85 (MinHash's 11 × 11 bands: 87%), 6 at 0.95.
 
 Candidates within distance k, exactly (Manku, Jain & Das Sarma 2007): split the 64 bits into
 B > k blocks. Two hashes at distance ≤ k differ in at most k blocks, so they agree on some

@@ -13,12 +13,13 @@ counts are in (`group_ranges`), so how the work is cut never changes what it fin
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
-from fuelline.io.atomic import atomic_write
+from fuelline.io.atomic import atomic_write, run_once
 
 PARTITION_BITS = 10
 PARTITIONS = 1 << PARTITION_BITS
@@ -98,3 +99,31 @@ def group_ranges(counts: np.ndarray, target: int) -> list[tuple[int, int]]:
     if lo is not None:
         ranges.append((lo, len(counts)))
     return ranges
+
+
+def task_prefix(directory: Path, i: int) -> Path:
+    """Where task i of a phase writes, in the phase's directory."""
+    return directory / f"task-{i:05d}"
+
+
+def saved_once(directory: Path, i: int, work: Callable[[], tuple[np.ndarray, dict]]) -> dict:
+    """Task i's array as task-I.npy, then a marker holding what `work` returned (`run_once`), unless
+    an earlier run finished it."""
+    path = task_prefix(directory, i).with_suffix(".npy")
+
+    def save() -> dict:
+        array, result = work()
+        save_array(path, array)
+        return result
+
+    return run_once(path.with_suffix(".json"), save)
+
+
+def map_saved(map_tasks: Callable, task: Callable, ranges: Sequence[tuple], directory: Path, desc: str,
+              empty: np.ndarray, axis: int = 0) -> tuple[list, np.ndarray]:
+    """A phase of `saved_once` tasks, task((i, *ranges[i]), directory=directory) for each range: what
+    each returned, and their arrays concatenated in task order (`empty` when there are none)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    results = map_tasks(functools.partial(task, directory=directory), [(i, *r) for i, r in enumerate(ranges)], desc)
+    arrays = [np.load(task_prefix(directory, i).with_suffix(".npy")) for i in range(len(ranges))]
+    return results, np.concatenate(arrays, axis=axis) if arrays else empty

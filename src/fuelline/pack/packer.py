@@ -1,18 +1,11 @@
 """The parallel packer: document records → `train/` and `val/` token datasets.
 
-1. Shards (fixed line ranges, as for every stage) are rendered by the template on the workers
-   (local processes, or Ray tasks: `executor`): each writes its ids, lengths, mask and split
-   flags under `_work/` atomically, with a marker, so an interrupted run keeps finished shards.
-   Each worker runs the tokenizer's own thread pool too (`threads`); see
-   benchmarks/bench_pack.py for the processes × threads measured.
-2. The parent merges the shards in order into the two splits, streaming one shard at a time,
-   so memory stays flat in corpus size and the bytes do not depend on the number of workers.
-
-The split of a document (val with probability `val_fraction`) and its metadata dropout are
-drawn from a hash of (seed, document id): the same for the same seed, whatever the order or
-sharding. `_plan.json` records the tokenizer fingerprint and options (`on_error` too) and the shards, as
-every step's plan does (`fuelline.pipeline.workdir`); resuming with another tokenizer or other
-options is refused.
+Shards are rendered on the workers into `_work/` (`encode_shard`, with a marker each), then merged
+in order into the two splits one shard at a time (`merge_split`), so memory stays flat in corpus
+size and the bytes do not depend on the workers: docs/tokenizer-and-pack.md, and
+benchmarks/bench_pack.py for the processes × tokenizer threads measured. The plan and identity
+(tokenizer fingerprint, options, shards) follow every step's resume contract
+(`fuelline.pipeline.workdir`).
 
 A record that cannot be read, is not of the template's kind, or that the chat template cannot
 render stops the run naming FILE:LINE and its id (`on_error="raise"`), or is counted under its
@@ -173,12 +166,6 @@ def _identity(files: list[Path], tokenizer_dir: Path, config: PackConfig) -> dic
             "inputs": describe_inputs(files)}
 
 
-def resolve_dtype(config: PackConfig, vocab_size: int, where: str) -> str:
-    dtype = dtype_for(vocab_size - 1) if config.dtype == "auto" else config.dtype
-    check_dtype(dtype, vocab_size - 1, where)
-    return dtype
-
-
 def merge_split(split: str, shards: list[InputShard], workdir: Path, output: Path, with_mask: bool,
                 writer_args: dict) -> dict:
     """Write one split from the shard arrays, one shard in memory at a time; return its numbers."""
@@ -242,7 +229,8 @@ def pack(inputs, tokenizer_dir: str | os.PathLike, output: str | os.PathLike, co
         raise FileNotFoundError(f"{tokenizer_dir}: no tokenizer.json")
     tokenizer = Tokenizer.from_file(str(tokenizer_path))
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-    dtype = resolve_dtype(config, vocab_size, os.fspath(output))  # before anything is written
+    dtype = dtype_for(vocab_size - 1) if config.dtype == "auto" else config.dtype
+    check_dtype(dtype, vocab_size - 1, os.fspath(output))  # before anything is written
     # refuses a tokenizer without the template's special tokens, before anything is written
     boundary = TEMPLATES[config.template](tokenizer, **config.template_options(tokenizer_dir)).boundary_ids()
     files = expand_inputs(inputs)

@@ -3,20 +3,11 @@
 Every piece is tokenized on its own and the pieces are concatenated, so the mask is exact by
 construction: no prefix is re-tokenized to find where it ends. (Special tokens split the text
 before BPE anyway, so encoding the pieces separately gives the same ids as encoding the joined
-string.)
-
-- poetry: `<s><|title|>T<|author|>A<|dynasty|>D<|content|>POEM</s>`; everything up to and
-  including `<|content|>` is context (mask 0), the poem and `</s>` are trained on (mask 1).
-  With metadata dropout a document is `<s><|content|>POEM</s>`, so the model also learns to
-  write without being told title, author and dynasty.
-- plain: `<s>TEXT</s>`, every token trained on.
-- chat: a chat record `{"id", "conversations"}` rendered by a chat template
-  (`fuelline.chat.templates`); the mask is `encode_chats`' assistant-only mask (assistant
-  contents and their end-of-turn token). Conversations over `max_length` are cut at a turn
-  boundary, and those left with fewer than `min_loss_tokens` supervised tokens are dropped,
-  each counted under its reason, as are those `encode_chats` drops for their special-token text
-  or, with on_error="skip", for not rendering. The manifest's bos/eos are the template's own
-  tokens (ChatML's eos is `<|im_end|>`), not `<s>`/`</s>`.
+string.) The poetry and plain layouts and what each trains on: docs/tokenizer-and-pack.md; with
+metadata dropout the model also learns to write a poem without being told title, author and
+dynasty. chat: a chat record rendered by a chat template with its assistant-only mask
+(`ChatEncoding.encode`, which cuts, drops and counts); the manifest's bos/eos are the template's
+own tokens (ChatML's eos is `<|im_end|>`), not `<s>`/`</s>`.
 """
 
 from __future__ import annotations

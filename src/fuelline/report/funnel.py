@@ -46,24 +46,9 @@ def load_funnel(run_dir: str | os.PathLike) -> dict:
     return funnel
 
 
-COUNTERS_SHOWN_ELSEWHERE = ("schema.", "category.")  # chat-prepare's counters, shown as tables
-
-
-def format_categories(categories: dict[str, dict[str, int]]) -> list[str]:
-    """One line per category: in, train, eval, dropped (chat-prepare with a category key)."""
-    if not categories:
-        return []
-    lines = [f"    {'category':<22}{'in':>9}{'train':>9}{'eval':>9}{'dropped':>9}"]
-    for name, n in categories.items():
-        lines.append(f"    {name:<22}{n['in']:>9,}{n['train']:>9,}{n['eval']:>9,}{n['dropped']:>9,}")
-    return lines
-
-
-def format_cache(c: dict) -> str:
-    """A target cache step's tokens, supervised share and bytes, in one line."""
-    return (f"    cache: {c['tokens']:,} tokens, supervised {c['supervised_share']:.2%}, {c['bytes']:,} bytes in "
-            f"{c['shards']} shard(s), {c['bytes_per_token']:,.1f} bytes/token ({c['format']}, {c['hidden_dtype']}), "
-            f"padding {c['padding_share']:.2%}")
+def other_counters(step: dict) -> dict[str, int]:
+    """A step's counters but chat-prepare's schema.* and category.*, which both reports show as tables."""
+    return {k: v for k, v in step.get("counters", {}).items() if not k.startswith(("schema.", "category."))}
 
 
 def format_funnel(funnel: dict) -> str:
@@ -82,11 +67,15 @@ def format_funnel(funnel: dict) -> str:
         for key in ("outputs", "schemas", "forms"):
             if s.get(key):
                 lines.append(f"    {key}: " + ", ".join(f"{k} {v:,}" for k, v in s[key].items()))
-        lines.extend(format_categories(s.get("categories", {})))
-        if s.get("cache"):
-            lines.append(format_cache(s["cache"]))
-        counters = {k: v for k, v in s.get("counters", {}).items() if not k.startswith(COUNTERS_SHOWN_ELSEWHERE)}
-        if counters:
+        if s.get("categories"):
+            lines.append(f"    {'category':<22}{'in':>9}{'train':>9}{'eval':>9}{'dropped':>9}")
+        for name, n in s.get("categories", {}).items():
+            lines.append(f"    {name:<22}{n['in']:>9,}{n['train']:>9,}{n['eval']:>9,}{n['dropped']:>9,}")
+        if c := s.get("cache"):
+            lines.append(f"    cache: {c['tokens']:,} tokens, supervised {c['supervised_share']:.2%}, {c['bytes']:,} "
+                         f"bytes in {c['shards']} shard(s), {c['bytes_per_token']:,.1f} bytes/token ({c['format']}, "
+                         f"{c['hidden_dtype']}), padding {c['padding_share']:.2%}")
+        if counters := other_counters(s):
             lines.append("    (" + ", ".join(f"{k} {v:,}" for k, v in counters.items()) + ")")
     if "tokens" in funnel:
         t = funnel["tokens"]

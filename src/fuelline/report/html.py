@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 from fuelline.io.atomic import write_bytes_atomic
-from fuelline.report.funnel import COUNTERS_SHOWN_ELSEWHERE
+from fuelline.report.funnel import other_counters
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:1em 0}
 td,th{padding:.3em .8em;border-bottom:1px solid #ddd;text-align:right}td:first-child,th:first-child{text-align:left}
@@ -59,11 +59,6 @@ def count_label(n: int, records_in: int) -> str:
     return f"{n:,} ({_share(n, records_in)})"
 
 
-def drop_label(n: int, records_in: int) -> str:
-    """What a stage dropped, e.g. "−22,291 (5.6%)" (with a minus sign, U+2212)."""
-    return "\u2212" + count_label(n, records_in)
-
-
 def funnel_figure(funnel: dict):
     """Records after each stage, each bar topped by what the stage dropped (red) and labelled with it.
 
@@ -82,9 +77,9 @@ def funnel_figure(funnel: dict):
         axes.annotate(f"{n:,}", (x, top), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
                       fontsize=8, gid="kept")
         if x:
-            axes.annotate(drop_label(lost, steps[x - 1]["records_in"]), (x, top), xytext=(0, 13),
-                          textcoords="offset points", ha="center", va="bottom", fontsize=8, color="#c0504d",
-                          gid="drop")
+            label = "\u2212" + count_label(lost, steps[x - 1]["records_in"])  # a minus sign: −22,291 (5.6%)
+            axes.annotate(label, (x, top), xytext=(0, 13), textcoords="offset points", ha="center", va="bottom",
+                          fontsize=8, color="#c0504d", gid="drop")
     axes.set_ylim(0, max(kept[0], 1) * 1.25)
     axes.yaxis.set_major_formatter("{x:,.0f}")
     axes.set_ylabel("records")
@@ -197,8 +192,7 @@ def render_html(funnel: dict, pictures: dict[str, bytes]) -> str:
             rows.append(f"<tr class='reason'><td>category {html.escape(name)}</td><td>{n['in']:,}</td>"
                         f"<td>{n['train'] + n['eval']:,}</td><td>{n['dropped']:,}</td>"
                         f"<td>train {n['train']:,} · eval {n['eval']:,}</td><td></td></tr>")
-        counters = {k: v for k, v in s.get("counters", {}).items() if not k.startswith(COUNTERS_SHOWN_ELSEWHERE)}
-        if counters:
+        if counters := other_counters(s):
             text = ", ".join(f"{html.escape(k)} {v:,}" for k, v in counters.items())
             rows.append(f"<tr class='reason'><td colspan='6'>{text}</td></tr>")
     tokens = ""

@@ -1,16 +1,10 @@
 """Bulk encoding through tiktoken's BPE core when it gives a tokenizer's exact ids.
 
-A byte-level BPE tokenizer (`fuelline tokenizer train`, `from-tiktoken`, GPT-2-style models)
-is tiktoken's ranks under another name: each token's bytes ranked by its id, its
-pre-tokenization regex, its added tokens as special tokens. tiktoken encodes such a tokenizer
-~2.4x faster than `tokenizers` on one thread (3,000 GSM8K chats, Qwen vocabulary: 0.25 s against
-0.60 s), because it tracks no offsets, alignments or normalization.
-
-"Exact" is checked, never assumed: the conversion is refused when the tokenizer has a
-normalizer, a pre-tokenizer other than (Split(regex) →) ByteLevel, byte fallback, or merges
-whose results are not ranked in merge order (tiktoken merges by the rank of the result); then
-the ids of both are compared on the caller's first texts, and any difference makes the encoder
-fall back to `tokenizers` for good, saying why (`FastEncoder.reason`).
+Which tokenizers convert, and how "exact" is checked (`tiktoken_ranks`, then both engines on the
+first CHECK_TEXTS texts, falling back for good and saying why in `FastEncoder.reason`):
+docs/tokenizer-and-pack.md. tiktoken encodes ~2.4x faster than `tokenizers` on one thread (3,000
+GSM8K chats, Qwen vocabulary: 0.25 s against 0.60 s), because it tracks no offsets, alignments or
+normalization; it merges by the rank of the result, hence merges must be ranked in merge order.
 
 Offsets: tiktoken gives none, but every token's bytes are known, so a token's character span
 is a cumulative sum over tokens of the characters that start in each (its UTF-8 lead bytes),
