@@ -38,7 +38,6 @@ only ids and masks. A deepspec-v2 cache has no checksums: only its structure is 
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -54,7 +53,7 @@ from fuelline.formats.target_cache import (FUELLINE, MANIFEST, CacheFormatError,
 from fuelline.formats.target_cache_checks import opened, verify_record_checksum
 from fuelline.formats.tokens import FORMAT as TOKENS_FORMAT
 from fuelline.formats.tokens import TokenFiles, TokenFormatError, verify_token_dataset
-from fuelline.io.atomic import TEMP_MARK, atomic_write, fsync_dir, naming_disk_full
+from fuelline.io.atomic import atomic_write, fsync_dir, naming_disk_full, temp_name
 from fuelline.pipeline.options import Options, identity_values, option
 from fuelline.pipeline.shards import describe_inputs
 from fuelline.pipeline.stats import StepStats
@@ -286,7 +285,7 @@ def save_vocab_mapping(path: str | os.PathLike, d2t, t2d) -> None:
     import torch
 
     path = Path(path)
-    temp = path.parent / f".{path.name}{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    temp = path.parent / temp_name(path.name)
     try:
         with naming_disk_full(path):
             temp.mkdir(parents=True)
