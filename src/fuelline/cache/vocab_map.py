@@ -23,16 +23,11 @@ and minimum. Over the same samples in the same order this is exactly SpecForge's
 order included (tests/cache/test_vocab_map.py checks it against the rule written out). SpecForge
 counts its shuffled dataset, so on equal counts its order, not ours, decides.
 
-`build_vocab_mapping` (the step `VocabMapStep`, under the one resume contract of
-`fuelline.pipeline.workdir`) writes the mapping with its counts and stats beside it
-(`companion_paths`); the stats say what was counted and the coverage: the share of supervised
-tokens the draft vocabulary holds.
-
-What is counted is checked as its readers check it (`verify`, on by default): each record of a
-fuelline cache against its index checksum as it is read (CacheDataset's check), a token dataset
-by `verify_token_dataset` before it is counted; a damaged sample is an error naming it, never a
-mapping built from the damage. The check reads the hidden states too, where the counting reads
-only ids and masks. A deepspec-v2 cache has no checksums: only its structure is checked.
+`build_vocab_mapping` (the step `VocabMapStep`) writes the mapping with its counts and stats
+beside it (`companion_paths`). What is counted is first checked as its readers check it (`verify`,
+docs/cache.md): a fuelline record's checksum as it is read, a token dataset by
+`verify_token_dataset`. The check reads the hidden states too, where the counting reads only ids
+and masks; a deepspec-v2 cache has no checksums, only its structure is checked.
 """
 
 from __future__ import annotations
