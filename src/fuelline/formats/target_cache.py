@@ -26,9 +26,7 @@ field starts at a 64-byte boundary and the gaps are zero bytes. Index records `<
 (`manifest_digest`, over the whole manifest). So an edited index field fails its own record, and
 an edited manifest fails every record: neither can lie without the other being rewritten to
 match. The manifest adds the model and tokenizer fingerprints, the sources, and counts.
-Version 1 (48-byte records, no index checksum, no manifest digest) is refused with a message
-saying to rebuild: it was never read outside fuelline, and reading it would need a second
-reader with weaker guarantees.
+Version 1 (48-byte records, no index checksum) is refused, saying to rebuild (docs/cache.md).
 
 fp8 (`float8_e4m3fn` with a float32 scale per token and layer): x ≈ q · s with
 s = max|x| / 448 over the token's H values at that layer. Rounding to e4m3 (3 mantissa bits,
