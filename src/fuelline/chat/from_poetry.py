@@ -53,7 +53,7 @@ from fuelline.io.readers import iter_file_records
 from fuelline.pipeline.options import option
 from fuelline.pipeline.shards import InputShard
 from fuelline.pipeline.stage import PrepareContext, ShardContext, Stage, StageConfig
-from fuelline.records import Location, unit_interval
+from fuelline.records import Location, chat, unit_interval
 from fuelline.text import han_count
 
 GENRES = {"shi": "诗", "ci": "词", "qu": "曲"}
@@ -169,10 +169,6 @@ def _display(facts: dict[str, Any]) -> dict[str, str]:
     return shown
 
 
-def _pick(options: list, seed: int, salt: str, key: str):
-    return options[int(unit_interval(seed, salt, key) * len(options))]
-
-
 def choose_prompts(facts: dict[str, Any], count: int, seed: int, key: str) -> list[tuple[str, str, dict]]:
     """Up to `count` distinct (kind, prompt, stated facts), chosen by hash of (seed, key, k)."""
     usable = {kind: [t for t in TEMPLATES[kind] if placeholders(t) <= facts.keys()] for kind in KINDS}
@@ -182,7 +178,8 @@ def choose_prompts(facts: dict[str, Any], count: int, seed: int, key: str) -> li
     attempt = 0
     while len(chosen) < count and any(usable.values()):
         kinds = [kind for kind in KINDS if usable[kind]]
-        kind = _pick([k for k in kinds if k not in used_kinds] or kinds, seed, f"kind:{attempt}", key)
+        kinds = [k for k in kinds if k not in used_kinds] or kinds
+        kind = kinds[int(unit_interval(seed, f"kind:{attempt}", key) * len(kinds))]
         template = usable[kind].pop(int(unit_interval(seed, f"template:{attempt}", key) * len(usable[kind])))
         attempt += 1
         prompt = template.format(**shown)
@@ -244,10 +241,9 @@ class ChatFromPoetryStage(Stage):
         found = distinctive_imagery(record["text"], self.imagery_stats, limit=3)
         wanted = 1 + int(unit_interval(seed, "imagery", poem_id) * len(found)) if found else 0
         facts = poem_facts(record, found[:wanted])
-        return [{"id": f"{poem_id}#{k}",
-                 "conversations": [{"role": "user", "content": prompt},
-                                   {"role": "assistant", "content": record["text"]}],
-                 "meta": {"source_id": poem_id, "prompt_kind": kind, "facts": stated}}
+        return [chat(f"{poem_id}#{k}", [{"role": "user", "content": prompt},
+                                         {"role": "assistant", "content": record["text"]}],
+                     {"source_id": poem_id, "prompt_kind": kind, "facts": stated})
                 for k, (kind, prompt, stated) in enumerate(
                     choose_prompts(facts, self.config.prompts_per_poem, seed, poem_id))]
 
@@ -260,6 +256,6 @@ class ChatFromPoetryStage(Stage):
             chats = self.chats_for(record)
             if not chats:
                 ctx.count("poems_without_prompt")
-            for chat in chats:
-                ctx.count(f"prompts_{chat['meta']['prompt_kind']}")
-                yield chat
+            for made in chats:
+                ctx.count(f"prompts_{made['meta']['prompt_kind']}")
+                yield made
