@@ -26,14 +26,11 @@ only facts that are true of its record; a fact that cannot be established is not
 - imagery (`imagery`): 1 to 3 words of the lexicon in `imagery.py`, spelled as in the poem,
   the most distinctive by TF-IDF over the whole input (counted in `prepare`).
 
-Prompt kinds, each with four or more phrasings in simplified Chinese: `title`, `author`,
-`form`, `cipai`, `imagery`, and the combinations `title_author`, `author_form` (a form or a
-词牌), `imagery_form`. A phrasing is usable when the poem has every fact it names. Prompt k of a
-poem is chosen by `unit_interval(seed, …k…, poem id)`: first a kind not used yet by this poem
-(any kind once all are used), then one of its unused phrasings; prompts are distinct, and a
-poem with fewer usable phrasings than asked yields fewer records. Output is the same for any
-worker count; another seed chooses otherwise. On the first 6,000 poems of the corpus (Tang
-shi, two prompts each) the stage writes 12,000 records over all eight kinds except `cipai`.
+Prompt kinds and their phrasings: `TEMPLATES` (docs/chat.md has the counts on the whole corpus).
+A phrasing is usable when the poem has every fact it names. Prompt k of a poem is chosen by
+`unit_interval(seed, …k…, poem id)`: first a kind not used yet by this poem (any kind once all
+are used), then one of its unused phrasings; prompts are distinct, and a poem with fewer usable
+phrasings than asked yields fewer records.
 """
 
 from __future__ import annotations
