@@ -33,10 +33,9 @@ class ChatTemplate:
     conversation without one (None: none). Reasoning is rendered as `reasoning_open + reasoning +
     reasoning_close` in place of the prefix (empty: the format has none). `tool_syntax`: how tools
     are written ("qwen"; empty: refused). `loss_mask`: "overlap" (a token is trained on iff it
-    overlaps a span) or "deepspec" (spans also cover `after_turn`, and a span [s, e) trains tokens
-    len(encode(text[:s])) to len(encode(text[:e])), so a token merging the header's newline with
-    a content's is not trained on). `jinja`: a Jinja chat template instead (empty: the tokenizer's
-    own, `auto`).
+    overlaps a span) or "deepspec" (spans also cover `after_turn`, masked by DeepSpec's prefix rule:
+    `encode._Encoder._prefix_rule_mask`). `jinja`: a Jinja chat template instead (empty: the
+    tokenizer's own, `auto`).
     """
 
     name: str
