@@ -181,7 +181,8 @@ def _count_cache(directory: Path, workers: int, progress: bool, verify: bool) ->
     offsets = layout.field_offsets(index)
     ids_at, mask_at = offsets["input_ids"], offsets["loss_mask"]
     lengths = index["seq_len"].astype(np.int64)
-    records = _records(index) if verify and layout.format == FUELLINE else None
+    records = (np.stack([index[name].astype(np.uint64) for name in ("offset", "nbytes", "checksum")], axis=1)
+               if verify and layout.format == FUELLINE else None)  # each record's (offset, nbytes, checksum)
     passes = []
     for k, entry in enumerate(manifest["shards"]):
         samples = np.flatnonzero(index["shard_id"] == k)
@@ -196,11 +197,6 @@ def _count_cache(directory: Path, workers: int, progress: bool, verify: bool) ->
     return TokenCounts(counts, first, len(index), int(lengths.sum()),
                        {"path": str(directory), "kind": "target cache", "format": cache_format(manifest)},
                        *_model_vocab_size(manifest), 0.0)
-
-
-def _records(index: np.ndarray) -> np.ndarray:
-    """(offset, nbytes, checksum) of every fuelline record, as uint64 rows."""
-    return np.stack([index[name].astype(np.uint64) for name in ("offset", "nbytes", "checksum")], axis=1)
 
 
 def _cache_chunk(path: Path, size: int, samples: np.ndarray, ids_at: np.ndarray, mask_at: np.ndarray,
