@@ -43,7 +43,7 @@ from typing import Any, Iterable, Iterator
 
 import orjson
 
-from fuelline.chat.imagery import ImageryStats, distinctive_imagery, lexicon_fingerprint
+from fuelline.chat.imagery import ImageryStats, count_imagery, distinctive_imagery, lexicon_fingerprint
 from fuelline.clean.poetry import CLAUSE_SPLIT, DYNASTY_NAMES, UNKNOWN_AUTHOR_FORMS
 from fuelline.io.atomic import write_bytes_atomic
 from fuelline.io.readers import iter_file_records
@@ -192,11 +192,8 @@ def choose_prompts(facts: dict[str, Any], count: int, seed: int, key: str) -> li
 
 def count_shard_imagery(shard: InputShard) -> ImageryStats:
     """Document frequency of the imagery lexicon over one input shard's poetry documents."""
-    stats = ImageryStats()
-    for _, record in iter_file_records(shard.source, start=shard.start, stop=shard.stop, on_error="skip"):
-        if document_problem(record) is None:
-            stats.add_text(record["text"])
-    return stats
+    records = iter_file_records(shard.source, start=shard.start, stop=shard.stop, on_error="skip")
+    return count_imagery(record["text"] for _, record in records if document_problem(record) is None)
 
 
 class ChatFromPoetryStage(Stage):
