@@ -143,15 +143,12 @@ class Layout:
             return {"record_id": 0, **self._offsets(seq_len, align(id_len))}
         return self._offsets(seq_len, 0)
 
-    def record_nbytes(self, seq_len: int, id_len: int = 0) -> int:
-        return self.relative_offsets(seq_len, id_len)["end"]
-
     def bytes_per_token(self) -> int:
         """Shard bytes per token, ignoring the per-record id and alignment padding."""
         return sum(self.field_nbytes(name, 1) for name in self.fields)
 
     def record_sizes(self, seq_len, id_len=None) -> np.ndarray:
-        """`record_nbytes` of many records at once (int64), from their lengths and, in the fuelline
+        """The byte size of many records at once (int64), from their lengths and, in the fuelline
         format, their ids' lengths in bytes."""
         first = align(np.asarray(id_len, dtype=np.int64)) if self.format == FUELLINE else 0
         return self._offsets(np.asarray(seq_len, dtype=np.int64), first)["end"]
