@@ -42,6 +42,7 @@ ROLE_NAMES = {  # a schema's role name, lower-cased, as a role of the chat recor
     "tool": "tool", "observation": "tool",
     FUNCTION_CALL: FUNCTION_CALL,
 }
+SCHEMA_KEYS = {"conversations": "sharegpt", "messages": "openai", "instruction": "alpaca"}  # the key that announces it
 QA_KEYS = (("question", "answer"), ("query", "response"), ("prompt", "completion"))
 FORMS = ("openai_tool_calls", "sharegpt_function_call", "hermes_tags", "reasoning_content", "thinking", "think_tags")
 REASONING_KEYS = ("reasoning_content", "thinking")
@@ -69,15 +70,10 @@ class Conversation:
 
 def detect_schema(record: dict[str, Any]) -> str | None:
     """The schema a record's keys announce, or None; checked in the order of SCHEMAS."""
-    if "conversations" in record:
-        return "sharegpt"
-    if "messages" in record:
-        return "openai"
-    if "instruction" in record:
-        return "alpaca"
-    if any(q in record and a in record for q, a in QA_KEYS):
+    found = next((schema for key, schema in SCHEMA_KEYS.items() if key in record), None)
+    if found is None and any(q in record and a in record for q, a in QA_KEYS):
         return "qa"
-    return None
+    return found
 
 
 def _text(value: Any, where: str) -> str:
