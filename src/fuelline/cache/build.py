@@ -130,8 +130,7 @@ def _prepare(ranks: Ranks, step_dir: WorkDir, model: Path, inputs, config: Cache
         plan = _make_plan_or_leave_nothing(step_dir, created, inputs, model, config, text.hidden_size, progress)
     _check_disk(output, plan, layout, config.force)
     remaining = [s for s in plan.shards if not shard_done(plan.build_dir, s.shard_id)]
-    work = assign(remaining, ranks.world_size)
-    return {"assignment": work}
+    return {"assignment": assign(remaining, ranks.world_size)}
 
 
 def _make_plan_or_leave_nothing(step_dir: WorkDir, created: bool, inputs, model, config: CacheConfig,

@@ -2,11 +2,9 @@
 hidden states are.
 
 Two builds from the same conversations, options and model have the same plan whatever their
-number of ranks (`plan.py`), so their samples, lengths, token ids, loss masks, record ids and
-index layout are identical. Their hidden states are identical bit for bit only where every
-forward ran the same way: on GPUs of one kind, or on CPUs with the same intra-op thread count in
-every process. A CPU kernel sums in another order on another number of threads (torchrun gives
-each rank `OMP_NUM_THREADS=1`), and a bf16 result can then round to the neighbouring value. This
+number of ranks (`plan.py`), so their samples, token ids, loss masks, record ids and index layout
+are identical; their hidden states are identical bit for bit only where every forward ran the
+same way (docs/cache.md, "What is identical across rank counts", says when and why not). This
 module checks the first promise exactly and measures the second.
 
 The distance is measured per token against the token's largest magnitude: bf16 keeps 8

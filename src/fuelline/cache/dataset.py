@@ -13,11 +13,10 @@ read a sample:
   sample of the contiguous span holding all its fields, into a fresh buffer the tensors view.
 
 Open shards are kept in a small LRU; the dataset pickles without them (DataLoader workers
-reopen what they read). Everything a damaged cache can get wrong is a `CacheFormatError` that
-names the file and the sample. Opening a cache makes every check that reads no record
-(`fuelline.formats.target_cache_checks`: the manifest against stats.json and the index checksums, record
-sizes, bounds, shards tiled), so a manifest or index that lies is an error before the first
-sample; a shard that changes after that is one when a sample in it is read.
+reopen what they read). Opening a cache makes every check that reads no record
+(`fuelline.formats.target_cache_checks`), so a manifest or index that lies is a
+`CacheFormatError` before the first sample; a shard that changes after that is one when a sample
+in it is read, naming the file and the sample.
 
 fp8 hidden states travel as e4m3 bytes (half of bf16 through the loader and over PCIe) and are
 widened on the GPU: `CUDAPrefetcher(loader, transform=widen_hidden)`.
@@ -121,7 +120,8 @@ class CacheDataset(Dataset):
         else:
             data, base = self._pread(handle, start, end - start, path, i), start
         if self.verify_checksums:
-            self._verify(data, start - base, end - base, int(record["checksum"]), path, i)
+            with memoryview(data) as view, view[start - base:end - base] as block:
+                verify_record_checksum(block, int(record["checksum"]), path, i)
         sample = {name: self._tensor(data, fields[name] - base, name, seq_len) for name in self._dtypes}
         if self.fuelline:
             try:
@@ -192,11 +192,6 @@ class CacheDataset(Dataset):
                                              "the sample did (truncated while being read?)")
             done += got
         return buffer
-
-    @staticmethod
-    def _verify(data, start: int, end: int, expected: int, path: Path, sample: int) -> None:
-        with memoryview(data) as view, view[start:end] as block:
-            verify_record_checksum(block, expected, path, sample)
 
     def _tensor(self, data, offset: int, name: str, seq_len: int) -> torch.Tensor:
         """One field as a tensor viewing `data` where its offset is aligned to the dtype, else copied."""

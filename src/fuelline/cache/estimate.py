@@ -54,16 +54,15 @@ def estimate_from_inputs(model: str | os.PathLike, inputs: list[str], config, hi
     from fuelline.io.rejects import Rejects
 
     encoded = encode_inputs(inputs, model, config, _Discard(), _Discard(), Rejects(), progress)
+    tokens = int(encoded.samples["length"].sum())
     out = []
     for fmt, dtype in CHOICES:
         layout = Layout(fmt, len(config.layers), hidden_size, dtype)
         total = int(record_sizes(layout, encoded.samples, encoded.record_ids).sum()) + \
             len(encoded.samples) * layout.index_dtype().itemsize
-        tokens = int(encoded.samples["length"].sum())
         out.append(Estimate(fmt, dtype, total / tokens if tokens else 0.0, total))
-    counts = {"records_in": encoded.records_in, "samples": len(encoded.samples),
-              "tokens": int(encoded.samples["length"].sum()), "dropped": encoded.dropped}
-    return out, counts
+    return out, {"records_in": encoded.records_in, "samples": len(encoded.samples), "tokens": tokens,
+                 "dropped": encoded.dropped}
 
 
 class _Discard:

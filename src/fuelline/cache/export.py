@@ -2,35 +2,22 @@
 
 Sample i of the cache becomes `OUT/rows_{g}-{g+2000}/data_{i}.ckpt` (`.ckpt.gz` with
 `--compress`), g = (i // 2000) * 2000, the layout and dict SpecForge's `prepare_hidden_states.py`
-writes (`fuelline.cache.specforge` has the keys per method); its offline datasets read OUT as
-they read their own preparation's output. The export is a second copy of the cache, widened to
-bf16 (twice an fp8 cache's bytes): where the training script can be edited, `SpecForgeDataset`
-reads the cache in place instead.
+writes (`fuelline.cache.specforge` has the keys per method). What the files, the journal and the
+reruns promise is told in docs/cache.md ("Training with SpecForge"); how they are kept:
 
-- **Files.** Each is written under a hidden temp name in its folder (`.data_7.ckpt.tmp-…`, which
-  SpecForge's walker, taking only names ending in .ckpt and .ckpt.gz, never lists), fsynced and
-  renamed. The bytes depend on the sample and the options only: `torch.save` into a file object
-  writes the same bytes for the same dict (its archive is named `archive` and its
-  serialization id is derived from the content; saved to a *path*, the archive is named after
+- **Files.** Each is written under a hidden temp name (`.data_7.ckpt.tmp-…`, which SpecForge's
+  walker, taking only names ending in .ckpt and .ckpt.gz, never lists). The bytes depend on the
+  sample and the options only: `torch.save` into a file object names its archive `archive` and
+  derives its serialization id from the content (saved to a *path*, the archive is named after
   the file, so the temp name would show), and gzip is written with mtime 0 and no file name.
 - **Parallel.** `workers` threads each read, widen and write one sample at a time; reading
   (page faults in torch's copies), widening, zlib and the writes release the GIL. On 2 cores
   (200 samples of 1 to 512 tokens, hidden 1024, 3 layers), 1 → 2 threads: gzip 6.2 → 12.4
   files/s (zlib is the whole cost), plain bf16 61 → 80 files/s (fsync-bound), plain fp8 48 → 52.
 - **Resume and recheck.** Every run, finished or not, checks every file against the journal
-  (`export_files`), writes again what is wrong, removes strays, rewrites the small files below
-  where they differ from what the cache and the options make them, and lists its repairs in the
-  stats and the summary: killed at any moment (SIGKILL included), the same command ends with
-  exactly the files of an uninterrupted export (tested). The identity (`WorkDir`) is the cache's
-  (`cache_identity`) and the options; `--restart` deletes OUT first.
-- **Last.** The journal sorted, `record_ids.txt` (line i + 1: the record id of sample i; the
-  deepspec-v2 format stores no ids), `fuelline_export.json` (which cache, the samples skipped and
-  why) and stats.json, written last: an OUT with a stats.json is finished. An export that would
-  hold no file (an empty cache, every sample skipped) is an error instead.
-
-A NaN or Inf in a state stops the export naming the sample (`--nonfinite error`), or leaves its
-file out and lists it (`skip`); SpecForge's preparation leaves such a sample out with a printed
-warning. A damaged sample always stops it, naming the sample.
+  (`export_files`) and rewrites the small files where they differ from what the cache and the
+  options make them; the identity (`WorkDir`) is the cache's (`cache_identity`) and the options.
+  stats.json is written last: an OUT with a stats.json is finished.
 """
 
 from __future__ import annotations

@@ -12,11 +12,9 @@ rewriting one changes nothing). A later line for a sample replaces an earlier on
 export finishes the journal is rewritten sorted by sample, atomically, and is then the export's
 list of files.
 
-Every run of an export, finished or not, checks every file of `range(samples)` against it
-(`check_files`): missing, short or longer, changed (its xxh3; `verify=False` checks sizes only)
-or not journaled, and lists the rest of OUT's data files as strays (`strays`: a `data_500.ckpt`
-left by someone else, a `.ckpt` beside the `.ckpt.gz`, a file of a skipped sample) for removal,
-since SpecForge's walker reads every `.ckpt` and `.ckpt.gz` under OUT.
+Every run of an export, finished or not, checks every file against it (`check_files`) and lists
+the rest of OUT's data files (`strays`: a `data_500.ckpt` left by someone else, a `.ckpt` beside
+the `.ckpt.gz`) for removal, since SpecForge's walker reads every `.ckpt` and `.ckpt.gz` under OUT.
 """
 
 from __future__ import annotations

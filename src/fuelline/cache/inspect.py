@@ -31,11 +31,11 @@ def verify_cache(path: str | os.PathLike) -> list[str]:
     directory = Path(path)
     if not directory.is_dir():
         raise CacheFormatError(directory, "not a directory")
-    if not (directory / MANIFEST).exists():
-        read_manifest(directory)  # raises the readers' error: not a target cache, or a build not finished
     try:
         manifest = read_manifest(directory)
     except CacheFormatError as e:
+        if not (directory / MANIFEST).exists():
+            raise  # the readers' error: not a target cache, or a build not finished
         return [str(e)]
     problems = Problems()
     layout = layout_of(manifest)

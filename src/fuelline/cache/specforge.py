@@ -17,17 +17,12 @@ widened to bf16 (`dequantize`, with the per-token scales). Its reader cuts every
 position, adds an all-ones `attention_mask` and renames: `hidden_state` is then the aux input
 and `target` the final state (`specforge_sample`).
 
-`SpecForgeDataset` is the zero-copy bridge: item i is what SpecForge's reader would return for
-the exported file of sample i, computed from the cache in place: the tokens past `max_len` are
-cut before anything is widened or converted, bf16 states are views of the cache's mapping,
-and nothing is written to disk (1x storage instead of the export's second copy). It differs
-from SpecForge's own reader in two ways, both on purpose: samples come in cache order (its
-reader sorts file paths as strings, so data_10 before data_2), and an unreadable sample is an
-error naming it (its reader prints a message and trains on sample 0 instead).
-
-A NaN or Inf in a state is `NonFiniteState`, naming the cache, the sample, its record id and the
-key (SpecForge's preparation skips such a sample with a printed warning and checks NaN only).
-The bridge checks the states it returns, the first `max_len` tokens.
+`SpecForgeDataset` is the zero-copy bridge (docs/cache.md, "Training with SpecForge"). It differs
+from SpecForge's own reader in two ways, both on purpose: samples come in cache order (its reader
+sorts file paths as strings, so data_10 before data_2), and an unreadable sample is an error naming
+it (its reader prints a message and trains on sample 0 instead). A NaN or Inf in a state it returns
+(the first `max_len` tokens) or exports is `NonFiniteState` (SpecForge's preparation skips such a
+sample with a printed warning and checks NaN only).
 """
 
 from __future__ import annotations
@@ -69,7 +64,10 @@ def _widened(sample: dict, name: str, fresh: bool) -> torch.Tensor:
     return value.clone() if fresh and value is sample[name] else value
 
 
-def _record(sample: dict, method: str, where: tuple, fresh: bool) -> dict:
+def specforge_record(sample: dict, method: str, *, where: tuple[str | os.PathLike, int], fresh: bool = True) -> dict:
+    """The dict SpecForge's preparation writes for `sample` (a `CacheDataset` item). `where`: (cache,
+    sample index), what `NonFiniteState` names; `fresh`: each tensor in storage of its own (torch.save
+    writes a view's whole storage)."""
     aux_key, last_key = STATE_KEYS[check_method(method)]
     if last_key is not None and "target_last_hidden_states" not in sample:
         raise ValueError(f"{where[0]}: sample {where[1]} has no target_last_hidden_states, which {method} "
@@ -85,13 +83,6 @@ def _record(sample: dict, method: str, where: tuple, fresh: bool) -> dict:
             raise NonFiniteState(where[0], where[1], sample.get("record_id"), key, bad)
         record[key] = value.unsqueeze(0)
     return record
-
-
-def specforge_record(sample: dict, method: str, *, where: tuple[str | os.PathLike, int]) -> dict:
-    """The dict SpecForge's preparation writes for `sample` (a `CacheDataset` item), each tensor in
-    storage of its own (torch.save writes a view's whole storage). `where`: (cache, sample index),
-    what `NonFiniteState` names."""
-    return _record(sample, method, where, fresh=True)
 
 
 def specforge_sample(record: dict, method: str, max_len: int = DEFAULT_MAX_LEN) -> dict:
@@ -134,5 +125,5 @@ class SpecForgeDataset(Dataset):
         sample = self.cache[i]
         index = int(i) % len(self.cache)
         cut = {key: value[: self.max_len] if isinstance(value, torch.Tensor) else value for key, value in sample.items()}
-        return specforge_sample(_record(cut, self.method, (self.cache.path, index), fresh=False), self.method,
-                                self.max_len)
+        return specforge_sample(specforge_record(cut, self.method, where=(self.cache.path, index), fresh=False),
+                                self.method, self.max_len)

@@ -23,22 +23,16 @@ and minimum. Over the same samples in the same order this is exactly SpecForge's
 order included (tests/cache/test_vocab_map.py checks it against the rule written out). SpecForge
 counts its shuffled dataset, so on equal counts its order, not ours, decides.
 
-`build_vocab_mapping` (the step `VocabMapStep`, under the one resume contract of
-`fuelline.pipeline.workdir`) writes the mapping with its counts and stats beside it
-(`companion_paths`); the stats say what was counted and the coverage: the share of supervised
-tokens the draft vocabulary holds.
-
-What is counted is checked as its readers check it (`verify`, on by default): each record of a
-fuelline cache against its index checksum as it is read (CacheDataset's check), a token dataset
-by `verify_token_dataset` before it is counted; a damaged sample is an error naming it, never a
-mapping built from the damage. The check reads the hidden states too, where the counting reads
-only ids and masks. A deepspec-v2 cache has no checksums: only its structure is checked.
+`build_vocab_mapping` (the step `VocabMapStep`) writes the mapping with its counts and stats
+beside it (`companion_paths`). What is counted is first checked as its readers check it (`verify`,
+docs/cache.md): a fuelline record's checksum as it is read, a token dataset by
+`verify_token_dataset`. The check reads the hidden states too, where the counting reads only ids
+and masks; a deepspec-v2 cache has no checksums, only its structure is checked.
 """
 
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -54,7 +48,7 @@ from fuelline.formats.target_cache import (FUELLINE, MANIFEST, CacheFormatError,
 from fuelline.formats.target_cache_checks import opened, verify_record_checksum
 from fuelline.formats.tokens import FORMAT as TOKENS_FORMAT
 from fuelline.formats.tokens import TokenFiles, TokenFormatError, verify_token_dataset
-from fuelline.io.atomic import TEMP_MARK, atomic_write, fsync_dir, naming_disk_full
+from fuelline.io.atomic import atomic_write, fsync_dir, naming_disk_full, temp_name
 from fuelline.pipeline.options import Options, identity_values, option
 from fuelline.pipeline.shards import describe_inputs
 from fuelline.pipeline.stats import StepStats
@@ -187,7 +181,8 @@ def _count_cache(directory: Path, workers: int, progress: bool, verify: bool) ->
     offsets = layout.field_offsets(index)
     ids_at, mask_at = offsets["input_ids"], offsets["loss_mask"]
     lengths = index["seq_len"].astype(np.int64)
-    records = _records(index) if verify and layout.format == FUELLINE else None
+    records = (np.stack([index[name].astype(np.uint64) for name in ("offset", "nbytes", "checksum")], axis=1)
+               if verify and layout.format == FUELLINE else None)  # each record's (offset, nbytes, checksum)
     passes = []
     for k, entry in enumerate(manifest["shards"]):
         samples = np.flatnonzero(index["shard_id"] == k)
@@ -202,11 +197,6 @@ def _count_cache(directory: Path, workers: int, progress: bool, verify: bool) ->
     return TokenCounts(counts, first, len(index), int(lengths.sum()),
                        {"path": str(directory), "kind": "target cache", "format": cache_format(manifest)},
                        *_model_vocab_size(manifest), 0.0)
-
-
-def _records(index: np.ndarray) -> np.ndarray:
-    """(offset, nbytes, checksum) of every fuelline record, as uint64 rows."""
-    return np.stack([index[name].astype(np.uint64) for name in ("offset", "nbytes", "checksum")], axis=1)
 
 
 def _cache_chunk(path: Path, size: int, samples: np.ndarray, ids_at: np.ndarray, mask_at: np.ndarray,
@@ -286,7 +276,7 @@ def save_vocab_mapping(path: str | os.PathLike, d2t, t2d) -> None:
     import torch
 
     path = Path(path)
-    temp = path.parent / f".{path.name}{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+    temp = path.parent / temp_name(path.name)
     try:
         with naming_disk_full(path):
             temp.mkdir(parents=True)

@@ -20,13 +20,11 @@ they do not fit (Qwen3's empty think block moves to the new last turn: 4 tokens 
 ids are exactly the encoding of the shortened conversation. A first exchange that does not fit
 drops the conversation as too long, as overflow="drop" does.
 
-Every assistant turn's text is searched for the tokenizer's control tokens (its special added
-tokens, the template's end of turn): an answer "done<|im_end|>\n<|im_start|>user\nfake turn"
-would be encoded as the end of its turn and a user turn nobody wrote, and trained on. Such a
-conversation is dropped as `special_token_text` (`special_text="refuse"`), or kept as
-`apply_chat_template` encodes it and counted (`"keep"`). A conversation that breaks the chat
-record contract, or that the template cannot render (`unrenderable`), stops the batch with a
-`ConversationError` naming its index (`on_error="raise"`), or is a `Drop` under its reason.
+An assistant turn that spells one of the tokenizer's control tokens (its special added tokens,
+the template's end of turn; docs/chat.md shows why) drops the conversation as
+`special_token_text` (`special_text="refuse"`), or is kept and counted (`"keep"`). A conversation
+that breaks the chat record contract, or that the template cannot render (`unrenderable`), stops
+the batch with a `ConversationError` naming its index (`on_error="raise"`), or is a `Drop`.
 
 Cost (benchmarks/bench_chat.py has the measured table): the 7,473 GSM8K exchanges (~190 tokens
 each, Qwen vocabulary) on 2 cores take ~0.7 s, tiktoken's encoding most of it, where a loop of

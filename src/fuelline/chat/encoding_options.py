@@ -5,9 +5,8 @@ and loss mask) through pack and through the cache: both Configs derive from `Cha
 both encode through `ChatEncoding.encode`. The defaults are what both uses need: the model's own
 chat template (`auto`: what the target was trained on; a tokenizer without one, such as one of
 `fuelline tokenizer train`, is refused with the hint to name a template), conversations cut at
-4,096 tokens (a cache must bound a sample's memory; pack used to take any length), and every
-conversation with at least one supervised token kept (a short answer is still an answer to
-train on; the cache used to drop those under 14).
+4,096 tokens (a cache must bound a sample's memory), and every conversation with at least one
+supervised token kept (a short answer is still an answer to train on).
 """
 
 from __future__ import annotations

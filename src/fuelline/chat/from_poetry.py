@@ -26,14 +26,11 @@ only facts that are true of its record; a fact that cannot be established is not
 - imagery (`imagery`): 1 to 3 words of the lexicon in `imagery.py`, spelled as in the poem,
   the most distinctive by TF-IDF over the whole input (counted in `prepare`).
 
-Prompt kinds, each with four or more phrasings in simplified Chinese: `title`, `author`,
-`form`, `cipai`, `imagery`, and the combinations `title_author`, `author_form` (a form or a
-词牌), `imagery_form`. A phrasing is usable when the poem has every fact it names. Prompt k of a
-poem is chosen by `unit_interval(seed, …k…, poem id)`: first a kind not used yet by this poem
-(any kind once all are used), then one of its unused phrasings; prompts are distinct, and a
-poem with fewer usable phrasings than asked yields fewer records. Output is the same for any
-worker count; another seed chooses otherwise. On the first 6,000 poems of the corpus (Tang
-shi, two prompts each) the stage writes 12,000 records over all eight kinds except `cipai`.
+Prompt kinds and their phrasings: `TEMPLATES` (docs/chat.md has the counts on the whole corpus).
+A phrasing is usable when the poem has every fact it names. Prompt k of a poem is chosen by
+`unit_interval(seed, …k…, poem id)`: first a kind not used yet by this poem (any kind once all
+are used), then one of its unused phrasings; prompts are distinct, and a poem with fewer usable
+phrasings than asked yields fewer records.
 """
 
 from __future__ import annotations
@@ -46,14 +43,14 @@ from typing import Any, Iterable, Iterator
 
 import orjson
 
-from fuelline.chat.imagery import ImageryStats, distinctive_imagery, lexicon_fingerprint
+from fuelline.chat.imagery import ImageryStats, count_imagery, distinctive_imagery, lexicon_fingerprint
 from fuelline.clean.poetry import CLAUSE_SPLIT, DYNASTY_NAMES, UNKNOWN_AUTHOR_FORMS
 from fuelline.io.atomic import write_bytes_atomic
 from fuelline.io.readers import iter_file_records
 from fuelline.pipeline.options import option
 from fuelline.pipeline.shards import InputShard
 from fuelline.pipeline.stage import PrepareContext, ShardContext, Stage, StageConfig
-from fuelline.records import Location, unit_interval
+from fuelline.records import Location, chat, unit_interval
 from fuelline.text import han_count
 
 GENRES = {"shi": "诗", "ci": "词", "qu": "曲"}
@@ -169,10 +166,6 @@ def _display(facts: dict[str, Any]) -> dict[str, str]:
     return shown
 
 
-def _pick(options: list, seed: int, salt: str, key: str):
-    return options[int(unit_interval(seed, salt, key) * len(options))]
-
-
 def choose_prompts(facts: dict[str, Any], count: int, seed: int, key: str) -> list[tuple[str, str, dict]]:
     """Up to `count` distinct (kind, prompt, stated facts), chosen by hash of (seed, key, k)."""
     usable = {kind: [t for t in TEMPLATES[kind] if placeholders(t) <= facts.keys()] for kind in KINDS}
@@ -182,7 +175,8 @@ def choose_prompts(facts: dict[str, Any], count: int, seed: int, key: str) -> li
     attempt = 0
     while len(chosen) < count and any(usable.values()):
         kinds = [kind for kind in KINDS if usable[kind]]
-        kind = _pick([k for k in kinds if k not in used_kinds] or kinds, seed, f"kind:{attempt}", key)
+        kinds = [k for k in kinds if k not in used_kinds] or kinds
+        kind = kinds[int(unit_interval(seed, f"kind:{attempt}", key) * len(kinds))]
         template = usable[kind].pop(int(unit_interval(seed, f"template:{attempt}", key) * len(usable[kind])))
         attempt += 1
         prompt = template.format(**shown)
@@ -198,11 +192,8 @@ def choose_prompts(facts: dict[str, Any], count: int, seed: int, key: str) -> li
 
 def count_shard_imagery(shard: InputShard) -> ImageryStats:
     """Document frequency of the imagery lexicon over one input shard's poetry documents."""
-    stats = ImageryStats()
-    for _, record in iter_file_records(shard.source, start=shard.start, stop=shard.stop, on_error="skip"):
-        if document_problem(record) is None:
-            stats.add_text(record["text"])
-    return stats
+    records = iter_file_records(shard.source, start=shard.start, stop=shard.stop, on_error="skip")
+    return count_imagery(record["text"] for _, record in records if document_problem(record) is None)
 
 
 class ChatFromPoetryStage(Stage):
@@ -244,10 +235,9 @@ class ChatFromPoetryStage(Stage):
         found = distinctive_imagery(record["text"], self.imagery_stats, limit=3)
         wanted = 1 + int(unit_interval(seed, "imagery", poem_id) * len(found)) if found else 0
         facts = poem_facts(record, found[:wanted])
-        return [{"id": f"{poem_id}#{k}",
-                 "conversations": [{"role": "user", "content": prompt},
-                                   {"role": "assistant", "content": record["text"]}],
-                 "meta": {"source_id": poem_id, "prompt_kind": kind, "facts": stated}}
+        return [chat(f"{poem_id}#{k}", [{"role": "user", "content": prompt},
+                                         {"role": "assistant", "content": record["text"]}],
+                     {"source_id": poem_id, "prompt_kind": kind, "facts": stated})
                 for k, (kind, prompt, stated) in enumerate(
                     choose_prompts(facts, self.config.prompts_per_poem, seed, poem_id))]
 
@@ -260,6 +250,6 @@ class ChatFromPoetryStage(Stage):
             chats = self.chats_for(record)
             if not chats:
                 ctx.count("poems_without_prompt")
-            for chat in chats:
-                ctx.count(f"prompts_{chat['meta']['prompt_kind']}")
-                yield chat
+            for made in chats:
+                ctx.count(f"prompts_{made['meta']['prompt_kind']}")
+                yield made

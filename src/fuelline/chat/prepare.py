@@ -8,18 +8,10 @@ outputs by a hash of (seed, id), so the split does not depend on file order or w
 - `eval`: eval records `{"id", "turns"}` holding only the user contents, because evaluation
   lets the target and the draft generate the answers.
 
-Ids must be unique, because regeneration and the target cache key their work by id: an
-upstream id seen before (in input order, over the whole input) becomes `ID#2`, `ID#3`, …
-(`duplicate_id_renamed`); so does a repeated hash of file name and line, a record's id without one.
-
-System turns are removed unless `keep_system` (regeneration uses the target's own default).
-stats.json gets the records per schema (`schema.X`, the `schemas` table), per form of tool use
-and reasoning they were written in (`form.X`, the `forms` table; see `fuelline.chat.schemas`),
-the records kept with tools, tool calls, tool results and reasoning (`records_with_*`), the
-conversations cut back to their last assistant turn (`trailing_user_turn_removed`,
-`trailing_tool_results_removed`) and, with `category_key` (a record field, or `@file`: the input
-file's name, for a blend kept as one file per source), per category and outcome; the category
-also goes into the train record's `meta.category`.
+Ids must be unique, because regeneration and the target cache key their work by id: an id seen
+before (in input order, over the whole input: `prepare`) becomes `ID#2`, `ID#3`, …. System turns
+are removed unless `keep_system` (regeneration uses the target's own default). The counters and
+tables of stats.json (per schema, form, category and outcome) are listed in docs/chat.md.
 """
 
 from __future__ import annotations
@@ -44,8 +36,8 @@ TRAILING_COUNTERS = {"user": "trailing_user_turn_removed", "tool": "trailing_too
 OUTCOMES = ("in", "train", "eval", "dropped")
 # Not pack's "split": with the same seed, pack's val split of the train records would be empty.
 SPLIT_SALT = "chat-eval"
-CATEGORY_FROM_FILE = "@file"
-RENAMED_FILE = "renamed_ids.json"  # category_key value: the input file's name, up to its first dot
+CATEGORY_FROM_FILE = "@file"  # category_key value: the input file's name, up to its first dot
+RENAMED_FILE = "renamed_ids.json"
 
 
 @dataclass

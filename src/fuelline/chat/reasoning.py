@@ -9,11 +9,8 @@ whitespace removed); an empty block is no reasoning:
   answer holds only the closing tag.
 
 Anywhere else a tag would be left in the content and trained on, and which text was thought and
-which said would be a guess, so the turn is refused under one of `REASONS`: a block after the
-start (`think_tag_in_content`), more than one tag of a kind (`several_think_blocks`), a `<think>`
-without its `</think>` (`unclosed_think`), a tag in the reasoning field (`think_tag_in_reasoning`),
-a reasoning field and an inline block with different texts (`conflicting_reasoning`; the same
-text given both ways is kept once).
+which said would be a guess, so the turn is refused under one of `REASONS` (docs/chat.md shows
+each); a reasoning field and an inline block of the same text are kept once.
 """
 
 from __future__ import annotations

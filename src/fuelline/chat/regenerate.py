@@ -15,11 +15,8 @@ where a bad record found when reached would fail after hours of server time). A 
 go with each of its requests; an answer that is a tool call is stored as the turn's
 `tool_calls`, arguments a dict; a replaced turn's `weight` stays on its answer.
 
-Stats (stats.json beside the output) follow the stage contract and describe the whole input,
-however many resumed runs made the output: records in = written + dropped by reason (failed,
-truncated, duplicate_id), failures by reason, the finish reasons of the answers written.
-`counters` and `servers` are the work of this run alone: requests, retries, tokens, records
-regenerated `last`, and how many answers of each finish reason came back, taken or not.
+Stats describe the whole input however many resumed runs made the output, `counters` and
+`servers` this run's work alone (docs/chat.md lists them).
 """
 
 from __future__ import annotations

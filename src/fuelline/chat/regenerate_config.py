@@ -1,28 +1,22 @@
 """What a regeneration asks of the servers and which answers it takes: the options (the step's
 identity), each record's plan of requests, the test every answer must pass; apart from the async
-orchestrator (`fuelline.chat.regenerate`), so why a record was dropped is answered here.
+orchestrator (`fuelline.chat.regenerate`), so why a record was dropped is answered here. Each rule
+is told to the user in docs/chat.md (`--regenerate-turns`, `--finish-reasons`); why they hold:
 
 Prompts. A conversation that ends with a user turn gets the answer to it, appended; an eval record
 of `chat prepare` (`{"id", "turns": [user contents]}`) becomes the chat record of its user turns,
 each answered in order on the answers before it (as DeepSpec regenerates its prompts). A record
-with nothing to answer (no assistant turn, no user turn at its end) is never sent: it goes to
-the errors file as `nothing_to_regenerate`, a final decision like `truncated`.
+with nothing to answer is never sent: it goes to the errors file as `nothing_to_regenerate`, a
+final decision like `truncated`.
 
-Which turns. A regenerated tool call cannot be given the old tool result, so `regenerate_turns`
-decides which assistant turns are regenerated: `all`, `last` (only the final assistant turn, on the
-data's own history; tool results after it answered the replaced calls and are left out), or `auto`
-(the default): `last` for a conversation with tool results, `all` otherwise. `all` on a
-conversation with tool results would give a regenerated call the old call's result, so such a
-record is dropped as `tool_results_under_turns_all` (final, in the errors file).
+Which turns. A regenerated tool call cannot be given the old tool result, so `auto` regenerates
+only the final assistant turn of a conversation with tool results, and `all` drops such a record
+as `tool_results_under_turns_all` (final, in the errors file).
 
-Answers taken. An answer is only taken when it is one: an empty or whitespace-only content without
-tool calls, or a finish reason other than `finish_reasons` (default stop and length, and tool_calls
-for a record with tools; a server's "abort" comes with partial text), or tool-call arguments that
-are not a JSON object, is a failure, retried like a dropped connection, so no later turn is
-conditioned on it; `keep_empty_answers` and `finish_reasons` widen this on purpose. Reasoning
-never enters the content: returned apart or written inline, it is read as chat prepare reads a
-turn (`fuelline.chat.reasoning`, whose refusals make the answer a failure); `store_reasoning =
-keep` stores it as the turn's `reasoning_content`.
+Answers taken. An answer that is not one (empty, a finish reason not taken, a server's "abort"
+with partial text, tool-call arguments that are not an object, a think tag where chat prepare
+refuses one) is a failure, retried like a dropped connection, so no later turn is conditioned on
+it. Reasoning never enters the content.
 """
 
 from __future__ import annotations

@@ -4,18 +4,14 @@ A run may be killed at any moment and resumed many times, so what it has done is
 output alone, by id (the step's own rules, beside the resume contract of `fuelline.pipeline.workdir`).
 
 Output, one line per input id, ever: the input record with its assistant turns replaced and
-`meta.regenerated` = {model, options (every option that decides the answers, as given: preset,
-sampling values, max_tokens, thinking, regenerate_turns, store_reasoning, drop_truncated,
-finish_reasons, keep_empty_answers), sampling (the fields sent), turns ("all" or "last", as
-applied), turn_indexes, finish_reasons, answers_added (prompts: answers the data lacked), left_out
-(sampling fields a server refused), tool_results_left_out}. Lines are appended whole, in the
-order answers arrive, and flushed; the file is fsynced every second and at the end. A resumed run
-reads the ids already written (a torn last line, from a kill mid-write, is cut off first) and
-skips exactly those, so nothing is done twice or missed whatever order results came in. A
-conversation whose request failed for good goes to the errors file (`OUT.errors`, never a data
-suffix, so it is not read as records) with the reason; the decisions made without a request and
-`drop_truncated`'s are final, and a resumed run does not redo them, while failures are retried
-by a resumed run (which first removes them from the errors file).
+`meta.regenerated` (the answers' model, options and finish reasons: docs/chat.md lists its
+fields). Lines are appended whole, in the order answers arrive, and flushed; the file is fsynced
+every second and at the end. A resumed run reads the ids already written (a torn last line, from
+a kill mid-write, is cut off first) and skips exactly those, so nothing is done twice or missed
+whatever order results came in. A conversation whose request failed for good goes to the errors
+file (`OUT.errors`, never a data suffix, so it is not read as records) with the reason; the
+decisions made without a request and `drop_truncated`'s are final (`FINAL_REASONS`), failures are
+retried by a resumed run, which first removes them from the errors file.
 """
 
 from __future__ import annotations

@@ -1,34 +1,11 @@
-"""Chat data in the wild, in four shapes, normalized to one: the chat record's turns (`fuelline.records.chat`).
+"""Chat data in the wild, in four schemas (`SCHEMAS`, recognized by their keys) and the tool-use and
+reasoning forms of `FORMS`, normalized to one: the chat record's turns (`fuelline.records.chat`).
+docs/chat.md ("Schemas", "Tools and reasoning") tables what each is recognized by and read as.
 
-| schema   | recognized by                          | turns                                              |
-| -------- | -------------------------------------- | -------------------------------------------------- |
-| sharegpt | `conversations`: list of `from`/`value`  | roles human, user → user; gpt, chatgpt, bing, bard, assistant, model → assistant; system |
-| openai   | `messages`: list of `role`/`content`     | content a string or a list of `{"type": "text", "text"}` parts (joined with "\\n") |
-| alpaca   | `instruction` + `output` or `response`   | user = instruction, + "\\n\\n" + `input` when non-empty; optional `system` |
-| qa       | `question`/`answer`, `query`/`response`, `prompt`/`completion` | one user turn, one assistant turn |
-
-Both list schemas also know the roles tool and observation (→ tool) and ShareGPT's function_call.
-Tool use and reasoning come in several forms (`FORMS`, counted per record), all read into the
-same structured fields, so no tag is left in a content:
-
-- `openai_tool_calls`: an assistant turn's `tool_calls` (`{"id"?, "type": "function", "function":
-  {"name", "arguments"}}`, arguments a JSON string or an object, read by
-  `fuelline.io.tool_arguments`: integers exact, numbers a rendering would change and lone
-  surrogates refused; `content` may be null or left out), `tool` turns with
-  `tool_call_id` and `name`; a record-level `tools` (a list of function schemas, or its JSON);
-- `sharegpt_function_call` (LLaMA-Factory, glaive): a `function_call` turn whose value is the JSON
-  of `{"name", "arguments"}` or of a list of them, `observation` turns for the results, `tools` a
-  JSON string of the schemas (bare `{"name", "description", "parameters"}` objects are wrapped);
-- `hermes_tags`: `<tool_call>{json}</tool_call>` blocks in an assistant content (the text left,
-  stripped, stays the content), and a user or tool turn that starts with `<tool_response>`, which
-  becomes one tool turn per block;
-- `reasoning_content` or `thinking` on an assistant turn, or a leading `<think>…</think>` or
-  DeepSeek-R1's `…</think>` in its content (`fuelline.chat.reasoning`, which refuses a tag
-  anywhere else): the turn's `reasoning_content`.
-
-OpenAI fine-tuning's per-message `weight` stays on its assistant turn. A field that belongs to
-another role (`ROLE_FIELDS`) drops the record as `misplaced_field`, since removing it would
-change the data unsaid.
+Every form is read into the same structured fields, so no tag is left in a content: tool-call
+arguments under `fuelline.io.tool_arguments`' rules, reasoning by `fuelline.chat.reasoning`. A
+field that belongs to another role (`ROLE_FIELDS`) drops the record as `misplaced_field`, since
+removing it would change the data unsaid.
 
 Normalizing only maps shapes and roles; `validate` then applies the chat record contract
 (`fuelline.formats.chat_record`, which every later step checks) and the rules the reference
@@ -65,6 +42,7 @@ ROLE_NAMES = {  # a schema's role name, lower-cased, as a role of the chat recor
     "tool": "tool", "observation": "tool",
     FUNCTION_CALL: FUNCTION_CALL,
 }
+SCHEMA_KEYS = {"conversations": "sharegpt", "messages": "openai", "instruction": "alpaca"}  # the key that announces it
 QA_KEYS = (("question", "answer"), ("query", "response"), ("prompt", "completion"))
 FORMS = ("openai_tool_calls", "sharegpt_function_call", "hermes_tags", "reasoning_content", "thinking", "think_tags")
 REASONING_KEYS = ("reasoning_content", "thinking")
@@ -92,15 +70,10 @@ class Conversation:
 
 def detect_schema(record: dict[str, Any]) -> str | None:
     """The schema a record's keys announce, or None; checked in the order of SCHEMAS."""
-    if "conversations" in record:
-        return "sharegpt"
-    if "messages" in record:
-        return "openai"
-    if "instruction" in record:
-        return "alpaca"
-    if any(q in record and a in record for q, a in QA_KEYS):
+    found = next((schema for key, schema in SCHEMA_KEYS.items() if key in record), None)
+    if found is None and any(q in record and a in record for q, a in QA_KEYS):
         return "qa"
-    return None
+    return found
 
 
 def _text(value: Any, where: str) -> str:

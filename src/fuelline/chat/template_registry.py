@@ -1,22 +1,12 @@
 """Chat templates by name (built in, registered from Python or read from a TOML file), so the
 renderers (`field_templates`, `jinja_templates`) and `templates.render` share one list.
 
-Built-in templates, thinking models in their non-thinking mode:
-
-- `chatml` (alias `qwen`): `<|im_start|>ROLE\\n…<|im_end|>\\n`.
-- `qwen3`: ChatML, and the last message, when it is an assistant turn, opens with the empty
-  block `<think>\\n\\n</think>\\n\\n`, as Qwen3's Jinja template renders it (its
-  `enable_thinking=False` only changes the generation prompt, which gets the same block;
-  earlier assistant turns are plain ChatML there too). The block is never supervised. Tools,
-  tool calls, tool results and reasoning as Qwen3's published template writes them
-  (`fuelline.chat.tool_rendering`, `fuelline.chat.field_templates`).
-- `qwen-deepspec`: DeepSpec's `qwen` preprocessing: ChatML led by the system turn "You are a
-  helpful assistant." unless there is one, masked by DeepSpec's rule (`loss_mask`).
-- `llama3`: `<|begin_of_text|>` once, `<|start_header_id|>ROLE<|end_header_id|>\\n\\n…<|eot_id|>`.
-- `gemma4`: `<bos>` once, `<|turn>ROLE\\n…<turn|>\\n` with the roles system, user and model;
-  the last assistant turn and the generation prompt open with the non-thinking prefix
-  `<|channel>thought\\n<channel|>`, as Gemma 4's template prefills it; never supervised.
-- `auto`: the tokenizer's own Jinja chat template (see `fuelline.chat.encode`).
+The built-in templates (`BUILTIN`; docs/chat.md tables their renderings and what each leaves
+unsupervised) render thinking models in their non-thinking mode: `qwen3`'s last assistant turn
+opens with the empty block `<think>\n\n</think>\n\n` as Qwen3's Jinja template renders it (its
+`enable_thinking=False` only changes the generation prompt, which gets the same block), `gemma4`'s
+with the prefix `<|channel>thought\n<channel|>` Gemma 4's template prefills; neither is ever
+supervised. `auto` is the tokenizer's own Jinja chat template (`fuelline.chat.jinja_templates`).
 """
 
 from __future__ import annotations
@@ -43,10 +33,9 @@ class ChatTemplate:
     conversation without one (None: none). Reasoning is rendered as `reasoning_open + reasoning +
     reasoning_close` in place of the prefix (empty: the format has none). `tool_syntax`: how tools
     are written ("qwen"; empty: refused). `loss_mask`: "overlap" (a token is trained on iff it
-    overlaps a span) or "deepspec" (spans also cover `after_turn`, and a span [s, e) trains tokens
-    len(encode(text[:s])) to len(encode(text[:e])), so a token merging the header's newline with
-    a content's is not trained on). `jinja`: a Jinja chat template instead (empty: the tokenizer's
-    own, `auto`).
+    overlaps a span) or "deepspec" (spans also cover `after_turn`, masked by DeepSpec's prefix rule:
+    `encode._Encoder._prefix_rule_mask`). `jinja`: a Jinja chat template instead (empty: the
+    tokenizer's own, `auto`).
     """
 
     name: str

@@ -54,6 +54,7 @@ ORDER_REASONS = ("first_turn_not_user", "roles_not_alternating", "orphan_tool_re
 REASONS = ("not_a_chat_record", "bad_id", "empty_conversation", "wrong_type", "unknown_role", "misplaced_field",
            "bad_weight", "bad_tools", "bad_tool_call", "tool_call_without_name", *ARGUMENTS_REASONS, *ORDER_REASONS)
 CALL_SHAPE = "{'type': 'function', 'function': {'name', 'arguments'}}"
+TOOL_SHAPE = "{'type': 'function', 'function': {'name', 'description', 'parameters'}}"
 
 
 class ChatRecordError(ValueError):
@@ -160,17 +161,9 @@ def _require_calls(i: int, calls: Any) -> None:
                                                f"{type(calls).__name__}")
     for j, call in enumerate(calls):
         where = f"turn {i}: tool_calls[{j}]"
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict):
-            raise ChatRecordError("bad_tool_call", f"{where} must be {CALL_SHAPE}, found {call!r:.80}")
-        if call.get("type", "function") != "function":
-            raise ChatRecordError("bad_tool_call", f"{where}.type must be 'function', found {call['type']!r}")
+        function = _function_entry(call, where, CALL_SHAPE, "bad_tool_call", "tool_call_without_name")
         if "id" in call and not isinstance(call["id"], str):
             raise ChatRecordError("wrong_type", f"{where}.id must be a string, found {type(call['id']).__name__}")
-        name = function.get("name")
-        if not isinstance(name, str) or not name.strip():
-            raise ChatRecordError("tool_call_without_name", f"{where}.function.name must be a non-empty string, "
-                                                            f"found {name!r}")
         arguments = function.get("arguments")
         if not isinstance(arguments, dict):
             hint = " (a JSON-encoded string: decode it to an object first)" if isinstance(arguments, str) else ""
@@ -182,6 +175,19 @@ def _require_calls(i: int, calls: Any) -> None:
             raise ChatRecordError(e.reason, e.detail) from None
 
 
+def _function_entry(entry: Any, where: str, shape: str, reason: str, name_reason: str) -> dict:
+    """The `function` of a tool call or a tool schema, `{"type"?: "function", "function": {"name", …}}`."""
+    function = entry.get("function") if isinstance(entry, dict) else None
+    if not isinstance(function, dict):
+        raise ChatRecordError(reason, f"{where} must be {shape}, found {entry!r:.80}")
+    if entry.get("type", "function") != "function":
+        raise ChatRecordError(reason, f"{where}.type must be 'function', found {entry['type']!r}")
+    name = function.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise ChatRecordError(name_reason, f"{where}.function.name must be a non-empty string, found {name!r}")
+    return function
+
+
 def _a(role: str) -> str:
     return "an" if role == "assistant" else "a"
 
@@ -191,16 +197,9 @@ def require_tools(tools: Any) -> None:
     if tools is None:
         return
     if not isinstance(tools, list):
-        raise ChatRecordError("bad_tools", f"tools must be a list of {{'type': 'function', 'function': "
-                                           f"{{'name', ...}}}}, found {type(tools).__name__}")
+        raise ChatRecordError("bad_tools", f"tools must be a list of {TOOL_SHAPE}, found {type(tools).__name__}")
     for j, tool in enumerate(tools):
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(function, dict) or tool.get("type", "function") != "function":
-            raise ChatRecordError("bad_tools", f"tools[{j}] must be {{'type': 'function', 'function': {{'name', "
-                                               f"'description', 'parameters'}}}}, found {tool!r:.80}")
-        if not isinstance(function.get("name"), str) or not function["name"].strip():
-            raise ChatRecordError("bad_tools", f"tools[{j}].function.name must be a non-empty string, found "
-                                               f"{function.get('name')!r}")
+        function = _function_entry(tool, f"tools[{j}]", TOOL_SHAPE, "bad_tools", "bad_tools")
         for key, kind in (("description", str), ("parameters", dict)):
             if key in function and not isinstance(function[key], kind):
                 raise ChatRecordError("bad_tools", f"tools[{j}].function.{key} must be a "

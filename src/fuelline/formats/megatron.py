@@ -23,10 +23,8 @@ Megatron's dtype codes have no unsigned 32-bit type, so a uint32 dataset is expo
 same for every id below 2**31, and the manifest's vocab_size is checked to be at most 2**31.
 A uint16 dataset stays uint16 (code 8).
 
-What does not carry over: the loss mask. Megatron's format has no place for one, so mask.bin is
-dropped and documents are exported whole, every token a training target (Megatron's GPT dataset
-can mask the end-of-document token itself, nothing else). The manifest's tokenizer, bos/eos ids
-and checksums stay with our dataset; Megatron is told the tokenizer separately.
+Megatron's format has no place for a loss mask: mask.bin is dropped and every token is a
+training target. The manifest's tokenizer, bos/eos ids and checksums stay with our dataset.
 
 Cost: the .bin is a streamed copy (16 MiB blocks) and the .idx is computed from our uint64
 offsets a million documents at a time, so memory stays flat whatever the corpus size. Both files

@@ -26,9 +26,7 @@ field starts at a 64-byte boundary and the gaps are zero bytes. Index records `<
 (`manifest_digest`, over the whole manifest). So an edited index field fails its own record, and
 an edited manifest fails every record: neither can lie without the other being rewritten to
 match. The manifest adds the model and tokenizer fingerprints, the sources, and counts.
-Version 1 (48-byte records, no index checksum, no manifest digest) is refused with a message
-saying to rebuild: it was never read outside fuelline, and reading it would need a second
-reader with weaker guarantees.
+Version 1 (48-byte records, no index checksum) is refused, saying to rebuild (docs/cache.md).
 
 fp8 (`float8_e4m3fn` with a float32 scale per token and layer): x ≈ q · s with
 s = max|x| / 448 over the token's H values at that layer. Rounding to e4m3 (3 mantissa bits,
@@ -145,15 +143,12 @@ class Layout:
             return {"record_id": 0, **self._offsets(seq_len, align(id_len))}
         return self._offsets(seq_len, 0)
 
-    def record_nbytes(self, seq_len: int, id_len: int = 0) -> int:
-        return self.relative_offsets(seq_len, id_len)["end"]
-
     def bytes_per_token(self) -> int:
         """Shard bytes per token, ignoring the per-record id and alignment padding."""
         return sum(self.field_nbytes(name, 1) for name in self.fields)
 
     def record_sizes(self, seq_len, id_len=None) -> np.ndarray:
-        """`record_nbytes` of many records at once (int64), from their lengths and, in the fuelline
+        """The byte size of many records at once (int64), from their lengths and, in the fuelline
         format, their ids' lengths in bytes."""
         first = align(np.asarray(id_len, dtype=np.int64)) if self.format == FUELLINE else 0
         return self._offsets(np.asarray(seq_len, dtype=np.int64), first)["end"]
