@@ -219,11 +219,10 @@ def child_encode(texts_dir: Path, tokenizer_json: Path) -> dict:
 def child_pack(inputs: list[Path], tokenizer_dir: Path, out: Path, workers: int, threads: int) -> dict:
     from fuelline.pack.packer import PackConfig, pack
 
-    config = PackConfig(template="poetry", metadata_dropout=0.25, val_fraction=0.05)
+    config = PackConfig(template="poetry", metadata_dropout=0.25, val_fraction=0.05, threads=threads)
     with MemoryPeaks() as watch:
         started = time.perf_counter()
-        stats = pack(inputs, tokenizer_dir, out, config, workers=workers, threads=threads, restart=True,
-                     progress=False)
+        stats = pack(inputs, tokenizer_dir, out, config, workers=workers, restart=True, progress=False)
         seconds = time.perf_counter() - started
     splits = stats["splits"]
     tokens = sum(s["tokens"] for s in splits.values())
