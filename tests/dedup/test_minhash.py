@@ -26,6 +26,21 @@ def test_fast_kernel_matches_the_reference_bit_for_bit(shingle, ngram):
         assert np.array_equal(signature, hasher.reference(text)), text
 
 
+def test_auto_shingles_by_characters_exactly_when_half_the_visible_characters_are_cjk():
+    # Spaces and newlines are not counted; kana, hangul and extension-B Han are CJK. One batch
+    # decides for all its documents at once (empty ones among them), as each would be decided alone.
+    cases = {"江南 ab": True, "江 abc": False, "ア한\nxy": True, "\U00020001 x\ny z": False, "abc": False,
+             "江南好，风景旧曾谙": True}
+    hasher = MinHasher(num_perm=8, ngram=2, shingle="auto")
+    texts = ["", *cases, "", "   ", ""]
+    symbols, offsets = hasher.symbols(texts)
+    for k, text in enumerate(texts):
+        own = symbols[offsets[k]:offsets[k + 1]]
+        assert np.array_equal(own, hasher.symbols([text])[0]), text
+        if text in cases:
+            assert (own.tolist() == [ord(c) for c in text]) == cases[text], text
+
+
 def test_hash_family_is_fixed_in_code_not_drawn_from_a_library():
     # splitmix64 test vectors from its reference implementation (seed 0): the permutation
     # coefficients derive from it, so signatures cannot change with numpy or Python versions.

@@ -21,7 +21,7 @@ import numpy as np
 import xxhash
 from numba import njit
 
-from fuelline.text import cjk_share, words
+from fuelline.text import cjk_shares, words
 
 FNV_OFFSET = 0xCBF29CE484222325
 FNV_PRIME = 0x100000001B3
@@ -133,24 +133,25 @@ class MinHasher:
         self.num_perm, self.ngram, self.shingle, self.seed = num_perm, ngram, shingle, seed
         self.a, self.b = permutations(num_perm, seed)
 
-    def _by_chars(self, text: str) -> bool:
-        return self.shingle == "char" or (self.shingle == "auto" and cjk_share(text) >= 0.5)
-
     def symbols(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """All documents' symbols back to back (uint64), and the offsets where each starts."""
-        by_chars = [self._by_chars(t) for t in texts]
-        if all(by_chars):  # one encode for the whole batch
-            lengths = [len(t) for t in texts]
-            flat = np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32).astype(np.uint64)
-        else:
-            per_doc = [np.frombuffer(t.encode("utf-32-le"), dtype=np.uint32).astype(np.uint64) if chars
-                       else np.array([xxhash.xxh3_64_intdigest(w.encode()) for w in words(t)], dtype=np.uint64)
-                       for t, chars in zip(texts, by_chars)]
-            lengths = [len(s) for s in per_doc]
-            flat = np.concatenate(per_doc) if per_doc else np.empty(0, dtype=np.uint64)
+        """All documents' symbols back to back (uint64), and the offsets where each starts.
+
+        The batch's code points come from one encode, and "auto" decides on all of them at once
+        (`cjk_shares`); only documents shingled by words are looked at one by one.
+        """
+        lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
         offsets = np.zeros(len(texts) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        return flat, offsets
+        code_points = np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32)
+        by_chars = (cjk_shares(code_points, offsets) >= 0.5 if self.shingle == "auto"
+                    else np.full(len(texts), self.shingle == "char"))
+        if by_chars.all():
+            return code_points.astype(np.uint64), offsets
+        per_doc = [code_points[offsets[i]:offsets[i + 1]].astype(np.uint64) if chars
+                   else np.array([xxhash.xxh3_64_intdigest(w.encode()) for w in words(text)], dtype=np.uint64)
+                   for i, (text, chars) in enumerate(zip(texts, by_chars.tolist()))]
+        np.cumsum([len(s) for s in per_doc], out=offsets[1:])
+        return np.concatenate(per_doc), offsets
 
     def signatures_and_shingles(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(signatures uint32 [n, num_perm], shingle hashes uint64, their per-document offsets).
