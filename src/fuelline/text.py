@@ -50,23 +50,24 @@ def _is_cjk_table() -> np.ndarray:
     return table
 
 
+def per_document_counts(mask: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """How many of each document's characters are set in `mask`, which holds every document's
+    characters back to back, document i's at [offsets[i], offsets[i + 1])."""
+    # reduceat sums [offsets[i], offsets[i + 1]); an empty document would get mask[offsets[i]], and
+    # trailing empty ones would start past the end but for the extra element.
+    counts = np.add.reduceat(np.append(mask, False), offsets[:-1], dtype=np.int64)
+    counts[offsets[:-1] == offsets[1:]] = 0
+    return counts
+
+
 def cjk_shares(code_points: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Per document, the share of CJK characters among its non-space characters (not " ", not
-    "\\n"): `code_points` (uint32) holds every document's characters back to back, document i's
-    at [offsets[i], offsets[i + 1]). One table look-up per character, for a whole batch: ~5 ms
-    for 50,000 poems, where a regex findall per text took ~240 ms."""
-    starts, empty = offsets[:-1], offsets[:-1] == offsets[1:]
-
-    def per_document(mask: np.ndarray) -> np.ndarray:
-        # reduceat sums [starts[i], starts[i + 1]); an empty document would get mask[starts[i]], and
-        # trailing ones would start past the end but for the extra element.
-        counts = np.add.reduceat(np.append(mask, False), starts, dtype=np.int64)
-        counts[empty] = 0
-        return counts
-
-    cjk = per_document(_is_cjk_table()[code_points])
-    visible = np.diff(offsets) - per_document((code_points == ord(" ")) | (code_points == ord("\n")))
-    return cjk / np.maximum(1, visible)
+    "\\n"), for documents back to back in `code_points` (uint32, see `per_document_counts`). One
+    table look-up per character, for a whole batch: ~15 ms for 50,000 poems, where a regex findall
+    per text took ~190 ms."""
+    cjk = per_document_counts(_is_cjk_table()[code_points], offsets)
+    spaces = per_document_counts((code_points == ord(" ")) | (code_points == ord("\n")), offsets)
+    return cjk / np.maximum(1, np.diff(offsets) - spaces)
 
 
 def words(text: str) -> list[str]:

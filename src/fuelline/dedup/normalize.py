@@ -1,17 +1,60 @@
 """Text normalization before hashing: what two documents may differ in and still be "the same".
 
-Each step is a C-level string operation (one regex, unicodedata, str.lower): about 3 µs for a
-poem. It runs once per document and feeds both the exact key and the shingles.
+A shard's texts are normalized together (`Normalizer.many`): punctuation, symbols and spaces go
+in one pass over all their code points (a table look-up each), and only the cheap per-text steps
+(the NFKC check, str.lower) run text by text: ~1.8 µs a poem, where a regex per text took ~3 µs.
+It runs once per document and feeds both the exact key and the shingles.
 """
 
 from __future__ import annotations
 
+import functools
 import re
+import sys
 import unicodedata
 from dataclasses import dataclass
 
-NON_WORD = re.compile(r"[\W_]+")  # punctuation, symbols and whitespace, in any script
+import numpy as np
+
+from fuelline.text import per_document_counts
+
 WHITESPACE = re.compile(r"\s+")
+
+
+class _WordCharacters:
+    """Whether code points are word characters, as the regex `\\w` decides but for "_" (str.isalnum):
+    letters and digits of any script, not punctuation, symbols or whitespace. The table is filled
+    as code points are first seen (a poetry shard brings ~7,000, the whole table would be 1.1 M)."""
+
+    UNKNOWN, OTHER, WORD = 0, 1, 2
+
+    def __init__(self):
+        self._table = np.zeros(sys.maxunicode + 1, dtype=np.uint8)
+
+    def __call__(self, code_points: np.ndarray) -> np.ndarray:
+        kinds = self._table[code_points]
+        if (kinds == self.UNKNOWN).any():
+            new = np.flatnonzero(np.bincount(code_points[kinds == self.UNKNOWN], minlength=len(self._table)))
+            self._table[new] = [self.WORD if chr(c).isalnum() else self.OTHER for c in new.tolist()]
+            kinds = self._table[code_points]
+        return kinds == self.WORD
+
+
+@functools.cache
+def _word_characters() -> _WordCharacters:
+    return _WordCharacters()
+
+
+def remove_non_word(texts: list[str]) -> list[str]:
+    """Each text without its punctuation, symbols and whitespace (any script), the batch at once."""
+    encoded = "".join(texts).encode("utf-32-le", errors="surrogatepass")
+    code_points = np.frombuffer(encoded, dtype=np.uint32)
+    offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)), out=offsets[1:])
+    keep = _word_characters()(code_points)
+    kept = code_points[keep].tobytes().decode("utf-32-le", errors="surrogatepass")
+    ends = np.cumsum(per_document_counts(keep, offsets)).tolist()
+    return [kept[begin:end] for begin, end in zip([0, *ends[:-1]], ends)]
 
 
 @dataclass(frozen=True)
@@ -22,14 +65,22 @@ class Normalizer:
     whitespace: bool = True  # collapse whitespace to nothing (only if punctuation is kept)
 
     def __call__(self, text: str) -> str:
-        # Removing punctuation first leaves mostly text that is already NFKC-normal (Han
-        # characters are), so the cheap is_normalized check usually spares the 8 µs normalize.
+        return self.many([text])[0]
+
+    def many(self, texts: list[str]) -> list[str]:
+        """Each text normalized: `[self(text) for text in texts]`, made faster for the batch."""
         if self.punctuation:
-            text = NON_WORD.sub("", text)
+            texts = remove_non_word(texts)
         elif self.whitespace:
-            text = WHITESPACE.sub("", text)
-        if self.unicode and not unicodedata.is_normalized("NFKC", text):
-            text = unicodedata.normalize("NFKC", text)
-            if self.punctuation:  # NFKC can turn a letter-like compatibility character into a symbol
-                text = NON_WORD.sub("", text)
-        return text.lower() if self.lowercase else text
+            texts = [WHITESPACE.sub("", text) for text in texts]
+        if self.unicode:
+            # Removing punctuation first leaves mostly text that is already NFKC-normal (Han
+            # characters are), so the cheap is_normalized check usually spares the 8 µs normalize.
+            changed = [i for i, text in enumerate(texts) if not unicodedata.is_normalized("NFKC", text)]
+            if changed:
+                texts = list(texts)
+                normal = [unicodedata.normalize("NFKC", texts[i]) for i in changed]
+                # NFKC can turn a letter-like compatibility character into a symbol.
+                for i, text in zip(changed, remove_non_word(normal) if self.punctuation else normal):
+                    texts[i] = text
+        return [text.lower() for text in texts] if self.lowercase else texts

@@ -76,7 +76,7 @@ def hash_shard(shard: InputShard, config: DedupConfig, workdir: Path) -> int:
             texts.append(text)
             lengths.append(len(text))
         normalize = config.normalizer()
-        normalized = [normalize(t) for t in texts]
+        normalized = normalize.many(texts)
         # SimHash needs only the shingle hashes: one permutation is the least a MinHasher computes.
         hasher = MinHasher(config.num_perm if config.method == "minhash" else 1, config.ngram, config.shingle,
                            config.seed)
