@@ -109,6 +109,15 @@ def best_of(fn, repeats: int) -> tuple[float, object]:
     return best, result
 
 
+def tiny_model(directory: Path, chats: Path, layers: int) -> Path:
+    """A smoke run's target instead of a real model: fuelline.models' tiny chat model (a random Qwen3
+    of hidden 64 over a 768-token vocabulary trained on the conversations of `chats`, JSONL), built in
+    a few seconds. A 151k-token vocabulary would make its output layer most of the forward's work."""
+    from fuelline.models import tiny_chat_model
+
+    return tiny_chat_model(directory, chats.read_text(encoding="utf-8").splitlines(), layers=layers)
+
+
 def write_result(name: str, payload: dict) -> Path:
     """benchmarks/results/NAME.json; in a smoke run, the same file in a temporary directory, and a
     line that says how many figures it holds (the smoke test reads it)."""
