@@ -186,7 +186,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-cache-"))
     try:
         chats = prepare_conversations(work, args.conversations)
-        model = tiny_model(work / "model", chats, layers=30) if args.smoke else smollm2(work / "smollm2")  # 30: as SmolLM2
+        # a smoke run's model has SmolLM2's 30 layers, so that LAYERS hold
+        model = tiny_model(work / "model", chats, layers=30) if args.smoke else smollm2(work / "smollm2")
 
         sizes = {}
         for fmt, dtype in (("deepspec-v2", "bf16"), ("fuelline", "bf16"), ("fuelline", "fp8")):

@@ -25,9 +25,10 @@ def main() -> None:
     args = parse_args(parser)
     if not CORPUS.exists():
         sys.exit(f"{CORPUS} not found: the benchmark needs the shared poetry corpus")
+    corpus = corpus_head() if args.smoke else CORPUS
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
-        stats = run_stage(CleanStage(CleanConfig(convert=args.convert)), corpus_head() if args.smoke else CORPUS, out,
+        stats = run_stage(CleanStage(CleanConfig(convert=args.convert)), corpus, out,
                           RunOptions(workers=args.workers, progress=False))
         seconds = time.perf_counter() - start
     docs_per_s = stats["records_in"] / seconds

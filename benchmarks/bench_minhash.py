@@ -278,7 +278,8 @@ def main() -> None:
     if args.limit is not None and not args.smoke:
         print("a --limit run: no result file written")
         return
-    versions = {name: version(name) for name in ("datasketch", "rensa", "xxhash", "numba", "numpy") if name not in missing}
+    versions = {name: version(name) for name in ("datasketch", "rensa", "xxhash", "numba", "numpy")
+                if name not in missing}
     path = write_result("minhash", {
         "corpus": CORPUS.name, "documents": len(texts), "limit": args.limit, "num_perm": NUM_PERM,
         "shingles": f"character {NGRAM}-grams of the raw text, as a set", "cores_used": 1,

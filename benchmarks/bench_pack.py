@@ -47,7 +47,8 @@ from pathlib import Path
 
 import orjson
 
-from common import SHARED_DATA, SMOKE_RECORDS, MemoryPeaks, descendants, machine, parse_args, peer_available, write_result
+from common import (SHARED_DATA, SMOKE_RECORDS, MemoryPeaks, descendants, machine, parse_args, peer_available,
+                    write_result)
 
 CORPUS = SHARED_DATA / "chinese-poetry.jsonl.zst"
 MODES = ("han-chars", "han-pairs", "bytelevel")

@@ -27,11 +27,12 @@ def main() -> None:
     args = parse_args(parser)
     if not CORPUS.exists():
         sys.exit(f"{CORPUS} not found: the benchmark needs the shared poetry corpus")
+    corpus = corpus_head() if args.smoke else CORPUS
     run_dir = Path(tempfile.mkdtemp(prefix="fuelline-pipeline-")) / "run"
     try:
         with MemoryPeaks() as peaks:
             started = time.perf_counter()
-            run_pipeline(load_pipeline(ROOT / "configs" / "poetry.toml"), run_dir, input=[str(corpus_head() if args.smoke else CORPUS)],
+            run_pipeline(load_pipeline(ROOT / "configs" / "poetry.toml"), run_dir, input=[str(corpus)],
                          workers=args.workers, progress=False)
             seconds = time.perf_counter() - started
         funnel = load_funnel(run_dir)

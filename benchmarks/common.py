@@ -5,8 +5,8 @@ Smoke mode (`--smoke`, declared by `parse_args`): the script runs end to end on 
 first SMOKE_RECORDS records of the real corpus, a few conversations, a tiny model built on the
 spot), in seconds, so that tests/test_benchmarks.py can run every script and a change that breaks
 one fails CI. A peer whose package is absent (the peers live in benchmarks/.venv, not in the
-project's venv) is skipped with one line saying so; its result goes to a temporary directory
-removed at exit, never to benchmarks/results, and one line sums up what it measured.
+project's venv) is skipped with one line saying so. The result goes to a temporary directory
+removed at exit, never to benchmarks/results, and one line says how many figures it holds.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ SHARED_DATA = Path(os.environ.get("FUELLINE_SHARED_DATA", ROOT.parent / "shared"
 RESULTS = Path(__file__).resolve().parent / "results"
 POETRY = SHARED_DATA / "chinese-poetry.jsonl.zst"
 # A smoke run's corpus: 2,000 poems give every step work (the cleaner drops some, dedup finds 19
-# exact and 4 near duplicates, 300 would have none), the loader ~150 windows of 1,024 tokens
+# exact and 4 near duplicates, 300 would have none), the loader ~125 windows of 1,024 tokens
 # (batches of 32), and keep each step under a second or two.
 SMOKE_RECORDS = 2_000
 _smoke_dir: Path | None = None  # a smoke run's scratch directory (its inputs and result), removed at exit
@@ -112,7 +112,7 @@ def best_of(fn, repeats: int) -> tuple[float, object]:
 def tiny_model(directory: Path, chats: Path, layers: int) -> Path:
     """A smoke run's target instead of a real model: fuelline.models' tiny chat model (a random Qwen3
     of hidden 64 over a 768-token vocabulary trained on the conversations of `chats`, JSONL), built in
-    a few seconds. A 151k-token vocabulary would make its output layer most of the forward's work."""
+    seconds from nothing but them: no download (SmolLM2's) and no 151k-token vocabulary to convert."""
     from fuelline.models import tiny_chat_model
 
     return tiny_chat_model(directory, chats.read_text(encoding="utf-8").splitlines(), layers=layers)

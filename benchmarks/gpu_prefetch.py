@@ -248,8 +248,9 @@ def main() -> int:
         if args.smoke:  # CUDA absent: the CPU side alone
             with tempfile.TemporaryDirectory(prefix="gpu-prefetch-") as tmp:
                 seconds = loader_seconds(synthetic_dataset(Path(tmp) / "tokens"), args.batches)
-            print(f"CPU loader alone: {seconds / args.batches * 1e3:.2f} ms per batch of {BATCH} x {SEQ_LEN}")
-            write_result("gpu_prefetch", {"cuda": False, "loader_cpu_ms_per_batch": round(seconds / args.batches * 1e3, 4)})
+            per_batch_ms = seconds / args.batches * 1e3
+            print(f"CPU loader alone: {per_batch_ms:.2f} ms per batch of {BATCH} x {SEQ_LEN}")
+            write_result("gpu_prefetch", {"cuda": False, "loader_cpu_ms_per_batch": round(per_batch_ms, 4)})
         return 0
     with tempfile.TemporaryDirectory(prefix="gpu-prefetch-") as tmp:
         path = Path(args.packed) / "train" if args.packed else synthetic_dataset(Path(tmp) / "tokens")

@@ -37,8 +37,8 @@ def test_every_benchmark_script_declares_the_smoke_flag():
     assert {"bench_pack.py", "gpu_prefetch.py"} <= set(SCRIPTS), SCRIPTS
     for script in SCRIPTS:
         tree = ast.parse((BENCHMARKS / script).read_text(encoding="utf-8"))
-        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module == "common"
-                    for alias in node.names}
+        imported = {alias.name for node in ast.walk(tree)
+                    if isinstance(node, ast.ImportFrom) and node.module == "common" for alias in node.names}
         own = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)
                and isinstance(node.func, ast.Attribute) and node.func.attr == "parse_args"]
         assert "parse_args" in imported and not own, f"{script}: parse the arguments with common.parse_args"
