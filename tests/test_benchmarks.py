@@ -6,7 +6,7 @@ new one is covered.
 
 Each run is in a session of its own and its environment carries a tag; once it has ended, no
 process may hold the tag (Ray's head and workers, servers, DataLoader and datatrove workers
-would inherit it even when they start sessions of their own)."""
+inherit it, also those that start a session of their own, as `ray start` does)."""
 
 import ast
 import hashlib
@@ -20,6 +20,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+
+from fuelline.serve.processes import with_parent_death_signal
 
 from .conftest import ROOT, shared_file
 
@@ -84,8 +86,9 @@ def test_the_benchmark_runs_end_to_end_in_smoke_mode(script):
     shared_file("chat/gsm8k-train.jsonl.zst")
     before, tag = results_digest(), f"fuelline-smoke-{uuid.uuid4().hex}"
     env = {**os.environ, "FUELLINE_SMOKE_TAG": tag}
-    child = subprocess.Popen([sys.executable, str(BENCHMARKS / script), "--smoke"], cwd=ROOT, env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    argv = with_parent_death_signal([sys.executable, str(BENCHMARKS / script), "--smoke"])  # SIGTERM if pytest dies
+    child = subprocess.Popen(argv, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             start_new_session=True)
     try:
         stdout, stderr = child.communicate(timeout=SMOKE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
