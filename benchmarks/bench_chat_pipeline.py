@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import write_result
+from common import parse_args, write_result
 
 from fuelline.chat.demo import CONVERSATIONS, run_chat_demo
 
@@ -24,7 +24,9 @@ from fuelline.chat.demo import CONVERSATIONS, run_chat_demo
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--conversations", type=int, default=CONVERSATIONS)
-    args = parser.parse_args()
+    args = parse_args(parser)
+    if args.smoke:
+        args.conversations = 8
     work = Path(tempfile.mkdtemp(prefix="bench-chat-pipeline-"))
     try:
         started = time.perf_counter()

@@ -10,7 +10,7 @@ import sys
 import tempfile
 import time
 
-from common import SHARED_DATA, write_result
+from common import SHARED_DATA, corpus_head, parse_args, write_result
 
 from fuelline.clean.stage import CleanConfig, CleanStage
 from fuelline.pipeline.executor import RunOptions, run_stage
@@ -22,12 +22,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--convert", default="none")
-    args = parser.parse_args()
+    args = parse_args(parser)
     if not CORPUS.exists():
         sys.exit(f"{CORPUS} not found: the benchmark needs the shared poetry corpus")
+    corpus = corpus_head() if args.smoke else CORPUS
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
-        stats = run_stage(CleanStage(CleanConfig(convert=args.convert)), CORPUS, out,
+        stats = run_stage(CleanStage(CleanConfig(convert=args.convert)), corpus, out,
                           RunOptions(workers=args.workers, progress=False))
         seconds = time.perf_counter() - start
     docs_per_s = stats["records_in"] / seconds

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import orjson
 
-from common import SHARED_DATA, write_result
+from common import SHARED_DATA, SMOKE_RECORDS, parse_args, peer_available, write_result
 
 from fuelline.io import read_records
 
@@ -166,9 +166,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=None, help="datatrove hashes per bucket (default: fuelline's rows)")
     parser.add_argument("--limit", type=int, default=None, help="only the first K documents (a quick run)")
     parser.add_argument("--skip-fuelline", action="store_true", help="only datatrove (fuelline's stage not there yet)")
-    args = parser.parse_args()
+    args = parse_args(parser)
     if not CORPUS.exists():
         sys.exit(f"{CORPUS} not found: the benchmark needs the shared poetry corpus")
+    if args.smoke:
+        args.limit = args.limit or SMOKE_RECORDS
     layouts = {}
     if args.buckets and args.rows:
         layouts["datatrove"] = (args.buckets, args.rows)
@@ -176,6 +178,8 @@ def main() -> None:
         layouts["datatrove, fuelline's LSH layout"] = lsh_shape(args.threshold)
     if DATATROVE_DEFAULT_LAYOUT not in layouts.values():
         layouts["datatrove, its default layout"] = DATATROVE_DEFAULT_LAYOUT
+    if not peer_available("datatrove"):
+        layouts = {}
     with tempfile.TemporaryDirectory(prefix="bench-dedup-") as tmp:
         work = Path(tmp)
         docs = write_inputs(work / "input", args.limit)
@@ -229,7 +233,8 @@ def similarity_to_kept(docs: dict[str, str], clusters: dict[str, int], removed: 
 def report(args, docs: dict[str, str], ours: dict | None, peers: dict) -> None:
     result = {"corpus": CORPUS.name, "documents": len(docs), "limit": args.limit, "workers": WORKERS,
               "threshold": args.threshold, "ngram": NGRAM, "num_perm": NUM_PERM,
-              "versions": {n: version(n) for n in ("datatrove", "fuelline")}, "datatrove": {}}
+              "versions": {n: version(n) for n in ("datatrove", "fuelline") if n == "fuelline" or peers},
+              "datatrove": {}}
     removed = None
     if ours is not None:
         removed = set(docs) - ours["kept"]
@@ -264,7 +269,7 @@ def report(args, docs: dict[str, str], ours: dict | None, peers: dict) -> None:
             print(f"  removed overlap:   {row['removed_overlap']}\n  clustered overlap: {row['clustered_overlap']}"
                   f"\n  fuelline / datatrove speed: {row['fuelline_speedup']:.2f}x")
         result["datatrove"][name] = row
-    if args.limit is not None:
+    if args.limit is not None and not args.smoke:
         print("a --limit run: no result file written")
         return
     print(f"wrote {write_result('dedup', result)}")

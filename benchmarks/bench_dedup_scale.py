@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from common import MemoryPeaks, write_result
+from common import SMOKE_RECORDS, MemoryPeaks, parse_args, write_result
 
 from fuelline.dedup.stage import DedupStage
 from fuelline.pipeline.executor import RunOptions, run_stage
@@ -76,7 +76,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--generate", metavar="PATH", help=argparse.SUPPRESS)
     parser.add_argument("--dedup", metavar="PATH", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(parser)
+    if args.smoke:
+        args.docs = SMOKE_RECORDS
     if args.generate or args.dedup:
         result = generate(Path(args.generate), args.docs) if args.generate else dedup(Path(args.dedup), args.workers)
         print(orjson.dumps(result).decode())

@@ -18,7 +18,7 @@ import os
 import sys
 
 from bench_minhash import CORPUS, poem_texts
-from common import best_of, write_result
+from common import SMOKE_RECORDS, best_of, parse_args, write_result
 
 
 def sha256_keys(texts: list[str]) -> list[bytes]:
@@ -67,9 +67,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--limit", type=int, default=None, help="only the first K documents (a quick run)")
-    args = parser.parse_args()
+    args = parse_args(parser)
     if not CORPUS.exists():
         sys.exit(f"{CORPUS} not found: the benchmark needs the shared poetry corpus")
+    if args.smoke:
+        args.limit, args.repeats = args.limit or SMOKE_RECORDS, 1
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     texts = poem_texts(args.limit)
     print(f"{len(texts):,} texts; one core, best of {args.repeats}")
@@ -90,7 +92,7 @@ def main() -> None:
             ratios[f"{name} / {base}"] = round(rows[name]["docs_per_s"] / rows[base]["docs_per_s"], 2)
     for name, ratio in ratios.items():
         print(f"{name}: {ratio:.2f}x")
-    if args.limit is not None:
+    if args.limit is not None and not args.smoke:
         print("a --limit run: no result file written")
         return
     path = write_result("exact", {"corpus": CORPUS.name, "documents": len(texts), "cores_used": 1,

@@ -63,20 +63,20 @@ from pathlib import Path
 
 import numpy as np
 
-from common import SHARED_DATA, write_result
+from common import SHARED_DATA, corpus_head, parse_args, peer_available, write_result
 
 CORPUS = SHARED_DATA / "chinese-poetry.jsonl.zst"
 SEQ_LEN, BATCH, REPEATS, BATCHES = 1024, 32, 3, 2000
 LITDATA_BLOCK = SEQ_LEN + 1
 LITDATA_CHUNK_TOKENS = LITDATA_BLOCK * 2048  # ~4 MiB of uint16 per chunk, 14 chunks
-IDLE_SHARE, IDLE_POLL_S, IDLE_WAIT_S = 0.15, 30, 20 * 60
+IDLE_SHARE, IDLE_POLL_S, IDLE_WAIT_S, IDLE_WINDOW_S = 0.15, 30, 20 * 60, 2.0
 HEAVY = re.compile(r"pytest|bench_\w+\.py|gpu_prefetch\.py|fuelline\s+(run|clean|dedup|pack|tokenizer)")
 TARGETS = {"samples_per_s": 300_000, "vs_megatron": 30.0, "vs_litdata": 3.0}
 
 
 # ---- setup (not timed) ------------------------------------------------------------------------
 
-def build_pack(work: Path) -> tuple[Path, dict]:
+def build_pack(work: Path, corpus: Path = CORPUS) -> tuple[Path, dict]:
     """Clean, tokenizer, pack: the real corpus as fuelline's training data. Returns train/ and seconds."""
     from fuelline.clean.stage import CleanStage
     from fuelline.pack.packer import PackConfig, pack
@@ -85,7 +85,7 @@ def build_pack(work: Path) -> tuple[Path, dict]:
 
     seconds = {}
     start = time.perf_counter()
-    run_stage(CleanStage(), CORPUS, work / "clean", RunOptions(workers=2, progress=False))
+    run_stage(CleanStage(), corpus, work / "clean", RunOptions(workers=2, progress=False))
     seconds["clean"] = time.perf_counter() - start
     start = time.perf_counter()
     train_tokenizer(work / "clean", work / "tokenizer", vocab_size=4096)
@@ -190,9 +190,7 @@ def attention_mask_stack_ms(repeats: int = 7) -> dict:
 
 # ---- sanity: the same tokens everywhere --------------------------------------------------------
 
-def check_same_tokens(tokens: np.ndarray, files, megatron: dict, litdata_dir: Path) -> dict:
-    from litdata import StreamingDataset, TokensLoader
-
+def check_same_tokens(tokens: np.ndarray, files, megatron: dict, litdata_dir: Path | None) -> dict:
     from fuelline.loader import TokenDataset, check_alignment
 
     batch = TokenDataset(files.directory, SEQ_LEN).__getitems__([0, 7, len(tokens) // SEQ_LEN - 1])
@@ -200,6 +198,11 @@ def check_same_tokens(tokens: np.ndarray, files, megatron: dict, litdata_dir: Pa
     first_doc = megatron[False].dataset.get(0)
     if not np.array_equal(first_doc, tokens[:int(files.offsets[1])]):
         raise AssertionError("Megatron's first document differs from the token dataset's")
+    if litdata_dir is None:  # a smoke run without litData
+        return {"windows": {"fuelline": len(tokens) // SEQ_LEN, "megatron": len(megatron[False])},
+                "megatron_doc0_equal": True}
+    from litdata import StreamingDataset, TokensLoader
+
     stream = StreamingDataset(str(litdata_dir), item_loader=TokensLoader(block_size=LITDATA_BLOCK))
     item = np.asarray(stream[0])
     candidates = np.flatnonzero(tokens[:-LITDATA_BLOCK] == item[0])
@@ -361,7 +364,7 @@ def load_of_others(seconds: float = 2.0) -> tuple[float, list[str]]:
 def wait_until_idle(what: str, wait: bool = True) -> dict:
     waited, start = 0.0, time.perf_counter()
     while True:
-        share, busy = load_of_others()
+        share, busy = load_of_others(IDLE_WINDOW_S)
         load1 = float(Path("/proc/loadavg").read_text().split()[0])
         if share < IDLE_SHARE and not busy:
             return {"others_cpu_share": round(share, 3), "load1": load1, "waited_s": round(waited), "idle": True}
@@ -424,7 +427,7 @@ def measure(name: str, make, batches: int, wait: bool = True) -> dict:
 
 # ---- the run -------------------------------------------------------------------------------------
 
-def cases(train: Path, dtype, megatron: dict, litdata_dir: Path) -> dict:
+def cases(train: Path, dtype, megatron: dict, litdata_dir: Path | None) -> dict:
     """name -> (tool, workers, what a batch holds, labels from the mask bits?, loader factory)."""
     tokens = train / "tokens.bin"
     windows = len(megatron[False])
@@ -466,6 +469,8 @@ def targets(rows: dict) -> dict:
     for peer, key, target in (("megatron, create_attention_mask=False", "vs_megatron", TARGETS["vs_megatron"]),
                               ("megatron, attention mask (default)", "vs_megatron_default", TARGETS["vs_megatron"]),
                               ("litdata", "vs_litdata", TARGETS["vs_litdata"])):
+        if peer not in rows:  # litData not installed (a smoke run)
+            continue
         ratio = ours / rows[peer]["samples_per_s"]
         out[key] = {"target": target, "value": round(ratio, 1), "met": ratio >= target, "peer": peer}
     for workers in (1, 2):
@@ -492,8 +497,9 @@ def report(rows: dict, setup: dict, sanity: dict, mask_cost: dict, args) -> None
               "litdata_chunk_tokens": LITDATA_CHUNK_TOKENS, "reused_pack": args.packed is not None,
               "setup_seconds": {k: round(v, 3) if isinstance(v, float) else v for k, v in setup.items()},
               "same_tokens": sanity, "megatron_attention_mask_collate": mask_cost, "loaders": rows, "targets": met,
-              "versions": {n: version(n) for n in ("fuelline", "torch", "numpy", "numba", "megatron-core", "litdata")}}
-    if args.batches < BATCHES:
+              "versions": {n: version(n) for n in ("fuelline", "torch", "numpy", "numba", "megatron-core", "litdata")
+                           if n != "litdata" or "litdata" in rows}}
+    if args.batches < BATCHES and not args.smoke:
         print("fewer batches than the benchmark's 2,000: no result file written")
         return
     print(f"wrote {write_result('loader', result)}")
@@ -505,7 +511,10 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=BATCHES, help="batches per timed run")
     parser.add_argument("--only", default=None, help="only the loaders whose name contains this (no result file)")
     parser.add_argument("--no-wait", action="store_true", help="measure even on a busy machine (no result file)")
-    args = parser.parse_args()
+    args = parse_args(parser)
+    if args.smoke:  # a few batches, crossing two epochs, once each, without waiting for an idle machine
+        global REPEATS, IDLE_WINDOW_S
+        args.batches, args.no_wait, REPEATS, IDLE_WINDOW_S = 10, True, 1, 0.1
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the temp dir is removed
     if args.packed is None and not CORPUS.exists():
         sys.exit(f"{CORPUS} not found: the benchmark needs the shared poetry corpus (or --packed DIR)")
@@ -518,12 +527,14 @@ def main() -> None:
         else:
             wait_until_idle("the setup", not args.no_wait)  # 2 busy workers would disturb another benchmark
             print("setup: clean, tokenizer, pack (2 workers)", flush=True)
-            train, setup = build_pack(work)
+            train, setup = build_pack(work, corpus_head() if args.smoke else CORPUS)
         files = TokenFiles(train)
         megatron, seconds = build_megatron(train, work, files.manifest)
         setup.update({f"megatron_{k}": v for k, v in seconds.items()})
-        litdata_dir, seconds = build_litdata(train, work, files.num_documents)
-        setup.update({f"litdata_{k}": v for k, v in seconds.items()})
+        litdata_dir = None
+        if peer_available("litdata"):
+            litdata_dir, seconds = build_litdata(train, work, files.num_documents)
+            setup.update({f"litdata_{k}": v for k, v in seconds.items()})
         sanity = check_same_tokens(np.asarray(files.tokens), files, megatron, litdata_dir)
         print(f"{files.num_tokens:,} tokens, {files.num_documents:,} documents; windows {sanity['windows']}", flush=True)
         wait_until_idle("the attention-mask stack", not args.no_wait)
@@ -531,11 +542,11 @@ def main() -> None:
         print(f"Megatron attention mask per batch: {mask_cost}", flush=True)
         rows = {}
         for name, (tool, workers, returns, with_mask, make) in cases(train, files.dtype, megatron, litdata_dir).items():
-            if args.only and args.only not in name:
+            if (args.only and args.only not in name) or (tool == "litdata" and litdata_dir is None):
                 continue
             rows[name] = {"tool": tool, "workers": workers, "returns": returns, "labels_from_mask": with_mask,
                           **measure(name, make, args.batches, not args.no_wait)}
-    if args.only or args.no_wait:
+    if (args.only or args.no_wait) and not args.smoke:
         for name, row in rows.items():
             print(name, {k: v for k, v in row.items() if k != "idle_checks"})
         return

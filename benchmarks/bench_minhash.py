@@ -28,7 +28,9 @@ standard error of sqrt(J(1-J)/k), so every tool should land near the same RMSE.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 # Before numpy, numba or rensa are imported: one thread everywhere; a numba cache of our own so
@@ -36,12 +38,12 @@ import tempfile
 for _var in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS"):
     os.environ[_var] = "1"
 NUMBA_CACHE = tempfile.mkdtemp(prefix="bench-minhash-numba-")
+atexit.register(shutil.rmtree, NUMBA_CACHE, ignore_errors=True)  # also when imported (bench_exact.py)
 os.environ["NUMBA_CACHE_DIR"] = NUMBA_CACHE
 
 import argparse  # noqa: E402
 import math  # noqa: E402
 import random  # noqa: E402
-import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -49,15 +51,14 @@ from importlib.metadata import version  # noqa: E402
 
 import numpy as np  # noqa: E402
 import xxhash  # noqa: E402
-from datasketch import MinHash  # noqa: E402
-from rensa import CMinHash, RMinHash  # noqa: E402
 
-from common import SHARED_DATA, best_of, write_result  # noqa: E402
+from common import SHARED_DATA, SMOKE_RECORDS, best_of, parse_args, peer_available, write_result  # noqa: E402
 
 from fuelline.io import read_records  # noqa: E402
 
 CORPUS = SHARED_DATA / "chinese-poetry.jsonl.zst"
 NUM_PERM, NGRAM, SEED = 128, 5, 1
+PEER_PACKAGES = ("datasketch", "rensa")  # the first word of each peer's name below
 FUELLINE_SOURCE = "fuelline.dedup.minhash"
 
 
@@ -83,6 +84,8 @@ def shingles(text: str) -> set[str]:
 # Each tool: texts -> uint32 array (n, NUM_PERM).
 
 def datasketch_sha1(texts: list[str]) -> np.ndarray:
+    from datasketch import MinHash
+
     out = np.empty((len(texts), NUM_PERM), dtype=np.uint32)
     batches = ([s.encode() for s in shingles(t)] for t in texts)
     for i, m in enumerate(MinHash.generator(batches, num_perm=NUM_PERM, seed=SEED)):
@@ -91,6 +94,8 @@ def datasketch_sha1(texts: list[str]) -> np.ndarray:
 
 
 def datasketch_xxh32(texts: list[str]) -> np.ndarray:
+    from datasketch import MinHash
+
     out = np.empty((len(texts), NUM_PERM), dtype=np.uint32)
     batches = ([s.encode() for s in shingles(t)] for t in texts)
     for i, m in enumerate(MinHash.generator(batches, num_perm=NUM_PERM, seed=SEED, hashfunc=xxhash.xxh32_intdigest)):
@@ -99,6 +104,8 @@ def datasketch_xxh32(texts: list[str]) -> np.ndarray:
 
 
 def rensa_per_document(texts: list[str]) -> np.ndarray:
+    from rensa import RMinHash
+
     out = np.empty((len(texts), NUM_PERM), dtype=np.uint32)
     for i, text in enumerate(texts):
         m = RMinHash(num_perm=NUM_PERM, seed=SEED)
@@ -109,6 +116,8 @@ def rensa_per_document(texts: list[str]) -> np.ndarray:
 
 def rensa_batch_matrix(texts: list[str]):
     """The batch call alone: the signatures stay inside rensa's matrix object."""
+    from rensa import RMinHash
+
     return RMinHash.digest_matrix_from_token_sets((list(shingles(t)) for t in texts), NUM_PERM, SEED)
 
 
@@ -119,6 +128,8 @@ def rensa_batch(texts: list[str]) -> np.ndarray:
 
 def rensa_cminhash_batch(texts: list[str]) -> np.ndarray:
     """C-MinHash (circulant permutations of one hash): another sketch, same estimator."""
+    from rensa import CMinHash
+
     return np.array(CMinHash.digests_from_token_sets((list(shingles(t)) for t in texts), NUM_PERM, SEED),
                     dtype=np.uint32)
 
@@ -236,9 +247,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--limit", type=int, default=None, help="only the first K documents (a quick run)")
     parser.add_argument("--pairs", type=int, default=2000, help="synthetic pairs of the accuracy check")
-    args = parser.parse_args()
+    args = parse_args(parser)
     if not CORPUS.exists():
         sys.exit(f"{CORPUS} not found: the benchmark needs the shared poetry corpus")
+    if args.smoke:
+        args.limit, args.pairs, args.repeats = args.limit or SMOKE_RECORDS, 50, 1
+    missing = {package for package in PEER_PACKAGES if not peer_available(package)}
+    for tools in (PEERS, TIMING_ONLY):
+        for name in [name for name in tools if name.split()[0] in missing]:
+            del tools[name]
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     texts = poem_texts(args.limit)
     print(f"{len(texts):,} texts, {sum(map(len, texts)):,} characters; one core, best of {args.repeats}")
@@ -258,11 +275,11 @@ def main() -> None:
         for name, ratio in ratios.items():
             print(f"fuelline / {name}: {ratio:.2f}x")
     acc = accuracy(args.pairs, hasher)
-    shutil.rmtree(NUMBA_CACHE, ignore_errors=True)
-    if args.limit is not None:
+    if args.limit is not None and not args.smoke:
         print("a --limit run: no result file written")
         return
-    versions = {name: version(name) for name in ("datasketch", "rensa", "xxhash", "numba", "numpy")}
+    versions = {name: version(name) for name in ("datasketch", "rensa", "xxhash", "numba", "numpy")
+                if name not in missing}
     path = write_result("minhash", {
         "corpus": CORPUS.name, "documents": len(texts), "limit": args.limit, "num_perm": NUM_PERM,
         "shingles": f"character {NGRAM}-grams of the raw text, as a set", "cores_used": 1,

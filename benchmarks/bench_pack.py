@@ -47,7 +47,8 @@ from pathlib import Path
 
 import orjson
 
-from common import SHARED_DATA, MemoryPeaks, descendants, machine, write_result
+from common import (SHARED_DATA, SMOKE_RECORDS, MemoryPeaks, descendants, machine, parse_args, peer_available,
+                    write_result)
 
 CORPUS = SHARED_DATA / "chinese-poetry.jsonl.zst"
 MODES = ("han-chars", "han-pairs", "bytelevel")
@@ -57,7 +58,7 @@ PACK_CONFIGS = ((1, 1, None), (1, 2, None), (2, 1, None), (2, 1, "tokenizers")) 
 SIZES = (1, 2, 4)
 SCALE_WORKERS = 2
 IDLE_CORES = 0.25  # other processes using more than this many cores: wait (before) or repeat (after)
-IDLE_POLL_S, IDLE_WAIT_S = 30, 20 * 60
+IDLE_POLL_S, IDLE_WAIT_S, IDLE_WINDOW_S = 30, 20 * 60, 2.0
 ATTEMPTS = 3
 REPEATS = 2  # pack configurations and datatrove: the fastest of 2 runs
 
@@ -76,9 +77,9 @@ def cpu_ticks() -> dict[int, int]:
     return ticks
 
 
-def other_cores(window: float = 2.0) -> float:
-    """Cores used over `window` seconds by the processes outside this benchmark."""
-    hz = os.sysconf("SC_CLK_TCK")
+def other_cores() -> float:
+    """Cores used over IDLE_WINDOW_S seconds by the processes outside this benchmark."""
+    hz, window = os.sysconf("SC_CLK_TCK"), IDLE_WINDOW_S
     before = cpu_ticks()
     time.sleep(window)
     after = cpu_ticks()
@@ -266,10 +267,11 @@ def child_datatrove(texts_dir: Path, tokenizer_json: Path, out: Path) -> dict:
 def child_profile(source: Path, tokenizer_dir: Path, work: Path) -> dict:
     """cProfile of `encode_shard` on the first shard of `source`, in this process, one thread."""
     from fuelline.pack.packer import PackConfig, encode_shard
+    from fuelline.pipeline.executor import RunOptions
     from fuelline.pipeline.shards import plan_shards
 
     config = PackConfig(template="poetry", metadata_dropout=0.25, val_fraction=0.05)
-    shard = plan_shards([source], config.shard_size)[0]
+    shard = plan_shards([source], RunOptions().shard_size)[0]
     run = lambda d: encode_shard(shard, tokenizer_path=str(tokenizer_dir / "tokenizer.json"), config=config,  # noqa: E731
                                  workdir=d, threads=1)
     (work / "warm").mkdir(parents=True)
@@ -465,6 +467,8 @@ def run_all(args, base: Path) -> dict:
     result["scale"] = {"workers": SCALE_WORKERS, "threads": 1, "input": "uncompressed JSONL copies", "sizes": scale}
 
     # 5. datatrove
+    if not peer_available("datatrove"):
+        return result
     peers = {}
     for label, threads in (("RAYON_NUM_THREADS unset", None), ("RAYON_NUM_THREADS=1", 1)):
         out = base / "datatrove-out"
@@ -509,10 +513,11 @@ def table(result: dict) -> None:
         print(f"{name:<15} {r['seconds']:7.1f} {r['tokens_per_s']:11,} {ratio} "
               f"{r['peak_parent_anon_mib']:>9,}/{r['peak_parent_rss_mib']:<10,} "
               f"{r['peak_worker_anon_mib']:>9,}/{r['peak_worker_rss_mib']:<10,}")
-    print("\n== datatrove DocumentTokenizer (text only), tasks=2 workers=2")
-    for label, r in result["datatrove"]["runs"].items():
-        print(f"{label:<24} {r['seconds']:7.1f} s {r['tokens_per_s']:11,} tokens/s {r['docs_per_s']:9,} docs/s")
-    print(f"fuelline best / datatrove best: {result['datatrove']['fuelline_best_over_datatrove']}")
+    if "datatrove" in result:
+        print("\n== datatrove DocumentTokenizer (text only), tasks=2 workers=2")
+        for label, r in result["datatrove"]["runs"].items():
+            print(f"{label:<24} {r['seconds']:7.1f} s {r['tokens_per_s']:11,} tokens/s {r['docs_per_s']:9,} docs/s")
+        print(f"fuelline best / datatrove best: {result['datatrove']['fuelline_best_over_datatrove']}")
     if "profile" in result:
         p = result["profile"]
         print(f"\n== encode_shard profile ({p['shard_documents']:,} docs, 1 thread): {p['tokens_per_s']:,} tokens/s, "
@@ -538,7 +543,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(parser)
     child = None
     if args.encode:
         child = child_encode(args.encode, args.tokenizer)
@@ -553,6 +558,10 @@ def main() -> None:
         return
     if not CORPUS.exists():
         sys.exit(f"{CORPUS} not found: the benchmark needs the shared poetry corpus")
+    if args.smoke:  # every step once, on the first records, without waiting for an idle machine
+        global IDLE_WINDOW_S, REPEATS, SIZES
+        args.limit, args.no_wait = args.limit or SMOKE_RECORDS, True
+        IDLE_WINDOW_S, REPEATS, SIZES = 0.1, 1, (1, 2)
     if args.no_wait:
         global IDLE_WAIT_S, ATTEMPTS
         IDLE_WAIT_S, ATTEMPTS = 0, 1
@@ -561,10 +570,11 @@ def main() -> None:
         result = run_all(args, base)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    result["versions"] = {n: version(n) for n in ("fuelline", "tokenizers", "datatrove", "numpy")}
+    result["versions"] = {n: version(n) for n in ("fuelline", "tokenizers", "datatrove", "numpy")
+                          if n != "datatrove" or "datatrove" in result}
     result["machine"] = machine()
     table(result)
-    if args.limit is not None or args.no_wait:
+    if (args.limit is not None or args.no_wait) and not args.smoke:
         print("a --limit or --no-wait run: no result file written")
         return
     result.pop("machine")  # write_result adds it

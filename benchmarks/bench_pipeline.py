@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, SHARED_DATA, MemoryPeaks, write_result
+from common import ROOT, SHARED_DATA, MemoryPeaks, corpus_head, parse_args, write_result
 
 from fuelline.pipeline.config import load_pipeline, run_pipeline
 from fuelline.report.funnel import format_funnel, load_funnel
@@ -24,14 +24,15 @@ CORPUS = SHARED_DATA / "chinese-poetry.jsonl.zst"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
-    args = parser.parse_args()
+    args = parse_args(parser)
     if not CORPUS.exists():
         sys.exit(f"{CORPUS} not found: the benchmark needs the shared poetry corpus")
+    corpus = corpus_head() if args.smoke else CORPUS
     run_dir = Path(tempfile.mkdtemp(prefix="fuelline-pipeline-")) / "run"
     try:
         with MemoryPeaks() as peaks:
             started = time.perf_counter()
-            run_pipeline(load_pipeline(ROOT / "configs" / "poetry.toml"), run_dir, input=[str(CORPUS)],
+            run_pipeline(load_pipeline(ROOT / "configs" / "poetry.toml"), run_dir, input=[str(corpus)],
                          workers=args.workers, progress=False)
             seconds = time.perf_counter() - started
         funnel = load_funnel(run_dir)

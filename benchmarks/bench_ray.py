@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from bench_dedup_scale import generate
-from common import ROOT, write_result
+from common import ROOT, SMOKE_RECORDS, parse_args, write_result
 
 from fuelline.dedup.stage import AUDIT_FILE, DedupStage
 from fuelline.ingest import IngestStage
@@ -375,7 +375,9 @@ def main() -> None:
     parser.add_argument("--shard-counts", default="4,32,128", help="shard counts of the overhead runs")
     parser.add_argument("--dedup-shard-size", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=1, help="overhead runs: the fastest of this many")
-    args = parser.parse_args()
+    args = parse_args(parser)
+    if args.smoke:  # every part, on a few thousand documents
+        args.docs, args.slice, args.shard_counts, args.dedup_shard_size = SMOKE_RECORDS, SMOKE_RECORDS, "2,4", 1000
     counts = sorted({int(c) for c in args.shard_counts.split(",")})
 
     import ray

@@ -14,19 +14,20 @@ import io
 import json
 import os
 import sys
+from pathlib import Path
 
 import zstandard
 
-from common import SHARED_DATA, best_of, write_result
+from common import SHARED_DATA, best_of, corpus_head, parse_args, write_result
 
 from fuelline.io import read_records
 
 CORPUS = SHARED_DATA / "chinese-poetry.jsonl.zst"
 
 
-def baseline() -> int:
+def baseline(corpus: Path) -> int:
     count = 0
-    with open(CORPUS, "rb") as f:
+    with open(corpus, "rb") as f:
         for line in io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(f), encoding="utf-8"):
             if line.strip():
                 json.loads(line)
@@ -34,12 +35,12 @@ def baseline() -> int:
     return count
 
 
-def fuelline_reader() -> int:
-    return sum(1 for _ in read_records(CORPUS))
+def fuelline_reader(corpus: Path) -> int:
+    return sum(1 for _ in read_records(corpus))
 
 
-def decompressed_bytes() -> int:
-    with open(CORPUS, "rb") as f:
+def decompressed_bytes(corpus: Path) -> int:
+    with open(corpus, "rb") as f:
         reader = zstandard.ZstdDecompressor().stream_reader(f)
         return sum(len(chunk) for chunk in iter(lambda: reader.read(1 << 20), b""))
 
@@ -47,14 +48,15 @@ def decompressed_bytes() -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    args = parse_args(parser)
     if not CORPUS.exists():
         sys.exit(f"{CORPUS} not found: the benchmark needs the shared poetry corpus")
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    size = decompressed_bytes()
+    corpus = corpus_head() if args.smoke else CORPUS
+    size = decompressed_bytes(corpus)
     rows = {}
     for name, fn in [("zstandard + json.loads per line", baseline), ("fuelline read_records", fuelline_reader)]:
-        seconds, records = best_of(fn, args.repeats)
+        seconds, records = best_of(lambda: fn(corpus), args.repeats)
         rows[name] = {"seconds": round(seconds, 3), "records": records, "decompressed_MB_per_s": round(size / seconds / 1e6, 1)}
         print(f"{name:<34} {records:>8,} records  {seconds:6.2f} s  {size / seconds / 1e6:7.1f} MB/s")
     names = list(rows)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import orjson
 
-from common import SHARED_DATA, write_result
+from common import SHARED_DATA, parse_args, write_result
 
 from fuelline.chat.regenerate import RegenerateConfig, regenerate
 from fuelline.io import read_records
@@ -125,7 +125,9 @@ def main() -> None:
     parser.add_argument("--conversations", type=int, default=20_000)
     parser.add_argument("--real-conversations", type=int, default=200)
     parser.add_argument("--skip-real", action="store_true")
-    args = parser.parse_args()
+    args = parse_args(parser)
+    if args.smoke:
+        args.conversations, args.real_conversations = 500, 4
     if len(os.sched_getaffinity(0)) < 2:
         sys.exit("the benchmark needs two cores: one for the client, one for the servers")
     work = Path(tempfile.mkdtemp(prefix="bench-regenerate-"))

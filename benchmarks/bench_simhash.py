@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 from bench_dedup import CORPUS, write_inputs
-from common import MemoryPeaks, write_result
+from common import SMOKE_RECORDS, MemoryPeaks, parse_args, write_result
 from numba import njit
 
 from fuelline.dedup.clusters import jaccard_pairs
@@ -183,7 +183,9 @@ def main() -> None:
                         help="SimHash distances to run (the default, 10 at 0.85, is always run)")
     parser.add_argument("--limit", type=int, default=None, help="only the first K documents (a quick run)")
     parser.add_argument("--child", nargs=4, metavar=("METHOD", "INPUTS", "OUT", "HAMMING"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(parser)
+    if args.smoke:  # MinHash and SimHash at the default distance alone
+        args.limit, args.hamming = args.limit or SMOKE_RECORDS, []
     if args.child:
         method, inputs, out, hamming = args.child
         result = run_child(Path(inputs), Path(out), method, None if hamming == "None" else int(hamming))
@@ -228,7 +230,7 @@ def report(args, documents: int, evaluated: int, truth: dict, results: dict, stu
     print(f"\nSimHash distance of the ground-truth near pairs: median {study['distance_median']}, share within k: "
           f"{study['near_pairs_within_distance']}\nfound at J = {THRESHOLD} exactly, binomial model: {theory}\n"
           f"candidate search at hamming={default} by blocks: {study['candidate_search_by_blocks']}")
-    if args.limit is not None:
+    if args.limit is not None and not args.smoke:
         print("a --limit run: no result file written")
         return
     path = write_result("simhash", {

