@@ -75,6 +75,26 @@ def _byte_level_pattern(pre: dict | None) -> str | None:
     return split["pattern"]["Regex"]
 
 
+def joining_separator(special: dict[str, int]) -> tuple[str, int] | None:
+    """A special token (text, id) that texts can be joined with and encoded as one, or None.
+
+    tiktoken finds the special tokens first (leftmost match) and encodes the text between two
+    with its regex and BPE alone, so texts joined with a separator encode to their own ids with
+    the separator's id between them, provided no special-token match can cross a separator: no
+    special token (the separator included) may have a proper suffix that starts the separator
+    or contains it, and none may start with the separator or be its prefix. A text holding the
+    separator itself shows as one id too many and is encoded on its own (`_encode_tiktoken`).
+    """
+    for separator, separator_id in special.items():
+        crosses = any(separator.startswith(token[i:]) or token[i:].startswith(separator)
+                      for token in special for i in range(1, len(token)))
+        overlaps = any(token != separator and (token.startswith(separator) or separator.startswith(token))
+                       for token in special)
+        if not crosses and not overlaps:
+            return separator, separator_id
+    return None
+
+
 @dataclass(frozen=True)
 class EncodedBatch:
     """Texts encoded back to back: `ids` (int32), tokens per text (`counts`), where each text starts
@@ -128,6 +148,7 @@ class FastEncoder:
         self._tiktoken = tiktoken.Encoding("fuelline", pat_str=pattern, mergeable_ranks=ranks, special_tokens=special)
         self._allowed = set(special)
         self._special_starts = tuple(special)  # empty: no text is known to start a split, none is joined
+        self._separator = joining_separator(special)
         # per id: the characters that start in the token (its lead bytes), and whether its first byte is one
         self._lead_bytes = np.zeros(max([*ranks.values(), *special.values()]) + 1, dtype=np.int64)
         self._starts_a_character = np.zeros(len(self._lead_bytes), dtype=np.int64)
@@ -196,7 +217,10 @@ class FastEncoder:
         cuts its input at special tokens before anything else, so no token can span two of
         them, and one call costs far less than one per text (the GIL is taken once, not once
         per conversation). Each text's first token is then the first one starting at or after
-        the text's first character.
+        the text's first character. Other texts are joined with a special token between them
+        (`joining_separator`) and cut where its id lands: 48k poems encode in 0.36 s instead of
+        0.57 s, 48k titles in 0.04 s instead of 0.19 s (one call and one array per text cost
+        more than encoding a title).
         """
         encode, allowed = self._tiktoken.encode_to_numpy, self._allowed
         if len(texts) > 1 and all(text.startswith(self._special_starts) for text in texts[1:]):
@@ -204,6 +228,12 @@ class FastEncoder:
             lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
             firsts = np.searchsorted(self._offsets(ids)[:, 0], np.cumsum(lengths) - lengths)
             return ids, np.diff(np.append(firsts, len(ids)))
+        if len(texts) > 1 and self._separator is not None:
+            separator, separator_id = self._separator
+            ids = encode(separator.join(texts), allowed_special=allowed)
+            cuts = np.flatnonzero(ids == separator_id)
+            if len(cuts) == len(texts) - 1:  # more: a text holds the separator itself, so go text by text
+                return np.delete(ids, cuts), np.diff(cuts, prepend=-1, append=len(ids)) - 1
         arrays = [encode(text, allowed_special=allowed) for text in texts]
         counts = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
         return (np.concatenate(arrays) if arrays else np.zeros(0, np.uint32)), counts
@@ -240,6 +270,12 @@ class FastEncoder:
                 self.reason = (f"tokenizers: tiktoken's ids differed from the tokenizer's on text {k} of the first "
                                f"batch, so the tokenizer's own encoder is used")
                 return
+        ids, counts = self._encode_tiktoken(texts)  # joined, as batches are encoded
+        if (counts.tolist() != [len(e.ids) for e in reference]
+                or ids.tolist() != [i for e in reference for i in e.ids]):
+            self._tiktoken = None
+            self.reason = ("tokenizers: tiktoken's ids of the first batch's texts encoded joined differed from the "
+                           "tokenizer's, so the tokenizer's own encoder is used")
 
 
 _encoders: dict[int, tuple[object, FastEncoder]] = {}
