@@ -271,7 +271,7 @@ def child_profile(source: Path, tokenizer_dir: Path, work: Path) -> dict:
     config = PackConfig(template="poetry", metadata_dropout=0.25, val_fraction=0.05)
     shard = plan_shards([source], config.shard_size)[0]
     run = lambda d: encode_shard(shard, tokenizer_path=str(tokenizer_dir / "tokenizer.json"), config=config,  # noqa: E731
-                                 workdir=d, threads=1)
+                                 workdir=d, threads=1, dtype="uint16")
     (work / "warm").mkdir(parents=True)
     run(work / "warm")  # loads the tokenizer, starts its pool
     (work / "plain").mkdir()
