@@ -166,8 +166,16 @@ class FastEncoder:
         return self.encode_batch(texts, offsets).split()
 
     def encode_batch(self, texts: Sequence[str], offsets: bool = False) -> EncodedBatch:
-        """The texts' tokens back to back: one array each, so callers work per batch, not per text."""
-        return next(self.encode_batches([(None, texts)], offsets))[1]
+        """The texts' tokens back to back: one array each, so callers work per batch, not per text.
+
+        With one thread, the caller's own thread encodes: nothing else runs meanwhile, and tiktoken
+        runs ~20% faster on the thread that first used it (its regex's caches have a fast path for
+        their first thread, `_check`'s here) than on a pool's (48k poems: 0.37 s of CPU against 0.45 s).
+        """
+        if self.threads > 1:
+            return next(self.encode_batches([(None, texts)], offsets))[1]
+        self._check_once(texts)
+        return self._collect(None, texts, self._submit(_InCallerThread(), texts, offsets), offsets)[1]
 
     def encode_batches(self, batches: Iterable[tuple[Any, Sequence[str]]],
                        offsets: bool = False) -> Iterator[tuple[Any, EncodedBatch]]:
@@ -180,15 +188,18 @@ class FastEncoder:
         with ThreadPoolExecutor(self.threads) as pool:  # tiktoken and tokenizers release the GIL while they encode
             pending: deque = deque()
             for key, texts in batches:
-                if self._tiktoken is not None and not self._checked:
-                    self._check(texts[:CHECK_TEXTS])
+                self._check_once(texts)
                 pending.append((key, texts, self._submit(pool, texts, offsets)))
                 if len(pending) > 1:
                     yield self._collect(*pending.popleft(), offsets)
             while pending:
                 yield self._collect(*pending.popleft(), offsets)
 
-    def _submit(self, pool: ThreadPoolExecutor, texts: Sequence[str], offsets: bool) -> list[Future]:
+    def _check_once(self, texts: Sequence[str]) -> None:
+        if self._tiktoken is not None and not self._checked:
+            self._check(texts[:CHECK_TEXTS])
+
+    def _submit(self, pool: ThreadPoolExecutor | _InCallerThread, texts: Sequence[str], offsets: bool) -> list[Future]:
         if self._tiktoken is None:
             return [pool.submit(self._encode_tokenizers, texts, offsets)]
         # one piece per thread, of about equal characters (conversation lengths vary a hundredfold)
@@ -276,6 +287,15 @@ class FastEncoder:
             self._tiktoken = None
             self.reason = ("tokenizers: tiktoken's ids of the first batch's texts encoded joined differed from the "
                            "tokenizer's, so the tokenizer's own encoder is used")
+
+
+class _InCallerThread:
+    """An executor whose `submit` runs the call at once, in the caller's thread."""
+
+    def submit(self, fn, *args) -> Future:
+        future: Future = Future()
+        future.set_result(fn(*args))
+        return future
 
 
 _encoders: dict[int, tuple[object, FastEncoder]] = {}
