@@ -269,11 +269,12 @@ def child_profile(source: Path, tokenizer_dir: Path, work: Path) -> dict:
     from fuelline.pack.packer import PackConfig, encode_shard
     from fuelline.pipeline.executor import RunOptions
     from fuelline.pipeline.shards import plan_shards
+    from fuelline.pipeline.workers import RunOptions
 
     config = PackConfig(template="poetry", metadata_dropout=0.25, val_fraction=0.05)
     shard = plan_shards([source], RunOptions().shard_size)[0]
     run = lambda d: encode_shard(shard, tokenizer_path=str(tokenizer_dir / "tokenizer.json"), config=config,  # noqa: E731
-                                 workdir=d, threads=1)
+                                 workdir=d, threads=1, dtype="uint16")
     (work / "warm").mkdir(parents=True)
     run(work / "warm")  # loads the tokenizer, starts its pool
     (work / "plain").mkdir()

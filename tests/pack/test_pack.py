@@ -79,16 +79,16 @@ def test_plain_template_supervises_everything_without_a_mask_file(plain_pack):
 def test_an_interrupted_pack_resumes_without_redoing_shards(packed_poems, poems, tokenizer_dir, tmp_path,
                                                            monkeypatch):
     reference = packed_poems
-    real_merge = packer.merge_split
+    real_merge = packer.merge_splits
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt("killed while merging")
 
-    monkeypatch.setattr(packer, "merge_split", killed)
+    monkeypatch.setattr(packer, "merge_splits", killed)
     with pytest.raises(KeyboardInterrupt):
         packed(poems, tokenizer_dir, tmp_path / "out")
     assert len(list((tmp_path / "out" / "_work").glob("part-*.json"))) == 6  # every shard finished
-    monkeypatch.setattr(packer, "merge_split", real_merge)
+    monkeypatch.setattr(packer, "merge_splits", real_merge)
 
     def no_tokenizer(*args):
         raise AssertionError("a finished shard was tokenized again")
@@ -120,7 +120,7 @@ def test_a_pack_killed_after_its_stats_leaves_no_work_or_temp_files_once_rerun(p
 def test_resuming_with_another_tokenizer_is_refused(packed_poems, poems, tokenizer_dir, tmp_path, monkeypatch):
     few = (tmp_path / "few.jsonl", poems[1][:1_000])  # one shard is enough to leave a pack unfinished
     few[0].write_bytes(b"".join(orjson.dumps(doc) + b"\n" for doc in few[1]))
-    monkeypatch.setattr(packer, "merge_split", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    monkeypatch.setattr(packer, "merge_splits", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
     with pytest.raises(KeyboardInterrupt):
         packed(few, tokenizer_dir, tmp_path / "out")
     monkeypatch.undo()

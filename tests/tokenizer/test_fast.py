@@ -1,12 +1,14 @@
 """FastEncoder: tiktoken's ids and offsets must be exactly the tokenizer's own, or it must not be used."""
 
+import re
+
 import numpy as np
 import pytest
 import tokenizers
 from tokenizers import models, normalizers, pre_tokenizers
 
 from fuelline.io import read_records
-from fuelline.tokenizer.fast import FastEncoder, tiktoken_ranks
+from fuelline.tokenizer.fast import TWO_SPACES, FastEncoder, tiktoken_ranks
 from fuelline.tokenizer.tiktoken_convert import byte_alphabet
 
 from ..conftest import shared_file
@@ -140,3 +142,30 @@ def test_tokenizers_that_tiktoken_cannot_express_are_refused_with_a_reason(chang
 def test_merges_out_of_rank_order_are_refused():
     tokenizer = byte_level_bpe(["bc", "ab"], [("a", "b"), ("b", "c")])  # "ab" merged first, ranked later
     assert "merge order" in tiktoken_ranks(tokenizer)
+
+
+def test_every_whitespace_character_of_the_regex_is_one_that_two_spaces_finds():
+    """tiktoken's regex means Unicode White_Space by \\s; a text where TWO_SPACES finds nothing must
+    have no two of them in a row, so each must be whitespace to Python's re as well."""
+    regex = pytest.importorskip("regex")  # tiktoken's own dependency
+    white = [chr(c) for c in range(0x110000) if regex.match(r"\p{White_Space}", chr(c))]
+    assert len(white) == 25 and all(re.match(r"\s", c) for c in white)
+
+
+def test_texts_without_two_spaces_in_a_row_encode_alike_without_the_lookahead(qwen, qwen_encoder):
+    """The adversarial texts with every whitespace run cut to its first character, joined as a batch
+    is (Qwen's merges hold many whitespace pieces, so a piece split otherwise changes the ids)."""
+    texts = [re.sub(r"\s+", lambda m: m.group()[0], t) for t in ADVERSARIAL]
+    texts += ["a b\nc\td\u3000e\u00a0f", " lead", "trail ", "中 文\n英"]
+    assert not any(TWO_SPACES.search(t) for t in texts)
+    assert qwen_encoder._encoder_for(qwen_encoder._separator[0].join(texts)) is not qwen_encoder._tiktoken
+    assert_same(qwen_encoder, texts)
+    without = qwen_encoder._encoder_for("a b")
+    assert without.encode_ordinary("a  b") != qwen_encoder._tiktoken.encode_ordinary("a  b")  # what it finds
+
+
+def test_a_batch_with_two_spaces_in_a_row_is_encoded_with_the_lookahead(qwen_encoder):
+    texts = ["床前 明月光", "疑是\n地上霜", "举头  望明月", "低头\n\n思故乡", "\u3000\u3000静夜思", "end  ", "a \tb"]
+    assert_same(qwen_encoder, texts)
+    assert_same(qwen_encoder, [t for t in texts if not TWO_SPACES.search(t)])
+    assert qwen_encoder.engine == "tiktoken"  # the first batch's check found no difference

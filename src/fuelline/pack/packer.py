@@ -1,8 +1,8 @@
 """The parallel packer: document records → `train/` and `val/` token datasets.
 
-Shards are rendered on the workers into `_work/` (`encode_shard`, with a marker each), then merged
-in order into the two splits one shard at a time (`merge_split`), so memory stays flat in corpus
-size and the bytes do not depend on the workers: docs/tokenizer-and-pack.md, and
+Shards are rendered on the workers into `_work/` (`encode_shard`, with a marker each, ids already in
+the output's dtype), then merged in order into both splits at once, one shard at a time
+(`merge_splits`), so memory stays flat in corpus size and the bytes do not depend on the workers: docs/tokenizer-and-pack.md, and
 benchmarks/bench_pack.py for the processes × tokenizer threads measured. The plan and identity
 (tokenizer fingerprint, options, shards) follow every step's resume contract
 (`fuelline.pipeline.workdir`).
@@ -94,8 +94,9 @@ def _load_tokenizer(path: str, threads: int | None):
 
 
 def encode_shard(shard: InputShard, *, tokenizer_path: str, config: PackConfig, workdir: Path,
-                 threads: int | None) -> dict:
-    """Render one shard with the template; write its arrays, its rejects and, last, its marker. Returns the marker."""
+                 threads: int | None, dtype: str) -> dict:
+    """Render one shard with the template; write its arrays (ids as `dtype`, the output's: a quarter of int64's
+    bytes to write and to read back), its rejects and, last, its marker. Returns the marker."""
     marker_path = workdir / f"{shard.part_name}.json"
     if marker_path.exists():
         return orjson.loads(marker_path.read_bytes())
@@ -108,12 +109,14 @@ def encode_shard(shard: InputShard, *, tokenizer_path: str, config: PackConfig, 
         return np.concatenate([getattr(p, name) for p in parts]) if parts else np.zeros(0, dtype)
 
     ids = joined("ids", np.int64)
-    arrays = {"ids": ids, "lengths": joined("lengths", np.int64), "dropped": joined("dropped_metadata", bool),
+    max_id = int(ids.max()) if len(ids) else -1
+    check_dtype(dtype, max_id, shard.part_name)  # pack checked the vocabulary; this checks the ids themselves
+    arrays = {"ids": ids.astype(DTYPES[dtype]), "lengths": joined("lengths", np.int64), "dropped": joined("dropped_metadata", bool),
               "val": np.array([unit_interval(config.seed, "split", r) < config.val_fraction for r in doc_ids], bool),
               "mask": np.packbits(joined("mask", bool), bitorder="little")}
     for name, array in arrays.items():
         save_array(workdir / f"{shard.part_name}.{name}.npy", array)
-    marker = {"documents": len(arrays["lengths"]), "tokens": int(len(ids)), "max_id": int(ids.max()) if len(ids) else -1,
+    marker = {"documents": len(arrays["lengths"]), "tokens": int(len(ids)), "max_id": max_id,
               "dropped": dict(sorted(rejects.counts.items())), "drop_examples": dict(sorted(rejects.examples.items())),
               "truncated": sum(p.truncated for p in parts), "special_text": sum(p.special_text for p in parts),
               "encoder": template.encoder}
@@ -166,27 +169,30 @@ def _identity(files: list[Path], tokenizer_dir: Path, config: PackConfig) -> dic
             "inputs": describe_inputs(files)}
 
 
-def merge_split(split: str, shards: list[InputShard], workdir: Path, output: Path, with_mask: bool,
-                writer_args: dict) -> dict:
-    """Write one split from the shard arrays, one shard in memory at a time; return its numbers."""
-    writer = TokenDatasetWriter(output / split, with_mask=with_mask, **writer_args)
-    lengths_kept, dropped = [], 0
+def merge_splits(shards: list[InputShard], workdir: Path, output: Path, with_mask: bool, writer_args: dict) -> dict:
+    """Write every split from the shard arrays, each shard read once and alone in memory; return each split's
+    numbers."""
+    writers = {}
     try:
+        for split in SPLITS:
+            writers[split] = TokenDatasetWriter(output / split, with_mask=with_mask, **writer_args)
+        lengths_kept, dropped = {split: [] for split in SPLITS}, dict.fromkeys(SPLITS, 0)
         for shard in shards:
             arrays = {name: np.load(workdir / f"{shard.part_name}.{name}.npy") for name in SHARD_ARRAYS}
-            chosen = arrays["val"] if split == "val" else ~arrays["val"]
-            tokens = np.repeat(chosen, arrays["lengths"])
-            mask = None
-            if with_mask:
-                mask = np.unpackbits(arrays["mask"], count=len(arrays["ids"]), bitorder="little").astype(bool)[tokens]
-            writer.add_documents(arrays["ids"][tokens], arrays["lengths"][chosen], mask)
-            lengths_kept.append(arrays["lengths"][chosen])
-            dropped += int(arrays["dropped"][chosen].sum())
+            mask = np.unpackbits(arrays["mask"], count=len(arrays["ids"]), bitorder="little").view(bool) \
+                if with_mask else None
+            for split, chosen in (("train", ~arrays["val"]), ("val", arrays["val"])):
+                tokens = np.repeat(chosen, arrays["lengths"])
+                writers[split].add_documents(arrays["ids"][tokens], arrays["lengths"][chosen],
+                                             None if mask is None else mask[tokens])
+                lengths_kept[split].append(arrays["lengths"][chosen])
+                dropped[split] += int(arrays["dropped"][chosen].sum())
     except BaseException:
-        writer.abort()
+        for writer in writers.values():
+            writer.abort()
         raise
-    manifest = writer.close()
-    return split_stats(manifest, np.concatenate(lengths_kept), dropped)
+    return {split: split_stats(writer.close(), np.concatenate(lengths_kept[split]), dropped[split])
+            for split, writer in writers.items()}
 
 
 def split_stats(manifest: dict, lengths: np.ndarray, dropped: int) -> dict:
@@ -258,7 +264,7 @@ def _pack(files, tokenizer, tokenizer_dir: Path, step_dir: WorkDir, config: Pack
         remove_temp_files(output)  # of writes a killed run left half done (we hold the output's lock)
     shards = [InputShard(**s) for s in plan["shards"]]
     encode = functools.partial(encode_shard, tokenizer_path=str(tokenizer_path), config=config, workdir=workdir,
-                               threads=config.threads or None)
+                               threads=config.threads or None, dtype=dtype)
     with open_executor(options, len(shards)) as executor:
         markers = executor.map(encode, shards, "pack: tokenizing", progress=options.progress)
     encoded = time.perf_counter()
@@ -271,8 +277,7 @@ def _pack(files, tokenizer, tokenizer_dir: Path, step_dir: WorkDir, config: Pack
                       "special_tokens": {t.content: i for i, t in sorted(tokenizer.get_added_tokens_decoder().items())}},
         "config": {**asdict(config), "inputs": [f["path"] for f in identity["inputs"]]},
     }
-    splits = {split: merge_split(split, shards, workdir, output, config.template != "plain", writer_args)
-              for split in SPLITS}
+    splits = merge_splits(shards, workdir, output, config.template != "plain", writer_args)
     warnings = [f"split {split} got no documents ({sum(m['documents'] for m in markers):,} in all, val_fraction "
                 f"{config.val_fraction}): it cannot be loaded for training" for split, n in splits.items()
                 if n["documents"] == 0]

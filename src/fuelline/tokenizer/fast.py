@@ -15,9 +15,11 @@ bytes is needed.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
+import re
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,6 +31,13 @@ from fuelline.tokenizer.tiktoken_convert import byte_alphabet
 
 GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 CHECK_TEXTS = 256  # texts of the first batch encoded by both engines
+# The byte-level patterns end with a whitespace run: all of it but its last character when a non-space follows
+# (the lookahead), else all of it. Without the lookahead, tiktoken's regex needs no backtracking engine and
+# encodes poems a third faster (0.23 s against 0.34 s for 48k), and the two split any text alike that has no two
+# whitespace characters in a row: a run of one is matched whole by both. Python's \s holds every character the
+# regex's \s does (Unicode White_Space), so a text TWO_SPACES does not find is such a text.
+WHITESPACE_TAIL, WHITESPACE_TAIL_WITHOUT_LOOKAHEAD = r"|\s+(?!\S)|\s+", r"|\s+"
+TWO_SPACES = re.compile(r"\s\s")
 ENGINE_ENV = "FUELLINE_ENCODER"  # "tokenizers": never tiktoken (to compare, or to rule it out)
 
 
@@ -73,6 +82,26 @@ def _byte_level_pattern(pre: dict | None) -> str | None:
             or split.get("behavior") != "Isolated" or split.get("invert") or "Regex" not in split.get("pattern", {})):
         return None
     return split["pattern"]["Regex"]
+
+
+def joining_separator(special: dict[str, int]) -> tuple[str, int] | None:
+    """A special token (text, id) that texts can be joined with and encoded as one, or None.
+
+    tiktoken finds the special tokens first (leftmost match) and encodes the text between two
+    with its regex and BPE alone, so texts joined with a separator encode to their own ids with
+    the separator's id between them, provided no special-token match can cross a separator: no
+    special token (the separator included) may have a proper suffix that starts the separator
+    or contains it, and none may start with the separator or be its prefix. A text holding the
+    separator itself shows as one id too many and is encoded on its own (`_encode_tiktoken`).
+    """
+    for separator, separator_id in special.items():
+        crosses = any(separator.startswith(token[i:]) or token[i:].startswith(separator)
+                      for token in special for i in range(1, len(token)))
+        overlaps = any(token != separator and (token.startswith(separator) or separator.startswith(token))
+                       for token in special)
+        if not crosses and not overlaps:
+            return separator, separator_id
+    return None
 
 
 @dataclass(frozen=True)
@@ -126,8 +155,14 @@ class FastEncoder:
 
         pattern, ranks, special = converted
         self._tiktoken = tiktoken.Encoding("fuelline", pat_str=pattern, mergeable_ranks=ranks, special_tokens=special)
+        self._without_lookahead = None  # built at first use: chat texts never need it
+        if pattern.endswith(WHITESPACE_TAIL):
+            self._without_lookahead = functools.partial(
+                tiktoken.Encoding, "fuelline-without-lookahead", mergeable_ranks=ranks, special_tokens=special,
+                pat_str=pattern[:-len(WHITESPACE_TAIL)] + WHITESPACE_TAIL_WITHOUT_LOOKAHEAD)
         self._allowed = set(special)
         self._special_starts = tuple(special)  # empty: no text is known to start a split, none is joined
+        self._separator = joining_separator(special)
         # per id: the characters that start in the token (its lead bytes), and whether its first byte is one
         self._lead_bytes = np.zeros(max([*ranks.values(), *special.values()]) + 1, dtype=np.int64)
         self._starts_a_character = np.zeros(len(self._lead_bytes), dtype=np.int64)
@@ -145,8 +180,16 @@ class FastEncoder:
         return self.encode_batch(texts, offsets).split()
 
     def encode_batch(self, texts: Sequence[str], offsets: bool = False) -> EncodedBatch:
-        """The texts' tokens back to back: one array each, so callers work per batch, not per text."""
-        return next(self.encode_batches([(None, texts)], offsets))[1]
+        """The texts' tokens back to back: one array each, so callers work per batch, not per text.
+
+        With one thread, the caller's own thread encodes: nothing else runs meanwhile, and tiktoken
+        runs ~20% faster on the thread that first used it (its regex's caches have a fast path for
+        their first thread, `_check`'s here) than on a pool's (48k poems: 0.37 s of CPU against 0.45 s).
+        """
+        if self.threads > 1:
+            return next(self.encode_batches([(None, texts)], offsets))[1]
+        self._check_once(texts)
+        return self._collect(None, texts, self._submit(_InCallerThread(), texts, offsets), offsets)[1]
 
     def encode_batches(self, batches: Iterable[tuple[Any, Sequence[str]]],
                        offsets: bool = False) -> Iterator[tuple[Any, EncodedBatch]]:
@@ -159,15 +202,18 @@ class FastEncoder:
         with ThreadPoolExecutor(self.threads) as pool:  # tiktoken and tokenizers release the GIL while they encode
             pending: deque = deque()
             for key, texts in batches:
-                if self._tiktoken is not None and not self._checked:
-                    self._check(texts[:CHECK_TEXTS])
+                self._check_once(texts)
                 pending.append((key, texts, self._submit(pool, texts, offsets)))
                 if len(pending) > 1:
                     yield self._collect(*pending.popleft(), offsets)
             while pending:
                 yield self._collect(*pending.popleft(), offsets)
 
-    def _submit(self, pool: ThreadPoolExecutor, texts: Sequence[str], offsets: bool) -> list[Future]:
+    def _check_once(self, texts: Sequence[str]) -> None:
+        if self._tiktoken is not None and not self._checked:
+            self._check(texts[:CHECK_TEXTS])
+
+    def _submit(self, pool: ThreadPoolExecutor | _InCallerThread, texts: Sequence[str], offsets: bool) -> list[Future]:
         if self._tiktoken is None:
             return [pool.submit(self._encode_tokenizers, texts, offsets)]
         # one piece per thread, of about equal characters (conversation lengths vary a hundredfold)
@@ -196,7 +242,11 @@ class FastEncoder:
         cuts its input at special tokens before anything else, so no token can span two of
         them, and one call costs far less than one per text (the GIL is taken once, not once
         per conversation). Each text's first token is then the first one starting at or after
-        the text's first character.
+        the text's first character. Other texts are joined with a special token between them
+        (`joining_separator`) and cut where its id lands: 48k poems encode in 0.36 s instead of
+        0.57 s, 48k titles in 0.04 s instead of 0.19 s (one call and one array per text cost
+        more than encoding a title); without the lookahead when no two spaces are in a row
+        (WHITESPACE_TAIL).
         """
         encode, allowed = self._tiktoken.encode_to_numpy, self._allowed
         if len(texts) > 1 and all(text.startswith(self._special_starts) for text in texts[1:]):
@@ -204,9 +254,24 @@ class FastEncoder:
             lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
             firsts = np.searchsorted(self._offsets(ids)[:, 0], np.cumsum(lengths) - lengths)
             return ids, np.diff(np.append(firsts, len(ids)))
+        if len(texts) > 1 and self._separator is not None:
+            separator, separator_id = self._separator
+            joined = separator.join(texts)
+            ids = self._encoder_for(joined).encode_to_numpy(joined, allowed_special=allowed)
+            cuts = np.flatnonzero(ids == separator_id)
+            if len(cuts) == len(texts) - 1:  # more: a text holds the separator itself, so go text by text
+                return np.delete(ids, cuts), np.diff(cuts, prepend=-1, append=len(ids)) - 1
         arrays = [encode(text, allowed_special=allowed) for text in texts]
         counts = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
         return (np.concatenate(arrays) if arrays else np.zeros(0, np.uint32)), counts
+
+    def _encoder_for(self, text: str):
+        """The tiktoken encoding without the whitespace lookahead where it splits `text` alike, else the exact one."""
+        if self._without_lookahead is None or TWO_SPACES.search(text):
+            return self._tiktoken
+        if isinstance(self._without_lookahead, functools.partial):
+            self._without_lookahead = self._without_lookahead()
+        return self._without_lookahead
 
     def _encode_tokenizers(self, texts: Sequence[str], offsets: bool):
         """ids, tokens per text and (with `offsets`) each token's offsets in its own text."""
@@ -240,6 +305,21 @@ class FastEncoder:
                 self.reason = (f"tokenizers: tiktoken's ids differed from the tokenizer's on text {k} of the first "
                                f"batch, so the tokenizer's own encoder is used")
                 return
+        ids, counts = self._encode_tiktoken(texts)  # joined, as batches are encoded
+        if (counts.tolist() != [len(e.ids) for e in reference]
+                or ids.tolist() != [i for e in reference for i in e.ids]):
+            self._tiktoken = None
+            self.reason = ("tokenizers: tiktoken's ids of the first batch's texts encoded joined differed from the "
+                           "tokenizer's, so the tokenizer's own encoder is used")
+
+
+class _InCallerThread:
+    """An executor whose `submit` runs the call at once, in the caller's thread."""
+
+    def submit(self, fn, *args) -> Future:
+        future: Future = Future()
+        future.set_result(fn(*args))
+        return future
 
 
 _encoders: dict[int, tuple[object, FastEncoder]] = {}
