@@ -126,3 +126,38 @@ def test_an_interrupted_decision_resumes_without_redoing_finished_tasks(corpus, 
     stats, resumed = dedup(corpus, tmp_path / "out", config)
     assert resumed == reference and stats["dedup"]["verified_pairs"] > 0
     assert not (workdir / "verify").exists() and not (workdir / "shards").exists()  # removed once decided
+
+
+def _components_by_union_find(num_docs: int, pairs) -> list[int]:
+    """The reference: a plain union-find, each document labelled by its component's smallest index."""
+    parent = list(range(num_docs))
+
+    def root(x: int) -> int:
+        while parent[x] != x:
+            x = parent[x]
+        return x
+
+    for a, b in pairs:
+        ra, rb = root(int(a)), root(int(b))
+        parent[max(ra, rb)] = min(ra, rb)
+    return [root(x) for x in range(num_docs)]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_connected_components_label_each_document_with_its_components_smallest_index(seed):
+    from fuelline.dedup.clusters import connected_components
+
+    rng = np.random.default_rng(seed)
+    num_docs = int(rng.integers(1, 400))
+    # sparse and dense graphs, long chains in a shuffled order (the most rounds), self-pairs
+    kind = seed % 3
+    if kind == 0:
+        pairs = rng.integers(0, num_docs, size=(int(rng.integers(0, 2 * num_docs)), 2))
+    elif kind == 1:
+        chain = rng.permutation(num_docs)
+        pairs = np.stack([chain[:-1], chain[1:]], axis=1)[rng.permutation(num_docs - 1)]
+    else:
+        pairs = np.concatenate([rng.integers(0, num_docs, size=(num_docs // 10, 2)),
+                                np.repeat(rng.integers(0, num_docs, size=(5, 1)), 2, axis=1)])
+    labels = connected_components(num_docs, pairs.astype(np.int64))
+    assert labels.tolist() == _components_by_union_find(num_docs, pairs)
