@@ -37,6 +37,7 @@ import io
 import os
 import pstats
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -493,6 +494,37 @@ def run_all(args, base: Path) -> dict:
     return result
 
 
+def versus(args, base: Path) -> dict:
+    """Only pack (2 workers x 1 thread) and datatrove (RAYON_NUM_THREADS=1, its faster setting), in
+    turn, `args.versus` rounds: the ratio of documents/s under the same conditions, round by round,
+    in minutes instead of the full run's quarter hour (no training but han-chars, no idle waits)."""
+    from fuelline.io import read_records
+    from fuelline.tokenizer.train import train_tokenizer
+
+    peer_available("datatrove")  # a real run stops without it; a smoke run has nothing to compare
+    clean = clean_corpus(base, args.limit)
+    write_texts(list(read_records(clean)), base / "texts")
+    tokenizer_dir = base / "tokenizer-han-chars"
+    train_tokenizer(clean, tokenizer_dir, vocab_size=VOCAB, pretokenize="han-chars")
+    rounds = []
+    for k in range(args.versus):
+        ours = in_child("--pack", clean, "--tokenizer", tokenizer_dir, "--out", base / "pack-out", "--workers", 2,
+                        "--threads", 1, threads=1)
+        theirs = in_child("--datatrove", base / "texts", "--tokenizer", tokenizer_dir / "tokenizer.json",
+                          "--out", base / "datatrove-out", threads=1)
+        shutil.rmtree(base / "pack-out", ignore_errors=True)
+        rounds.append({"fuelline_seconds": ours["seconds"], "datatrove_seconds": theirs["seconds"],
+                       "docs_per_s_ratio": round(ours["docs_per_s"] / theirs["docs_per_s"], 2)})
+        print(f"round {k + 1}: fuelline {ours['seconds']:.2f} s, datatrove {theirs['seconds']:.2f} s, "
+              f"{rounds[-1]['docs_per_s_ratio']:.2f}x documents/s", flush=True)
+    return {"corpus": CORPUS.name, "documents": ours["documents"], "limit": args.limit,
+            "fuelline": "pack, poetry template, 2 workers x 1 thread", "datatrove": "DocumentTokenizer, 2 tasks, "
+            "RAYON_NUM_THREADS=1", "rounds": rounds,
+            "median_ratio": statistics.median(r["docs_per_s_ratio"] for r in rounds),
+            "best_over_best": round(min(r["datatrove_seconds"] for r in rounds)
+                                    / min(r["fuelline_seconds"] for r in rounds), 2)}
+
+
 def table(result: dict) -> None:
     print("\n== tokenizer training (vocab 4096)")
     print(f"{'pretokenize':<11} {'train s':>8} {'tok/char':>9} {'(sample)':>9}")
@@ -536,6 +568,8 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="profile one shard's encode_shard even if pack is fast")
     parser.add_argument("--limit", type=int, default=None, help="only the first N raw records (a quick run, no result file)")
     parser.add_argument("--no-wait", action="store_true", help="measure at once, however busy the machine (a quick check)")
+    parser.add_argument("--versus", type=int, default=0, metavar="ROUNDS",
+                        help="only pack against datatrove, in turn, ROUNDS times (results/pack_versus.json)")
     parser.add_argument("--encode", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--pack", type=Path, nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--datatrove", type=Path, help=argparse.SUPPRESS)
@@ -567,6 +601,15 @@ def main() -> None:
         global IDLE_WAIT_S, ATTEMPTS
         IDLE_WAIT_S, ATTEMPTS = 0, 1
     base = Path(tempfile.mkdtemp(prefix="fuelline-bench-pack-"))
+    if args.versus:
+        try:
+            result = versus(args, base)
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+        print(f"median {result['median_ratio']:.2f}x, best against best {result['best_over_best']:.2f}x")
+        if args.limit is None or args.smoke:
+            print(f"wrote {write_result('pack_versus', result)}")
+        return
     try:
         result = run_all(args, base)
     finally:

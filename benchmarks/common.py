@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -37,15 +38,27 @@ POETRY = SHARED_DATA / "chinese-poetry.jsonl.zst"
 # (batches of 32), and keep each step under a second or two.
 SMOKE_RECORDS = 2_000
 _smoke_dir: Path | None = None  # a smoke run's scratch directory (its inputs and result), removed at exit
+_hogs = 0  # busy processes beside this run (`--hogs`)
+# A busy loop that ends when the process that started it is gone, even killed.
+HOG = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    sum(range(1_000_000))\n"
 
 
 def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
-    """The script's arguments, plus `--smoke` (module docstring); a smoke run starts here."""
-    global _smoke_dir
+    """The script's arguments, plus `--smoke` (module docstring) and `--hogs N`; a smoke run and the
+    hogs start here."""
+    global _smoke_dir, _hogs
     parser.add_argument("--smoke", action="store_true",
                         help="a tiny end-to-end run in seconds (CI's check that the script works): peers that are "
                              "not installed are skipped, and no result file is written")
+    parser.add_argument("--hogs", type=int, default=0, metavar="N",
+                        help="run beside N busy processes (what a loaded machine costs, fuelline and peers alike); "
+                             "the result is written as NAME_beside_hogs.json")
     args = parser.parse_args()
+    if args.hogs > 0 and _hogs == 0:
+        hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(args.hogs)]
+        atexit.register(lambda: [hog.kill() for hog in hogs])
+        _hogs = args.hogs
+        print(f"beside {_hogs} busy process(es)", flush=True)
     if args.smoke and _smoke_dir is None:
         _smoke_dir = Path(tempfile.mkdtemp(prefix="fuelline-smoke-"))
         atexit.register(shutil.rmtree, _smoke_dir, ignore_errors=True)
@@ -55,6 +68,12 @@ def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
 
 def smoke() -> bool:
     return _smoke_dir is not None
+
+
+def hogs() -> int:
+    """How many busy processes run beside this one (`--hogs`); a script that waits for an idle
+    machine must not wait for them."""
+    return _hogs
 
 
 def peer_available(module: str) -> bool:
@@ -123,9 +142,10 @@ def write_result(name: str, payload: dict) -> Path:
     line that says how many figures it holds (the smoke test reads it)."""
     directory = RESULTS if _smoke_dir is None else _smoke_dir / "results"
     directory.mkdir(exist_ok=True)
-    path = directory / f"{name}.json"
+    path = directory / (f"{name}_beside_hogs.json" if _hogs else f"{name}.json")
     measured = len(figures(payload))
-    payload = {"benchmark": name, "date": datetime.date.today().isoformat(), "machine": machine(), **payload}
+    payload = {"benchmark": name, "date": datetime.date.today().isoformat(), "machine": machine(),
+               **({"beside_busy_processes": _hogs} if _hogs else {}), **payload}
     path.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
     if smoke():
         print(f"smoke result {name}: {measured} figures, not kept", flush=True)
