@@ -1,13 +1,14 @@
 """The target cache: a target model's hidden states, captured once, read by draft training.
 
 `fuelline cache build` writes it (`fuelline.cache.build`); `CacheDataset`, `CacheCollator`,
-`LengthGroupedBatchSampler` and `widen_hidden` read it, and `SpecForgeDataset` reads it as
+`LengthGroupedBatchSampler` and `widen_hidden` read it, `StreamingCacheDataset` reads a stream
+while `fuelline cache stream` builds it (`fuelline.cache.stream`), and `SpecForgeDataset` reads it as
 SpecForge's offline dataset does (imported on first use: they need torch, which the CLI does not
 load until a command needs it); the byte layout is `fuelline.formats.target_cache`.
 """
 
 READERS = ("CacheCollator", "CacheDataset", "LengthGroupedBatchSampler", "widen_hidden")
-__all__ = [*READERS, "SpecForgeDataset"]
+__all__ = [*READERS, "SpecForgeDataset", "StreamingCacheDataset"]
 
 
 def __getattr__(name: str):
@@ -15,6 +16,10 @@ def __getattr__(name: str):
         from fuelline.cache import dataset
 
         return getattr(dataset, name)
+    if name == "StreamingCacheDataset":
+        from fuelline.cache import stream_dataset
+
+        return stream_dataset.StreamingCacheDataset
     if name == "SpecForgeDataset":
         from fuelline.cache import specforge
 

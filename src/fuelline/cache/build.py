@@ -18,7 +18,7 @@ from pathlib import Path
 
 
 from fuelline.cache.capture import check_layer_ids
-from fuelline.cache.forward import write_shards
+from fuelline.cache.forward import load_target, write_shards
 from fuelline.cache.merge import merge
 from fuelline.cache.plan import BUILD_DIR, CacheConfig, Plan, assign, layout_for, make_plan, model_config, \
     model_fingerprint
@@ -63,7 +63,7 @@ def build_cache(model: str | os.PathLike, inputs: list[str], output: str | os.Pa
         ranks.close()
 
 
-def _on_rank_zero(ranks: Ranks, work):
+def on_rank_zero(ranks: Ranks, work):
     """`work()` run by rank 0 and its result on every rank; its error raised on every rank (as text
     beyond rank 0: an exception may not pickle)."""
     result, error = None, None
@@ -86,26 +86,33 @@ def _on_rank_zero(ranks: Ranks, work):
 def _run(ranks: Ranks, target: tuple[str, Path], inputs, output: Path, config: CacheConfig, progress: bool,
          step_dir: WorkDir | None = None) -> dict:
     """The build on every rank; `step_dir`: rank 0's, its lock held."""
-    state = _on_rank_zero(ranks, lambda: _prepare(ranks, step_dir, target[1], inputs, config, progress))
+    state = on_rank_zero(ranks, lambda: _prepare(ranks, step_dir, target[1], inputs, config, progress))
     if state.get("finished"):
         return state["finished"]
     plan = Plan.load(output)
     mine = state["assignment"][ranks.rank]
+    write_everywhere(ranks, lambda: mine and write_shards(ranks, load_target(ranks, target[1], config, progress), plan,
+                                                          config, mine, progress),
+                     f"the plan and the finished batches are kept in {output / BUILD_DIR}: the same command resumes "
+                     "there")
+    return on_rank_zero(ranks, lambda: merge(output, plan, config, step_dir.finish))
+
+
+def write_everywhere(ranks: Ranks, write, resumable: str) -> None:
+    """`write()` on every rank; any rank's error raised on every rank (each naming the ranks that failed),
+    with `resumable`, what the user can do, as its note."""
     error = None
     try:
-        if mine:
-            write_shards(ranks, target[1], plan, config, mine, progress)
+        write()
     except Exception as e:
         error = e
     errors = ranks.gather(None if error is None else f"{type(error).__name__}: {error}")
-    resumable = f"the plan and the finished batches are kept in {output / BUILD_DIR}: the same command resumes there"
     if error is not None:
         error.add_note(resumable)
         raise error
     failed = [(r, e) for r, e in enumerate(errors) if e]
     if failed:
         raise RuntimeError("; ".join(f"rank {r} failed: {e}" for r, e in failed) + f"; {resumable}")
-    return _on_rank_zero(ranks, lambda: merge(output, plan, config, step_dir.finish))
 
 
 def _prepare(ranks: Ranks, step_dir: WorkDir, model: Path, inputs, config: CacheConfig, progress: bool) -> dict:
@@ -127,13 +134,13 @@ def _prepare(ranks: Ranks, step_dir: WorkDir, model: Path, inputs, config: Cache
     if plan is None:
         if (output / BUILD_DIR).exists():
             shutil.rmtree(output / BUILD_DIR)  # a plan never finished: nothing of it resumes
-        plan = _make_plan_or_leave_nothing(step_dir, created, inputs, model, config, text.hidden_size, progress)
+        plan = make_plan_or_leave_nothing(step_dir, created, inputs, model, config, text.hidden_size, progress)
     _check_disk(output, plan, layout, config.force)
     remaining = [s for s in plan.shards if not shard_done(plan.build_dir, s.shard_id)]
     return {"assignment": assign(remaining, ranks.world_size)}
 
 
-def _make_plan_or_leave_nothing(step_dir: WorkDir, created: bool, inputs, model, config: CacheConfig,
+def make_plan_or_leave_nothing(step_dir: WorkDir, created: bool, inputs, model, config: CacheConfig,
                                 hidden_size: int, progress: bool) -> Plan:
     """make_plan; when it fails (a bad record, an interrupt), nothing it began stays: without its plan a
     `.build/` resumes nothing, and an output directory the build created goes too."""

@@ -1,4 +1,4 @@
-"""`fuelline cache`: build, estimate, verify, info, validate, compare, export, vocab-map."""
+"""`fuelline cache`: build, stream, estimate, verify, info, validate, compare, export, vocab-map."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import click
 
 from fuelline.cache.export import ExportConfig
 from fuelline.cache.plan import CacheConfig
+from fuelline.cache.stream import StreamConfig
 from fuelline.cache.vocab_map import VocabMapConfig
 from fuelline.cli_options import (at_least, config_params, given, old_progress_option, quiet_option, restart_option,
                                    workers_option)
@@ -40,6 +41,37 @@ def build(inputs, output, restart, quiet, **values):
         return
     click.echo(summary(stats, output))
     require_kept(stats)  # an empty cache trains nothing
+
+
+@cache.command(params=[
+    click.Option(["--input", "-i", "inputs"], multiple=True, required=True, help="chat records (files, dirs, globs)"),
+    click.Option(["--output", "-o"], required=True, type=click.Path(file_okay=False), help="the stream directory"),
+    *config_params(StreamConfig), restart_option("delete what the stream directory holds and stream again"),
+    quiet_option(), old_progress_option()])
+def stream(inputs, output, restart, quiet, **values):
+    """Build the cache partition by partition into a bounded window on disk while trainers read it
+    (StreamingCacheDataset); deletes what every consumer acknowledged (resumable; torchrun for ranks)."""
+    from fuelline.cache.ranks import Ranks
+    from fuelline.cache.stream import stream_cache
+    from fuelline.pipeline.config import build_dataclass
+    from fuelline.pipeline.stats import require_kept
+
+    config = build_dataclass(StreamConfig, given(values), "fuelline cache stream")
+    ranks = Ranks.from_env()
+    stats = stream_cache(config.model, list(inputs), output, config, progress=not quiet, ranks=ranks, restart=restart)
+    if ranks.rank != 0:
+        return
+    from fuelline.cache.estimate import human_bytes
+
+    s = stats["stream"]
+    dropped = ", ".join(f"{k} {v:,}" for k, v in stats["dropped"].items()) or "none"
+    click.echo(f"stream     in {stats['records_in']:>10,}  out {stats['records_out']:>10,}  dropped: {dropped}"
+               f"{'  (already streamed)' if stats.get('resumed') else ''}\n"
+               f"           {s['partitions']} partition(s) over {s['epochs']} epoch(s), every one acknowledged and "
+               f"deleted; disk at most {human_bytes(s['high_water_bytes'])} against "
+               f"{human_bytes(s['bytes_per_epoch'])} offline ({s['high_water_share']:.1%}); waited for consumers "
+               f"{s['waited_seconds']:.1f} s of {stats['wall_seconds']:.1f} s")
+    require_kept(stats)
 
 
 def summary(stats: dict, output) -> str:

@@ -205,7 +205,8 @@ class CacheDataset(Dataset):
 
 class CacheCollator:
     """Right-pads a list of samples to the longest (zeros; fp8 as zero bytes), adds `attention_mask`
-    (int64, 1 on real tokens) and gathers `record_id`s into `record_ids`. One output tensor per key
+    (int64, 1 on real tokens), gathers `record_id`s into `record_ids` and a streaming cache's
+    `stream_position`s into `stream_positions`. One output tensor per key
     and one copy per sample: the collator is on the loader's critical path."""
 
     def __init__(self, pad_to_multiple_of: int | None = None):
@@ -233,6 +234,8 @@ class CacheCollator:
         batch["attention_mask"] = (torch.arange(width) < lengths[:, None]).long()
         if "record_id" in samples[0]:
             batch["record_ids"] = [s["record_id"] for s in samples]
+        if "stream_position" in samples[0]:  # a StreamingCacheDataset's: what its state_dict(after=batch) reads
+            batch["stream_positions"] = torch.tensor([s["stream_position"] for s in samples], dtype=torch.int64)
         return batch
 
 

@@ -52,9 +52,16 @@ def load_model(model: str | os.PathLike, device, progress: bool = False):
         logging.set_verbosity(level)
 
 
-def write_shards(ranks: Ranks, model, plan: Plan, config: CacheConfig, shard_ids: list[int], progress: bool) -> None:
+def load_target(ranks: Ranks, model, config: CacheConfig, progress: bool) -> tuple:
+    """(device, capture): the target loaded once on this rank's device, with its hooks on `config.layers`."""
     device = _device(config, ranks)
-    capture = HiddenStateCapture(load_model(model, device, progress), config.layers)
+    return device, HiddenStateCapture(load_model(model, device, progress), config.layers)
+
+
+def write_shards(ranks: Ranks, target: tuple, plan: Plan, config: CacheConfig, shard_ids: list[int],
+                 progress: bool) -> None:
+    """This rank's shards of `plan`, through `target` (`load_target`)."""
+    device, capture = target
     layout = layout_for(config, plan.hidden_size)
     samples, ids, mask = plan.tokens()
     sizes = record_sizes(layout, samples, plan.record_ids)

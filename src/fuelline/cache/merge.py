@@ -57,6 +57,7 @@ def merge(output: Path, plan: Plan, config: CacheConfig, finish: Callable[[StepS
 
 def _stats(plan: Plan, layout: Layout, config: CacheConfig) -> StepStats:
     samples, _, _ = plan.tokens()
+    samples = samples[[row for shard in plan.shards for row in shard.samples]]  # a stream partition's only
     timing = {"forward_seconds": 0.0, "wait_seconds": 0.0, "write_seconds": 0.0, "wall_seconds": 0.0}
     for shard in plan.shards:
         path = build_file(plan.build_dir, shard.shard_id, ".stats.json")

@@ -261,13 +261,15 @@ class Plan:
     record_ids: list[str]
     shards: list[Shard]
     drop_examples: dict[str, str] = field(default_factory=dict)  # the first dropped record of each reason
+    # where the encoded tokens lie: this plan's `.build/`, or a stream's for one of its partitions
+    tokens_dir: Path | None = None
 
     @property
     def build_dir(self) -> Path:
         return self.directory / BUILD_DIR
 
     def save(self) -> None:
-        payload = {k: v for k, v in asdict(self).items() if k != "directory"}
+        payload = {k: v for k, v in asdict(self).items() if k not in ("directory", "tokens_dir")}
         write_bytes_atomic(self.build_dir / "plan.json", orjson.dumps(payload))
 
     @classmethod
@@ -281,9 +283,10 @@ class Plan:
 
     def tokens(self):
         """(samples, input_ids, loss_mask): the SAMPLES table and the memory-mapped token arrays."""
-        samples = np.load(self.build_dir / "samples.npy")
-        ids = np.memmap(self.build_dir / "input_ids.bin", dtype="<i4", mode="r") if samples.size else np.zeros(0, "<i4")
-        mask = np.memmap(self.build_dir / "loss_mask.bin", dtype="u1", mode="r") if samples.size else np.zeros(0, "u1")
+        where = self.tokens_dir or self.build_dir
+        samples = np.load(where / "samples.npy")
+        ids = np.memmap(where / "input_ids.bin", dtype="<i4", mode="r") if samples.size else np.zeros(0, "<i4")
+        mask = np.memmap(where / "loss_mask.bin", dtype="u1", mode="r") if samples.size else np.zeros(0, "u1")
         return samples, ids, mask
 
     @property

@@ -1,0 +1,195 @@
+"""Reading a streaming target cache while it is built: `StreamingCacheDataset`.
+
+The samples of an epoch come in groups of `shuffle_partitions` partitions, in the stream's order.
+Each group is shuffled from (seed, epoch, group), and rank r of R takes every R-th sample of it:
+the ranks' samples are disjoint and together are every sample of the epoch, once. A rank's
+samples form one sequence per epoch; its *position* (how many it has consumed) is its state, so
+a checkpoint resumes at the right sample with any number of DataLoader workers. Workers take
+`batch_size` consecutive positions in turn, which is the order a DataLoader with that batch size
+hands the batches on, so `state_dict(after=batch)` is exact in the main process.
+
+A partition is acknowledged for a rank once every sample of its group that the rank takes has
+been yielded (`acknowledge="yielded"`; with DataLoader workers that is when a worker has
+fetched it, ahead of the trainer by the loader's prefetch), or only when the trainer says its
+checkpoint holds a state past the group (`acknowledge="checkpoint"`, `acknowledge(state)`): then a
+consumer killed at any point resumes from its last checkpoint without losing a sample.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from torch.utils.data import IterableDataset, get_worker_info
+
+from fuelline.cache.dataset import CacheDataset
+from fuelline.formats.target_cache import MANIFEST, CacheFormatError
+from fuelline.formats.target_stream import (StreamError, consumer_dir, partition_name, read_stream_manifest,
+                                            register_consumer, write_ack)
+
+SAY_AFTER, SAY_EVERY = 10.0, 60.0  # seconds of waiting before the first "waiting" line, and between lines
+STATE_KEYS = ("consumer", "world_size", "seed", "shuffle_partitions")  # what must match to resume a state
+
+
+class StreamingCacheDataset(IterableDataset):
+    """The samples of a streaming target cache (`fuelline cache stream`), each once per epoch across
+    `world_size` ranks; see the module docstring. Samples are `CacheDataset`'s, plus their
+    `stream_position`. `consumer`: one of the names the stream was built for (its `--consumers`);
+    `timeout`: seconds to wait for a partition before an error (None: as long as it takes, saying
+    so on stderr)."""
+
+    def __init__(self, path: str | os.PathLike, consumer: str = "train", *, rank: int = 0, world_size: int = 1,
+                 seed: int = 0, shuffle_partitions: int = 1, batch_size: int = 1, acknowledge: str = "yielded",
+                 timeout: float | None = None, poll_seconds: float = 0.2, io: str = "mmap",
+                 verify_checksums: bool = True):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size), not {rank} of {world_size}")
+        for name, value in (("shuffle_partitions", shuffle_partitions), ("batch_size", batch_size)):
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, not {value}")
+        if acknowledge not in ("yielded", "checkpoint"):
+            raise ValueError(f"acknowledge must be 'yielded' or 'checkpoint', not {acknowledge!r}")
+        self.path = Path(path)
+        manifest = read_stream_manifest(self.path)
+        if consumer not in manifest["consumers"]:
+            raise StreamError(self.path, f"consumer {consumer!r} is not one this stream is built for "
+                                         f"({', '.join(manifest['consumers'])}): its builder would delete "
+                                         f"partitions before it reads them; add it to --consumers")
+        if shuffle_partitions > manifest["window"]:
+            raise StreamError(self.path, f"shuffle_partitions {shuffle_partitions} is more than the stream's "
+                                         f"window ({manifest['window']}): the builder could never publish a whole "
+                                         "group; lower it or build with a larger --window")
+        self.consumer, self.rank, self.world_size, self.seed = consumer, rank, world_size, seed
+        self.shuffle_partitions, self.batch_size, self.acknowledge_mode = shuffle_partitions, batch_size, acknowledge
+        self.timeout, self.poll_seconds, self.io, self.verify_checksums = timeout, poll_seconds, io, verify_checksums
+        self.epochs = manifest["epochs"]
+        self.sizes = [[p["samples"] for p in manifest["partitions"] if p["epoch"] == e] for e in range(self.epochs)]
+        register_consumer(self.path, consumer, world_size)
+        self.epoch, self.position = 0, 0
+
+    # -- the order -------------------------------------------------------------------------------------
+    def groups(self, epoch: int) -> list[tuple[list[int], np.ndarray, np.ndarray]]:
+        """Each group of `epoch`: (its partitions, and this rank's samples in order as partition and
+        sample arrays)."""
+        sizes, out = self.sizes[epoch], []
+        for g, first in enumerate(range(0, len(sizes), self.shuffle_partitions)):
+            members = list(range(first, min(first + self.shuffle_partitions, len(sizes))))
+            bounds = np.cumsum([0] + [sizes[p] for p in members])
+            order = np.random.default_rng([self.seed, epoch, g]).permutation(int(bounds[-1]))[self.rank::self.world_size]
+            which = np.searchsorted(bounds, order, side="right") - 1
+            out.append((members, np.asarray(members)[which], order - bounds[which]))
+        return out
+
+    def rank_samples(self, epoch: int | None = None) -> int:
+        """How many samples this rank reads in `epoch` (its sequence's length)."""
+        return sum(len(rows) for _, _, rows in self.groups(self.epoch if epoch is None else epoch))
+
+    # -- the state -------------------------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Read `epoch` next: from its start, or from the loaded state's position when it is that epoch's."""
+        if not 0 <= epoch < self.epochs:
+            raise ValueError(f"epoch {epoch} is not one of the stream's {self.epochs}")
+        if epoch != self.epoch:
+            self.epoch, self.position = epoch, 0
+
+    def state_dict(self, after: dict | None = None) -> dict:
+        """Where this rank stands: after everything yielded in this process, or, with DataLoader
+        workers, `after` the last batch the trainer took (its `stream_positions`)."""
+        position = self.position if after is None else int(after["stream_positions"].max()) + 1
+        return {"consumer": self.consumer, "world_size": self.world_size, "seed": self.seed,
+                "shuffle_partitions": self.shuffle_partitions, "rank": self.rank, "epoch": self.epoch,
+                "position": position}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume at `state` (from `state_dict`); one taken with another order or consumer is refused."""
+        mine = self.state_dict()
+        differ = [f"{key} {state.get(key)!r} there, {mine[key]!r} here" for key in (*STATE_KEYS, "rank")
+                  if state.get(key) != mine[key]]
+        if differ:
+            raise ValueError(f"this state belongs to another reading of {self.path} ({'; '.join(differ)}): "
+                             "resuming it here would repeat or skip samples")
+        if not 0 <= state["epoch"] < self.epochs or not 0 <= state["position"] <= self.rank_samples(state["epoch"]):
+            raise ValueError(f"state epoch {state['epoch']} position {state['position']} is outside {self.path}")
+        self.epoch, self.position = state["epoch"], state["position"]
+
+    def acknowledge(self, state: dict) -> None:
+        """`acknowledge="checkpoint"`: the trainer's checkpoint holds `state`; every partition this rank
+        has wholly read before it is acknowledged (and may be deleted by the builder)."""
+        for epoch in range(state["epoch"] + 1):
+            end = 0
+            for members, _, rows in self.groups(epoch):
+                end += len(rows)
+                if epoch < state["epoch"] or end <= state["position"]:
+                    for p in members:
+                        self._ack(epoch, p, 0, 1)
+
+    def _ack(self, epoch: int, partition: int, worker: int, workers: int) -> None:
+        if not (consumer_dir(self.path, self.consumer) / "acks" /
+                f"e{epoch}-p{partition}-r{self.rank}-w{worker}of{workers}").exists():
+            write_ack(self.path, self.consumer, epoch, partition, self.rank, worker, workers)
+
+    # -- reading ---------------------------------------------------------------------------------------
+    def __iter__(self):
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        epoch, start = self.epoch, self.position
+        position = 0
+        for members, partitions, rows in self.groups(epoch):
+            end = position + len(rows)
+            if end > start:
+                mine = [k for k in range(max(start, position), end) if ((k - start) // self.batch_size) % workers == worker]
+                opened = {}
+                for k in mine:
+                    p, i = int(partitions[k - position]), int(rows[k - position])
+                    if p not in opened:
+                        opened[p] = self._open(epoch, p)
+                    sample = self._read(opened[p], i, epoch, p)
+                    sample["stream_position"] = k
+                    if info is None:
+                        self.position = k + 1
+                    yield sample
+                for dataset in opened.values():
+                    dataset.close()
+                if self.acknowledge_mode == "yielded":
+                    for p in members:
+                        self._ack(epoch, p, worker, workers)
+            position = end
+
+    def _open(self, epoch: int, partition: int) -> CacheDataset:
+        """The partition as a cache, once its builder has published it."""
+        name = partition_name(epoch, partition)
+        directory = self.path / name
+        started, said = time.monotonic(), 0.0
+        while not (directory / MANIFEST).exists():
+            state = next(p["state"] for p in read_stream_manifest(self.path)["partitions"]
+                         if p["name"] == name)
+            if state in ("acknowledged", "deleted"):
+                raise StreamError(directory, f"deleted before consumer {self.consumer!r} rank {self.rank} read it: "
+                                             "every consumer had acknowledged it, so this reader resumed from a state "
+                                             "older than its acknowledgements (acknowledge='checkpoint' ties them to "
+                                             "the trainer's checkpoints); build the stream again with --restart to "
+                                             "read it")
+            waited = time.monotonic() - started
+            if self.timeout is not None and waited > self.timeout:
+                raise StreamError(directory, f"not published after {waited:.0f} s (the stream says: {state}); is "
+                                             "`fuelline cache stream` running? It may be waiting for another "
+                                             "consumer's acknowledgements")
+            if waited - said >= (SAY_EVERY if said else SAY_AFTER):
+                print(f"stream consumer {self.consumer!r} rank {self.rank}: waiting for {name} ({state}, "
+                      f"{waited:.0f} s)", file=sys.stderr, flush=True)
+                said = waited
+            time.sleep(self.poll_seconds)
+        return CacheDataset(directory, io=self.io, verify_checksums=self.verify_checksums)
+
+    def _read(self, dataset: CacheDataset, i: int, epoch: int, partition: int) -> dict:
+        try:
+            return dataset[i]
+        except CacheFormatError as e:
+            e.add_note(f"the builder builds {partition_name(epoch, partition)} again, to the same bytes, once its "
+                       f"directory is removed (`rm -r {dataset.path}`, the builder running); then resume from the "
+                       "last state")
+            raise
+
