@@ -342,9 +342,11 @@ class StreamBuilder:
         samples = len(plan.record_ids)
         for epoch in range(self.config.epochs):  # every partition is deleted: their directories are empty
             shutil.rmtree(self.path / partition_name(epoch, 0).split("/")[0], ignore_errors=True)
-        return self.step_dir.finish(StepStats("cache", plan.records_in, samples, dict(plan.dropped),
-                                              dict(plan.drop_examples), counters={"truncated": plan.truncated},
-                                              details=details))
+        stats = self.step_dir.finish(StepStats("cache", plan.records_in, samples, dict(plan.dropped),
+                                               dict(plan.drop_examples), counters={"truncated": plan.truncated},
+                                               details=details))
+        shutil.rmtree(plan.build_dir, ignore_errors=True)  # the encoded tokens: nothing is left to build
+        return stats
 
 
 def streaming_estimate(bytes_per_token: float, tokens: int, samples: int, partition_samples: int,
