@@ -13,7 +13,8 @@ from fuelline.cache.vocab_map import VocabMapConfig
 from fuelline.cli_options import (at_least, config_params, given, old_progress_option, quiet_option, restart_option,
                                    workers_option)
 
-ESTIMATE_KEYS = {"layers", "chat_template", "max_length", "min_loss_tokens", "format", "hidden_dtype"}
+ESTIMATE_KEYS = {"layers", "chat_template", "max_length", "min_loss_tokens", "format", "hidden_dtype",
+                 "partition_samples", "window"}
 
 
 @click.group()
@@ -106,15 +107,18 @@ def cache_numbers(stats: dict) -> str:
     click.Option(["--input", "-i", "inputs"], multiple=True, help="chat records: count their tokens exactly"),
     click.Option(["--tokens"], type=float, callback=at_least(1), help="instead of --input: the number of tokens (e.g. 1.56e9)"),
     click.Option(["--samples"], type=float, default=0, callback=at_least(0), help="with --tokens: the number of conversations"),
-    *config_params(CacheConfig, ESTIMATE_KEYS), quiet_option(shows_progress=False)])
-def estimate(model, hidden_size, inputs, tokens, samples, **values):
-    """Print the bytes a cache will take, for each format and hidden dtype, before any forward pass."""
-    from fuelline.cache.estimate import estimate_from_counts, estimate_from_inputs, format_table
+    click.Option(["--tokens-per-second"], type=float, callback=at_least(1),
+                 help="the target's forward throughput (a build's stats say it): the time a stream partition takes"),
+    *config_params(StreamConfig, ESTIMATE_KEYS), quiet_option(shows_progress=False)])
+def estimate(model, hidden_size, inputs, tokens, samples, tokens_per_second, **values):
+    """Print the bytes a cache will take, for each format and hidden dtype, before any forward pass, and
+    what a stream of it (`fuelline cache stream`) holds on disk at most."""
+    from fuelline.cache.estimate import estimate_from_counts, estimate_from_inputs, format_streaming, format_table
     from fuelline.cache.plan import model_config
     from fuelline.formats.target_cache import HIDDEN_DTYPES
     from fuelline.pipeline.config import build_dataclass
 
-    config = build_dataclass(CacheConfig, given(values), "fuelline cache estimate")
+    config = build_dataclass(StreamConfig, given(values), "fuelline cache estimate")
     if model:
         _, text = model_config(model)
         from fuelline.cache.capture import check_layer_ids
@@ -136,7 +140,13 @@ def estimate(model, hidden_size, inputs, tokens, samples, **values):
     else:
         raise click.UsageError("give --input (exact) or --tokens [--samples]")
     click.echo(f"{len(config.layers)} layer(s) ({','.join(map(str, config.layers))}) of hidden size {hidden_size:,}")
-    click.echo(format_table(estimates, (config.format, HIDDEN_DTYPES[config.hidden_dtype])))
+    chosen = (config.format, HIDDEN_DTYPES[config.hidden_dtype])
+    click.echo(format_table(estimates, chosen))
+    if inputs:
+        tokens, samples = counts["tokens"], counts["samples"]
+    if samples:
+        click.echo(format_streaming(next(e for e in estimates if (e.format, e.hidden_dtype) == chosen), int(tokens),
+                                    int(samples), config, tokens_per_second))
 
 
 def _report(problems: list[str], ok: str) -> None:

@@ -80,3 +80,20 @@ def format_table(estimates: list[Estimate], chosen: tuple[str, str] | None = Non
         lines.append(f"{e.format:<12} {e.hidden_dtype:<14} {e.bytes_per_token:>12,.1f} {human_bytes(e.total_bytes):>12}"
                      f"  {e.total_bytes / base.total_bytes:.3f}x{mark}")
     return "\n".join(lines)
+
+
+def format_streaming(chosen: Estimate, tokens: int, samples: int, config, tokens_per_second: float | None) -> str:
+    """What a stream of this cache holds on disk at most: `window` + 1 partitions of `partition_samples`
+    average samples (a partition differs from that by at most one forward batch), against the whole cache."""
+    per_sample = chosen.total_bytes / samples
+    partitions = -(-samples // config.partition_samples)
+    partition = per_sample * min(config.partition_samples, samples)
+    high_water = partition * min(config.window + 1, partitions)
+    line = (f"streamed (fuelline cache stream --partition-samples {config.partition_samples:,} --window "
+            f"{config.window}): {partitions:,} partition(s) of about {human_bytes(partition)} "
+            f"({tokens * min(config.partition_samples, samples) // samples:,} tokens); the disk holds at most "
+            f"{human_bytes(high_water)}, {high_water / chosen.total_bytes:.2%} of {human_bytes(chosen.total_bytes)}")
+    if tokens_per_second:
+        seconds = tokens / partitions / tokens_per_second
+        line += f"; a partition takes about {seconds:,.0f} s at {tokens_per_second:,.0f} tokens/s"
+    return line

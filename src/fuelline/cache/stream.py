@@ -18,7 +18,6 @@ again, to the same bytes. The layout and the states are in `fuelline.formats.tar
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import sys
@@ -348,14 +347,3 @@ class StreamBuilder:
         shutil.rmtree(plan.build_dir, ignore_errors=True)  # the encoded tokens: nothing is left to build
         return stats
 
-
-def streaming_estimate(bytes_per_token: float, tokens: int, samples: int, partition_samples: int,
-                       window: int) -> dict:
-    """What a stream holds on disk at most, against the offline cache: (window + 1) partitions of the
-    average sample's bytes (the plan's own partitions differ from it by at most a forward batch)."""
-    per_sample = bytes_per_token * tokens / max(1, samples)
-    partition = per_sample * min(partition_samples, samples)
-    high_water = partition * min(window + 1, math.ceil(samples / max(1, partition_samples)))
-    return {"partition_bytes": int(partition), "partition_tokens": int(tokens / max(1, samples) * partition_samples),
-            "high_water_bytes": int(high_water), "offline_bytes": int(bytes_per_token * tokens),
-            "share": high_water / max(1.0, bytes_per_token * tokens)}
