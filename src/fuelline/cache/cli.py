@@ -161,8 +161,8 @@ def _report(problems: list[str], ok: str) -> None:
 @cache.command(params=[quiet_option(shows_progress=False)])
 @click.argument("path", type=click.Path(exists=True, file_okay=False))
 def verify(path):
-    """Check manifest, index, bounds and every record's checksum; exit 1 when anything is wrong, 2 when
-    PATH is no cache."""
+    """Check manifest, index, bounds and every record's checksum (of every published partition of a
+    stream); exit 1 when anything is wrong, 2 when PATH is no cache."""
     from fuelline.cache.inspect import verify_cache
 
     _report(verify_cache(path), f"ok: {path}")
@@ -171,10 +171,12 @@ def verify(path):
 @cache.command(params=[quiet_option(shows_progress=False)])
 @click.argument("path", type=click.Path(exists=True, file_okay=False))
 def info(path):
-    """Summarize a cache: format, samples, tokens, bytes, layers, model."""
-    from fuelline.cache.inspect import cache_info, format_info
+    """Summarize a cache: format, samples, tokens, bytes, layers, model; a stream: its partitions'
+    states and its consumers."""
+    from fuelline.cache.inspect import cache_info, format_info, stream_info
+    from fuelline.formats.target_stream import STREAM_MANIFEST
 
-    click.echo(format_info(cache_info(path)))
+    click.echo(stream_info(path) if (Path(path) / STREAM_MANIFEST).exists() else format_info(cache_info(path)))
 
 
 @cache.command(params=[quiet_option(shows_progress=False)])

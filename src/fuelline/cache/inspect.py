@@ -1,5 +1,7 @@
 """Looking at a finished target cache: is it whole (`verify_cache`), what is in it (`cache_info`),
-and does it fit the draft model about to be trained on it (`validate_for_draft`).
+and does it fit the draft model about to be trained on it (`validate_for_draft`); and at a
+streaming one: its published partitions verified, its partitions' states and its consumers
+(`verify_cache`, `stream_info`).
 
 `verify_cache` lists every problem instead of stopping at the first, so one run tells what a
 damaged cache needs (rebuild a shard, or everything); the reader (`CacheDataset`) raises at the
@@ -22,6 +24,7 @@ from fuelline.cache.estimate import human_bytes
 from fuelline.formats.target_cache import (FUELLINE, INDEX, MANIFEST, CacheFormatError, Layout, cache_format,
                                            layout_of, read_index, read_manifest)
 from fuelline.formats.target_cache_checks import Problems, check_records, check_structure, load_index
+from fuelline.formats.target_stream import (CONSUMERS, STATES, STREAM_MANIFEST, acknowledged, read_stream_manifest)
 
 
 def verify_cache(path: str | os.PathLike) -> list[str]:
@@ -31,6 +34,8 @@ def verify_cache(path: str | os.PathLike) -> list[str]:
     directory = Path(path)
     if not directory.is_dir():
         raise CacheFormatError(directory, "not a directory")
+    if (directory / STREAM_MANIFEST).exists():
+        return _verify_stream(directory)
     try:
         manifest = read_manifest(directory)
     except CacheFormatError as e:
@@ -46,6 +51,38 @@ def verify_cache(path: str | os.PathLike) -> list[str]:
     if layout.format == FUELLINE:
         check_records(directory, manifest, layout, index, spans, problems)
     return problems.result()
+
+
+def _verify_stream(directory: Path) -> list[str]:
+    """Every problem of every published partition of a stream (one being built or deleted has none yet)."""
+    problems = []
+    for entry in read_stream_manifest(directory)["partitions"]:
+        if (directory / entry["name"] / MANIFEST).exists():
+            problems += verify_cache(directory / entry["name"])
+    return problems
+
+
+def stream_info(path: str | os.PathLike) -> str:
+    """A stream's state in lines: its plan, the partitions in each state, each consumer's acknowledgements."""
+    directory = Path(path)
+    manifest = read_stream_manifest(directory)
+    partitions, plan = manifest["partitions"], manifest["plan"]
+    held = [p for p in partitions if p["state"] in ("published", "acknowledged")]
+    lines = [("path", str(directory)),
+             ("format", f"streaming target cache of {manifest['cache_format']} partitions, {manifest['hidden_dtype']}"),
+             ("plan", f"{plan['samples']:,} samples, {plan['tokens']:,} tokens, {human_bytes(plan['bytes_per_epoch'])} "
+                      f"an epoch, in {plan['batches']:,} forward batches"),
+             ("partitions", f"{len(partitions):,} over {manifest['epochs']} epoch(s), up to "
+                            f"{manifest['partition_samples']:,} samples each; "
+                            + ", ".join(f"{sum(p['state'] == s for p in partitions)} {s}" for s in STATES)),
+             ("on disk", f"{len(held)} published, {human_bytes(sum(p['bytes'] for p in held))} (window "
+                         f"{manifest['window']}; at most {human_bytes(manifest['high_water_bytes'])} so far)")]
+    for name in manifest["consumers"]:
+        found = acknowledged(directory, name) if (directory / CONSUMERS / name).exists() else None
+        lines.append((f"consumer {name}", "not started" if found is None else
+                      f"{len(found):,} of {len(partitions):,} partitions acknowledged"))
+    width = max(len(label) for label, _ in lines)
+    return "\n".join(f"{label:<{width}}  {value}" for label, value in lines)
 
 
 def cache_info(path: str | os.PathLike) -> dict[str, Any]:

@@ -226,6 +226,21 @@ class StreamBuilder:
             "partitions": entries, "high_water_bytes": previous.get("high_water_bytes", 0),
         }
         self._reconcile()
+        self._check_disk()
+
+    def _check_disk(self) -> None:
+        """The window's bytes, at most (`--window` + 1 of the largest partitions, or `--max-disk` and
+        one), must fit beside what the stream already holds, unless `--force`."""
+        largest = max((p["bytes"] for p in self.manifest["partitions"]), default=0)
+        window = largest * (self.config.window + 1)
+        if self.config.max_disk:
+            window = min(window, self.config.max_disk + largest)
+        needed = window - self._on_disk()[1]
+        free = shutil.disk_usage(self.path).free
+        if needed > free and not self.config.force:
+            raise ValueError(f"the stream's window needs up to {needed / 2**30:,.2f} GiB more and {self.path} has "
+                             f"{free / 2**30:,.2f} GiB free; lower --window or --partition-samples, or pass --force "
+                             "to start anyway")
 
     def _save(self) -> None:
         write_stream_manifest(self.path, self.manifest)
