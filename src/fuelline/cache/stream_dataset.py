@@ -27,7 +27,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from fuelline.cache.dataset import CacheDataset
 from fuelline.formats.target_cache import MANIFEST, CacheFormatError
-from fuelline.formats.target_stream import (StreamError, consumer_dir, partition_name, read_stream_manifest,
+from fuelline.formats.target_stream import (STREAM_MANIFEST, StreamError, consumer_dir, partition_name, read_stream_manifest,
                                             register_consumer, write_ack)
 
 SAY_AFTER, SAY_EVERY = 10.0, 60.0  # seconds of waiting before the first "waiting" line, and between lines
@@ -53,6 +53,10 @@ class StreamingCacheDataset(IterableDataset):
         if acknowledge not in ("yielded", "checkpoint"):
             raise ValueError(f"acknowledge must be 'yielded' or 'checkpoint', not {acknowledge!r}")
         self.path = Path(path)
+        self.consumer, self.rank, self.world_size, self.seed = consumer, rank, world_size, seed
+        self.timeout, self.poll_seconds = timeout, poll_seconds
+        self._wait(lambda: (self.path / STREAM_MANIFEST).exists(), "the stream's manifest",
+                   lambda: "its builder writes it once the conversations are encoded")
         manifest = read_stream_manifest(self.path)
         if consumer not in manifest["consumers"]:
             raise StreamError(self.path, f"consumer {consumer!r} is not one this stream is built for "
@@ -62,9 +66,8 @@ class StreamingCacheDataset(IterableDataset):
             raise StreamError(self.path, f"shuffle_partitions {shuffle_partitions} is more than the stream's "
                                          f"window ({manifest['window']}): the builder could never publish a whole "
                                          "group; lower it or build with a larger --window")
-        self.consumer, self.rank, self.world_size, self.seed = consumer, rank, world_size, seed
         self.shuffle_partitions, self.batch_size, self.acknowledge_mode = shuffle_partitions, batch_size, acknowledge
-        self.timeout, self.poll_seconds, self.io, self.verify_checksums = timeout, poll_seconds, io, verify_checksums
+        self.io, self.verify_checksums = io, verify_checksums
         self.epochs = manifest["epochs"]
         self.sizes = [[p["samples"] for p in manifest["partitions"] if p["epoch"] == e] for e in range(self.epochs)]
         register_consumer(self.path, consumer, world_size)
@@ -162,27 +165,35 @@ class StreamingCacheDataset(IterableDataset):
         """The partition as a cache, once its builder has published it."""
         name = partition_name(epoch, partition)
         directory = self.path / name
-        started, said = time.monotonic(), 0.0
-        while not (directory / MANIFEST).exists():
-            state = next(p["state"] for p in read_stream_manifest(self.path)["partitions"]
-                         if p["name"] == name)
-            if state in ("acknowledged", "deleted"):
+
+        def state() -> str:
+            found = next(p["state"] for p in read_stream_manifest(self.path)["partitions"] if p["name"] == name)
+            if found in ("acknowledged", "deleted"):
                 raise StreamError(directory, f"deleted before consumer {self.consumer!r} rank {self.rank} read it: "
                                              "every consumer had acknowledged it, so this reader resumed from a state "
                                              "older than its acknowledgements (acknowledge='checkpoint' ties them to "
                                              "the trainer's checkpoints); build the stream again with --restart to "
                                              "read it")
-            waited = time.monotonic() - started
+            return f"the stream says: {found}"
+
+        self._wait(lambda: (directory / MANIFEST).exists(), name, state)
+        return CacheDataset(directory, io=self.io, verify_checksums=self.verify_checksums)
+
+    def _wait(self, ready, what: str, why) -> None:
+        """Poll until `ready()`, saying on stderr what is waited for (`why()`: the latest news, which may
+        raise instead) when it lasts; an error once `timeout` passes."""
+        started, said = time.monotonic(), 0.0
+        while not ready():
+            news, waited = why(), time.monotonic() - started
             if self.timeout is not None and waited > self.timeout:
-                raise StreamError(directory, f"not published after {waited:.0f} s (the stream says: {state}); is "
-                                             "`fuelline cache stream` running? It may be waiting for another "
-                                             "consumer's acknowledgements")
+                raise StreamError(self.path, f"{what} not published after {waited:.0f} s ({news}); is `fuelline "
+                                             "cache stream` running? It may be waiting for another consumer's "
+                                             "acknowledgements")
             if waited - said >= (SAY_EVERY if said else SAY_AFTER):
-                print(f"stream consumer {self.consumer!r} rank {self.rank}: waiting for {name} ({state}, "
-                      f"{waited:.0f} s)", file=sys.stderr, flush=True)
+                print(f"stream consumer {self.consumer!r} rank {self.rank}: waiting for {what} "
+                      f"({news}, {waited:.0f} s)", file=sys.stderr, flush=True)
                 said = waited
             time.sleep(self.poll_seconds)
-        return CacheDataset(directory, io=self.io, verify_checksums=self.verify_checksums)
 
     def _read(self, dataset: CacheDataset, i: int, epoch: int, partition: int) -> dict:
         try:
