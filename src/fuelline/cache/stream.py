@@ -264,7 +264,7 @@ class StreamBuilder:
                 entry["state"] = "deleted"
             elif entry["state"] in ("published", "acknowledged") and not (directory / MANIFEST).exists():
                 shutil.rmtree(directory, ignore_errors=True)  # removed or damaged: built again, same bytes
-                entry["state"] = "planned"
+                entry["state"], entry["rebuilt"] = "planned", entry.get("rebuilt", 0) + 1
             elif entry["state"] in ("planned", "building") and (directory / MANIFEST).exists():
                 entry["state"] = "published"  # a kill came after the partition's manifest, before this one's
         self._save()
@@ -275,8 +275,9 @@ class StreamBuilder:
         return len(held), sum(p["bytes"] for p in held)
 
     def _room_for(self, entry: dict) -> bool:
+        """A partition built again takes the place it had: the readers wait for it, and it waits for no one."""
         count, nbytes = self._on_disk()
-        if count == 0:
+        if count == 0 or entry.get("rebuilt"):
             return True
         return count < self.config.window and (not self.config.max_disk or nbytes + entry["bytes"] <= self.config.max_disk)
 
