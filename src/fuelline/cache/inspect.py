@@ -58,7 +58,7 @@ def _verify_stream(directory: Path) -> list[str]:
     problems = []
     for entry in read_stream_manifest(directory)["partitions"]:
         if (directory / entry["name"] / MANIFEST).exists():
-            problems += verify_cache(directory / entry["name"])
+            problems += [f"{entry['name']}/{problem}" for problem in verify_cache(directory / entry["name"])]
     return problems
 
 
