@@ -153,9 +153,11 @@ class StreamingCacheDataset(IterableDataset):
                     yield sample
                 for dataset in opened.values():
                     dataset.close()
-                if self.acknowledge_mode == "yielded":
-                    for p in members:
-                        self._ack(epoch, p, worker, workers)
+            # also a group read before `start` (a resumed state's) or of which this rank takes no sample:
+            # without its acknowledgement the builder would wait for this rank forever
+            if self.acknowledge_mode == "yielded":
+                for p in members:
+                    self._ack(epoch, p, worker, workers)
             position = end
 
     def _open(self, epoch: int, partition: int) -> CacheDataset:
