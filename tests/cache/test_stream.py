@@ -280,7 +280,7 @@ def _record_ids(cache: Path) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # each seed: 80 conversations, 3 epochs, 7 kills, each a process started again
+@pytest.mark.timeout(300)  # each seed ~40 s: 80 conversations, 3 epochs, 7 kills, each a process started again
 @pytest.mark.parametrize("seed", [1, 2])
 def test_many_random_sigkills_of_builder_and_trainers(qwen4_dir, tmp_path, seed):
     """A variation of test_two_trainer_ranks_read_each_sample_once_per_epoch_through_sigkills: more
@@ -294,3 +294,281 @@ def test_many_random_sigkills_of_builder_and_trainers(qwen4_dir, tmp_path, seed)
                               rng.choice([0.0, 0.01, 0.03]), partition_samples=rng.randint(2, 12), epochs=3,
                               window=rng.randint(1, 3), wait_timeout=300)
     assert_each_sample_once_per_epoch(consumed, digests, 3)
+
+
+# --- the bytes: an offline build's, in every epoch and every format ---------------------------------
+
+def test_partitions_equal_the_offline_build_sample_by_sample(held, offline):
+    """Every partition of both epochs, read as the cache it is: every field of every sample equal to the
+    offline build's sample of the same record id, and each epoch's partitions hold every record once."""
+    manifest = read_stream_manifest(held)
+    reference = offline["fuelline"][1]
+    for epoch in range(2):
+        seen = []
+        for entry in [p for p in manifest["partitions"] if p["epoch"] == epoch]:
+            samples = cache_samples(held / entry["name"])
+            assert len(samples) == entry["samples"]
+            assert all(sample == reference[rid] for rid, sample in samples.items()), entry["name"]
+            seen += samples
+        assert sorted(seen) == sorted(reference), epoch
+
+
+def read_epochs(stream: Path, **reader) -> list[list[tuple[str, dict]]]:
+    dataset = StreamingCacheDataset(stream, "train", acknowledge="checkpoint", timeout=10, **reader)
+    epochs = []
+    for epoch in range(dataset.epochs):
+        dataset.set_epoch(epoch)
+        epochs.append([(sample["record_id"], fields(sample)) for sample in dataset])
+    return epochs
+
+
+def test_each_epoch_has_the_same_bytes_in_another_order(held):
+    first, second = read_epochs(held)
+    assert sorted(rid for rid, _ in first) == sorted(rid for rid, _ in second)
+    assert [rid for rid, _ in first] != [rid for rid, _ in second]
+    assert dict(first) == dict(second)
+    partitions = read_stream_manifest(held)["partitions"]
+    order = [[p["samples"] for p in partitions if p["epoch"] == epoch] for epoch in range(2)]
+    assert order[0] != order[1]  # the forward batches themselves are dealt anew, not only the samples
+
+
+def test_a_published_deepspec_v2_partition_reads_with_deepspecs_rule_and_back_pressure_names_the_consumer(
+        qwen4_dir, chats, offline, tmp_path):
+    """Consumers 'train' and 'eval'; only 'train' reads. The builder publishes the window and no more,
+    says it waits for consumer 'eval' (not started), and with --wait-timeout exits 2 naming it. A
+    partition 'eval' holds on disk reads with the independent deepspec-v2 reader to the offline
+    build's samples. Once 'eval' has read and acknowledged, the same build resumes and finishes
+    while both read; every sample each once, byte-equal to the offline build's."""
+    out, window = tmp_path / "stream", 2
+    options = dict(format="deepspec-v2", consumers="train,eval", partition_samples=6, window=window)
+    log = tmp_path / "builder.log"
+    builder = start(stream_cli(qwen4_dir, chats, out, quiet=False, wait_timeout=3, **options), log)
+    reference = offline["deepspec-v2"][1]
+    read = {"train": [], "eval": []}
+    try:
+        wait_for(lambda: (out / STREAM_MANIFEST).exists(), "stream manifest", process=builder, log=log)
+        train = StreamingCacheDataset(out, "train", acknowledge="checkpoint", timeout=60)
+        readers = {"train": iter(train)}
+        first = sum(p["samples"] for p in read_stream_manifest(out)["partitions"][:window])
+        read["train"] += [next(readers["train"]) for _ in range(first)]
+        train.acknowledge(train.state_dict())
+        assert builder.wait(60) == 2
+    finally:
+        kill(builder)
+    said = log.read_text()
+    assert "Traceback" not in said
+    assert (f"stream: waiting for consumer 'eval' (not started) to acknowledge epoch-0000/part-00000 before "
+            f"building epoch-0000/part-0000{window} (window {window})") in said
+    assert f"{out}: waiting for consumer 'eval' (not started) to acknowledge" in said
+    assert "(--wait-timeout 3); the same command resumes once the consumer runs again" in said
+    held = published(out)
+    assert [p["index"] for p in held] == list(range(window))
+    assert {p["state"] for p in read_stream_manifest(out)["partitions"][window:]} == {"planned"}
+    assert sorted(p.parent.name for p in out.glob("epoch-*/*/manifest.json")) == [p["name"][-10:] for p in held]
+    for entry in held:  # DeepSpec's reader rule, on partitions the builder keeps for 'eval'
+        for sample in read_v2(out / entry["name"]):
+            found = reference[sample["input_ids"].tobytes()]
+            assert all(sample[name].tobytes() == found[name] for name in FIELDS if name in found), entry["name"]
+            assert sample["attention_mask"].tolist() == [1] * len(sample["input_ids"])
+
+    evaluation = StreamingCacheDataset(out, "eval", acknowledge="checkpoint", timeout=60)
+    readers["eval"] = iter(evaluation)
+    read["eval"] += [next(readers["eval"]) for _ in range(first)]
+    evaluation.acknowledge(evaluation.state_dict())
+    resumed = Builder(qwen4_dir, chats, out, stream_config(**{**options, "consumers": ["train", "eval"]},
+                                                           wait_timeout=60))
+    with resumed:  # the two read in step: neither may run a window ahead of the other
+        for pair in zip(readers["train"], readers["eval"]):
+            for (name, dataset), sample in zip((("train", train), ("eval", evaluation)), pair):
+                read[name].append(sample)
+                dataset.acknowledge(dataset.state_dict())
+    assert resumed.stats["records_out"] == CHATS and not list(out.glob("epoch-*"))
+    for name, samples in read.items():
+        assert sorted(key_of(s) for s in samples) == sorted(reference), name
+        assert all(fields(s) == reference[key_of(s)] for s in samples), name
+
+
+class Builder(threading.Thread):
+    """`stream_cache` in a thread of this process, for a block: its stats, or its error raised at the end."""
+
+    def __init__(self, model: Path, chats: Path, out: Path, config: StreamConfig):
+        super().__init__(daemon=True)
+        self.arguments, self.stats, self.error = (model, [str(chats)], out, config), None, None
+
+    def run(self) -> None:
+        try:
+            self.stats = stream_cache(*self.arguments, progress=False)
+        except BaseException as e:  # noqa: BLE001 - raised again in the test's thread
+            self.error = e
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *failed) -> None:
+        self.join(120)
+        assert not self.is_alive(), "the builder did not end"
+        if self.error is not None and not failed[0]:
+            raise self.error
+
+
+# --- faults: a builder killed mid-partition, a damaged partition -----------------------------------
+
+def partitions_of(stream: Path) -> dict[str, dict[str, bytes]]:
+    """Every published partition's files (its stats, which hold seconds, left out)."""
+    return {entry["name"]: files_of(stream / entry["name"]) for entry in published(stream)}
+
+
+def resume_held(model: Path, chats: Path, out: Path) -> None:
+    """The held stream's build run again in `out`, until it waits for 'train' with every partition published."""
+    with pytest.raises(StreamError, match="every partition is published"):
+        stream_cache(model, [str(chats)], out, stream_config(**HELD), progress=False)
+
+
+def test_a_builder_killed_mid_partition_resumes_to_the_partitions_of_an_uninterrupted_stream(qwen4_dir, chats, held,
+                                                                                           tmp_path):
+    out, log = tmp_path / "stream", tmp_path / "builder.log"
+    builder = start(stream_cli(qwen4_dir, chats, out, **HELD), log)
+
+    def batch_committed() -> bool:  # a partition's batch committed, the partition not yet published
+        return len(list(out.glob("epoch-*/*/manifest.json"))) >= 2 and any(
+            p.stat().st_size for p in out.glob("epoch-*/*/.build/*.idx.partial"))
+
+    try:
+        wait_for(batch_committed, "committed batch of an unpublished partition", process=builder, log=log)
+    finally:
+        kill(builder)
+    building = [p for p in read_stream_manifest(out)["partitions"] if p["state"] == "building"]
+    assert len(building) == 1 and not (out / building[0]["name"] / MANIFEST).exists()
+    resume_held(qwen4_dir, chats, out)
+    assert partitions_of(out) == partitions_of(held)
+    assert not list(out.glob("epoch-*/*/.build"))
+
+
+def test_a_damaged_partition_is_refused_naming_its_file_and_built_again_once_removed(qwen4_dir, chats, held,
+                                                                                   tmp_path):
+    out = tmp_path / "stream"
+    shutil.copytree(held, out)
+    name = read_stream_manifest(out)["partitions"][1]["name"]
+    shard = sorted((out / name).glob("shard-*.bin"))[-1]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x20
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CacheFormatError) as refused:
+        read_epochs(out)
+    assert str(refused.value).startswith(f"{shard}: ") and "checksum" in str(refused.value)
+    assert any(f"rm -r {out / name}" in note for note in refused.value.__notes__)
+    shutil.rmtree(out / name)
+    resume_held(qwen4_dir, chats, out)
+    assert partitions_of(out) == partitions_of(held)
+    assert read_epochs(out) == read_epochs(held)
+
+
+# --- DataLoader workers, and a trainer's checkpoint between batches ---------------------------------
+
+@pytest.mark.parametrize("taken", [3, 8])
+def test_dataloader_workers_resume_after_k_batches_with_exactly_the_rest(held, taken):
+    """Two workers, batches of 3: `state_dict(after=batch)` after `taken` batches (within the first
+    epoch's partitions, and past several), loaded into a new dataset and loader, continues with the
+    samples the uninterrupted loader would have given, in its order: none repeated, none lost."""
+    from torch.utils.data import DataLoader
+
+    size = 3
+
+    def loader(dataset):
+        return DataLoader(dataset, batch_size=size, num_workers=2, collate_fn=CacheCollator())
+
+    def reader():
+        return StreamingCacheDataset(held, "train", batch_size=size, acknowledge="checkpoint", timeout=10)
+
+    whole = [rid for batch in loader(reader()) for rid in batch["record_ids"]]
+    assert whole == [rid for rid, _ in read_epochs(held)[0]]  # the workers hand the samples on in order
+    first = reader()
+    batches = iter(loader(first))
+    before = [next(batches) for _ in range(taken)]
+    state = first.state_dict(after=before[-1])
+    del batches
+    resumed = reader()
+    resumed.load_state_dict(state)
+    rest = [rid for batch in loader(resumed) for rid in batch["record_ids"]]
+    assert [rid for batch in before for rid in batch["record_ids"]] + rest == whole
+    assert state["position"] == taken * size
+
+
+# --- refusals -------------------------------------------------------------------------------------
+
+def test_readers_that_would_lose_or_repeat_samples_are_refused(held):
+    with pytest.raises(StreamError, match="consumer 'eval' is not one this stream is built for \\(train\\).*"
+                                          "add it to --consumers"):
+        StreamingCacheDataset(held, "eval")
+    with pytest.raises(StreamError, match="shuffle_partitions 65 is more than the stream's window \\(64\\)"):
+        StreamingCacheDataset(held, "train", shuffle_partitions=65)
+    train = StreamingCacheDataset(held, "train", acknowledge="checkpoint")
+    with pytest.raises(StreamError, match="consumer 'train' read this stream with 1 rank\\(s\\), now with 2.*"
+                                          "resume it with 1 rank"):
+        StreamingCacheDataset(held, "train", rank=1, world_size=2)
+    state = train.state_dict()
+    for key, value, said in (("consumer", "eval", "consumer 'eval' there, 'train' here"),
+                             ("seed", 1, "seed 1 there, 0 here"),
+                             ("world_size", 2, "world_size 2 there, 1 here"),
+                             ("shuffle_partitions", 2, "shuffle_partitions 2 there, 1 here")):
+        with pytest.raises(ValueError, match=f"another reading of {held}.*{said}"):
+            train.load_state_dict({**state, key: value})
+    other_seed = StreamingCacheDataset(held, "train", seed=1, acknowledge="checkpoint")
+    with pytest.raises(ValueError, match="seed 0 there, 1 here"):
+        other_seed.load_state_dict(state)
+    with pytest.raises(ValueError, match="position 999 is outside"):
+        train.load_state_dict({**state, "position": 999})
+
+
+@pytest.mark.parametrize("option, value, said", [
+    ("--window", "0", "--window"),
+    ("--partition-samples", "-3", "--partition-samples"),
+    ("--epochs", "two", "--epochs"),
+    ("--max-disk", "lots", "--max-disk"),
+    ("--wait-timeout", "-1", "--wait-timeout"),
+])
+def test_a_bad_option_value_is_named(chats, tmp_path, option, value, said):
+    done = invoke("cache", "stream", "--quiet", "--model", str(tmp_path / "no-model"), "-i", str(chats), "-o",
+                  str(tmp_path / "stream"), "--layers", "0", option, value)
+    assert done.exit_code == 2 and "Traceback" not in done.stderr
+    assert said in done.stderr and value in done.stderr, done.stderr
+    assert not (tmp_path / "stream").exists()
+
+
+@pytest.mark.parametrize("option, value", [("partition_samples", 5), ("seed", 1), ("epochs", 3)])
+def test_a_resume_with_another_cut_or_order_is_refused_naming_the_option(qwen4_dir, chats, held, option, value):
+    before = (held / STREAM_MANIFEST).read_bytes()
+    done = invoke("cache", "stream", "--quiet", "--model", str(qwen4_dir), "-i", str(chats), "-o", str(held),
+                  *options_args(**{**HELD, option: value}))
+    assert done.exit_code == 2 and "Traceback" not in done.stderr
+    assert f"different config.{option}; pass --restart" in done.stderr, done.stderr
+    assert (held / STREAM_MANIFEST).read_bytes() == before
+
+
+# --- acknowledging what is yielded ---------------------------------------------------------------
+
+def test_yielded_acknowledgements_let_the_builder_finish_with_one_sample_partitions_and_a_resumed_rank(
+        qwen4_dir, tmp_path):
+    """Partitions of one forward batch (mostly one sample), a window of one, two ranks acknowledging what
+    they yield (the default): a rank that takes no sample of a partition acknowledges it too, and rank
+    0, stopped right after a partition's last sample and resumed from its state, acknowledges that
+    partition; otherwise the builder would wait for them until its timeout."""
+    chats = write_chats(tmp_path / "chats.jsonl", 8, seed=5)
+    out = tmp_path / "stream"
+    read = {0: [], 1: []}
+    with Builder(qwen4_dir, chats, out, stream_config(partition_samples=1, window=1, wait_timeout=20)) as builder:
+        wait_for(lambda: (out / STREAM_MANIFEST).exists(), "stream manifest", seconds=60)
+        other = threading.Thread(target=lambda: read[1].extend(
+            s["record_id"] for s in StreamingCacheDataset(out, "train", rank=1, world_size=2, timeout=30)))
+        other.start()
+        try:
+            first = StreamingCacheDataset(out, "train", rank=0, world_size=2, timeout=30)
+            read[0].append(next(iter(first))["record_id"])  # then stopped, before asking for the next
+            resumed = StreamingCacheDataset(out, "train", rank=0, world_size=2, timeout=30)
+            resumed.load_state_dict(first.state_dict())
+            read[0] += [s["record_id"] for s in resumed]
+        finally:
+            other.join(60)
+    assert builder.stats["stream"]["partitions"] > 8 - 2  # a few forward batches have two samples
+    assert set(read[0]).isdisjoint(read[1]) and sorted(read[0] + read[1]) == sorted(f"chat-{k}" for k in range(8))
