@@ -1,8 +1,10 @@
 """Reading a streaming target cache while it is built: `StreamingCacheDataset`.
 
 The samples of an epoch come in groups of `shuffle_partitions` partitions, in the stream's order.
-Each group is shuffled from (seed, epoch, group), and rank r of R takes every R-th sample of it:
-the ranks' samples are disjoint and together are every sample of the epoch, once. A rank's
+Each group is shuffled from (seed, epoch, group), and rank r of R takes every R-th sample of the
+epoch's sequence of shuffled groups (the n-th goes to rank n mod R, so the ranks' counts differ by
+at most one, and DDP ranks take the same number of steps): the ranks' samples are disjoint and
+together are every sample of the epoch, once. A rank's
 samples form one sequence per epoch; its *position* (how many it has consumed) is its state, so
 a checkpoint resumes at the right sample with any number of DataLoader workers. Workers take
 `batch_size` consecutive positions in turn, which is the order a DataLoader with that batch size
@@ -74,11 +76,13 @@ class StreamingCacheDataset(IterableDataset):
     def groups(self, epoch: int) -> list[tuple[list[int], np.ndarray, np.ndarray]]:
         """Each group of `epoch`: (its partitions, and this rank's samples in order as partition and
         sample arrays)."""
-        sizes, out = self.sizes[epoch], []
+        sizes, out, before = self.sizes[epoch], [], 0
         for g, first in enumerate(range(0, len(sizes), self.shuffle_partitions)):
             members = list(range(first, min(first + self.shuffle_partitions, len(sizes))))
             bounds = np.cumsum([0] + [sizes[p] for p in members])
-            order = np.random.default_rng([self.seed, epoch, g]).permutation(int(bounds[-1]))[self.rank::self.world_size]
+            shuffled = np.random.default_rng([self.seed, epoch, g]).permutation(int(bounds[-1]))
+            order = shuffled[(self.rank - before) % self.world_size::self.world_size]
+            before += int(bounds[-1])
             which = np.searchsorted(bounds, order, side="right") - 1
             out.append((members, np.asarray(members)[which], order - bounds[which]))
         return out
