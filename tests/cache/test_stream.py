@@ -53,9 +53,14 @@ def options_args(**options) -> list[str]:
     return words
 
 
-def stream_cli(model: Path, chats: Path, out: Path, *, quiet: bool = True, **options) -> list[str]:
-    return [sys.executable, "-m", "fuelline", "cache", "stream", *(["--quiet"] if quiet else []), "--model", str(model),
-            "-i", str(chats), "-o", str(out), *options_args(**options)]
+def stream_words(model: Path, chats: Path, out: Path, *, quiet: bool = True, **options) -> list[str]:
+    """`fuelline cache stream` with `options`: the words after `fuelline`."""
+    return ["cache", "stream", *(["--quiet"] if quiet else []), "--model", str(model), "-i", str(chats), "-o", str(out),
+            *options_args(**options)]
+
+
+def stream_cli(model: Path, chats: Path, out: Path, **options) -> list[str]:
+    return [sys.executable, "-m", "fuelline", *stream_words(model, chats, out, **options)]
 
 
 def stream_config(**options) -> StreamConfig:
@@ -174,24 +179,22 @@ def test_disk_high_water_stays_under_window_plus_one_partition(qwen4_dir, chats,
     mark, counted from the partitions it built, is the measured peak up to the partitions' small
     files (manifest, stats). Every sample is read once, byte-equal to the offline build's."""
     out, window = tmp_path / "stream", 2
-    log = tmp_path / "builder.log"
-    builder = start(stream_cli(qwen4_dir, chats, out, partition_samples=6, window=window, wait_timeout=60), log)
     peak = DiskPeak(out)
     peak.start()
     read = []
     try:
-        wait_for(lambda: (out / STREAM_MANIFEST).exists(), "stream manifest", process=builder, log=log)
-        for sample in StreamingCacheDataset(out, "train", timeout=60):
-            read.append((sample["record_id"], fields(sample)))
-            time.sleep(0.04)  # slower than the builder: it waits on the window
-        assert builder.wait(60) == 0, log.read_text()[-3000:]
+        with building(qwen4_dir, chats, out, partition_samples=6, window=window, wait_timeout=60) as builder:
+            wait_for(lambda: (out / STREAM_MANIFEST).exists(), "stream manifest")
+            for sample in StreamingCacheDataset(out, "train", timeout=60):
+                read.append((sample["record_id"], fields(sample)))
+                time.sleep(0.04)  # slower than the builder: it waits on the window
     finally:
         peak.stopped.set()
-        kill(builder)
         peak.join()
     manifest = read_stream_manifest(out)
     largest = max(p["bytes"] for p in manifest["partitions"])
-    stats = json.loads((out / "stats.json").read_text())["stream"]
+    stats = builder.result["stream"]
+    assert stats == json.loads((out / "stats.json").read_text())["stream"]
     assert peak.polls > 100 and len(manifest["partitions"]) > 2 * window
     assert 0 < peak.most <= (window + 1) * largest
     assert stats["high_water_bytes"] == manifest["high_water_bytes"] <= window * largest
@@ -247,6 +250,7 @@ def assert_each_sample_once_per_epoch(consumed: dict[int, list], digests: dict[s
     for epoch in range(epochs):
         ranks = [[rid for e, rid, _ in consumed[rank] if e == epoch] for rank in (0, 1)]
         assert set(ranks[0]).isdisjoint(ranks[1]), epoch
+        assert abs(len(ranks[0]) - len(ranks[1])) <= 1, epoch  # DDP ranks take the same number of steps
         assert sorted(ranks[0] + ranks[1]) == sorted(digests), epoch  # every record id once
     assert all(digest == digests[rid] for rank in (0, 1) for _, rid, digest in consumed[rank])
 
@@ -341,26 +345,23 @@ def test_a_published_deepspec_v2_partition_reads_with_deepspecs_rule_and_back_pr
     while both read; every sample each once, byte-equal to the offline build's."""
     out, window = tmp_path / "stream", 2
     options = dict(format="deepspec-v2", consumers="train,eval", partition_samples=6, window=window)
-    log = tmp_path / "builder.log"
-    builder = start(stream_cli(qwen4_dir, chats, out, quiet=False, wait_timeout=3, **options), log)
     reference = offline["deepspec-v2"][1]
     read = {"train": [], "eval": []}
-    try:
-        wait_for(lambda: (out / STREAM_MANIFEST).exists(), "stream manifest", process=builder, log=log)
+    with Background(lambda: invoke(*stream_words(qwen4_dir, chats, out, quiet=False, wait_timeout=2.5,
+                                                 **options))) as stopped:
+        wait_for(lambda: (out / STREAM_MANIFEST).exists(), "stream manifest")
         train = StreamingCacheDataset(out, "train", acknowledge="checkpoint", timeout=60)
         readers = {"train": iter(train)}
         first = sum(p["samples"] for p in read_stream_manifest(out)["partitions"][:window])
         read["train"] += [next(readers["train"]) for _ in range(first)]
         train.acknowledge(train.state_dict())
-        assert builder.wait(60) == 2
-    finally:
-        kill(builder)
-    said = log.read_text()
+    assert stopped.result.exit_code == 2
+    said = stopped.result.stderr
     assert "Traceback" not in said
     assert (f"stream: waiting for consumer 'eval' (not started) to acknowledge epoch-0000/part-00000 before "
             f"building epoch-0000/part-0000{window} (window {window})") in said
     assert f"{out}: waiting for consumer 'eval' (not started) to acknowledge" in said
-    assert "(--wait-timeout 3); the same command resumes once the consumer runs again" in said
+    assert "(--wait-timeout 2.5); the same command resumes once the consumer runs again" in said
     held = published(out)
     assert [p["index"] for p in held] == list(range(window))
     assert {p["state"] for p in read_stream_manifest(out)["partitions"][window:]} == {"planned"}
@@ -375,29 +376,29 @@ def test_a_published_deepspec_v2_partition_reads_with_deepspecs_rule_and_back_pr
     readers["eval"] = iter(evaluation)
     read["eval"] += [next(readers["eval"]) for _ in range(first)]
     evaluation.acknowledge(evaluation.state_dict())
-    resumed = Builder(qwen4_dir, chats, out, stream_config(**{**options, "consumers": ["train", "eval"]},
-                                                           wait_timeout=60))
+    resumed = building(qwen4_dir, chats, out, **{**options, "consumers": ["train", "eval"]}, wait_timeout=60)
     with resumed:  # the two read in step: neither may run a window ahead of the other
         for pair in zip(readers["train"], readers["eval"]):
             for (name, dataset), sample in zip((("train", train), ("eval", evaluation)), pair):
                 read[name].append(sample)
                 dataset.acknowledge(dataset.state_dict())
-    assert resumed.stats["records_out"] == CHATS and not list(out.glob("epoch-*"))
+    assert resumed.result["records_out"] == CHATS and not list(out.glob("epoch-*"))
     for name, samples in read.items():
         assert sorted(key_of(s) for s in samples) == sorted(reference), name
         assert all(fields(s) == reference[key_of(s)] for s in samples), name
 
 
-class Builder(threading.Thread):
-    """`stream_cache` in a thread of this process, for a block: its stats, or its error raised at the end."""
+class Background(threading.Thread):
+    """`work()` in a thread of this process for the block of a `with`: its result, or its error raised
+    at the end (a builder beside a reader in this process: no start of a process of its own)."""
 
-    def __init__(self, model: Path, chats: Path, out: Path, config: StreamConfig):
+    def __init__(self, work):
         super().__init__(daemon=True)
-        self.arguments, self.stats, self.error = (model, [str(chats)], out, config), None, None
+        self.work, self.result, self.error = work, None, None
 
     def run(self) -> None:
         try:
-            self.stats = stream_cache(*self.arguments, progress=False)
+            self.result = self.work()
         except BaseException as e:  # noqa: BLE001 - raised again in the test's thread
             self.error = e
 
@@ -407,9 +408,13 @@ class Builder(threading.Thread):
 
     def __exit__(self, *failed) -> None:
         self.join(120)
-        assert not self.is_alive(), "the builder did not end"
+        assert not self.is_alive(), "the work in the background did not end"
         if self.error is not None and not failed[0]:
             raise self.error
+
+
+def building(model: Path, chats: Path, out: Path, **options) -> Background:
+    return Background(lambda: stream_cache(model, [str(chats)], out, stream_config(**options), progress=False))
 
 
 # --- faults: a builder killed mid-partition, a damaged partition -----------------------------------
@@ -539,8 +544,7 @@ def test_a_bad_option_value_is_named(chats, tmp_path, option, value, said):
 @pytest.mark.parametrize("option, value", [("partition_samples", 5), ("seed", 1), ("epochs", 3)])
 def test_a_resume_with_another_cut_or_order_is_refused_naming_the_option(qwen4_dir, chats, held, option, value):
     before = (held / STREAM_MANIFEST).read_bytes()
-    done = invoke("cache", "stream", "--quiet", "--model", str(qwen4_dir), "-i", str(chats), "-o", str(held),
-                  *options_args(**{**HELD, option: value}))
+    done = invoke(*stream_words(qwen4_dir, chats, held, **{**HELD, option: value}))
     assert done.exit_code == 2 and "Traceback" not in done.stderr
     assert f"different config.{option}; pass --restart" in done.stderr, done.stderr
     assert (held / STREAM_MANIFEST).read_bytes() == before
@@ -553,11 +557,12 @@ def test_yielded_acknowledgements_let_the_builder_finish_with_one_sample_partiti
     """Partitions of one forward batch (mostly one sample), a window of one, two ranks acknowledging what
     they yield (the default): a rank that takes no sample of a partition acknowledges it too, and rank
     0, stopped right after a partition's last sample and resumed from its state, acknowledges that
-    partition; otherwise the builder would wait for them until its timeout."""
+    partition; otherwise the builder would wait for them until its timeout. The two ranks read as
+    many samples, though most partitions have one."""
     chats = write_chats(tmp_path / "chats.jsonl", 8, seed=5)
     out = tmp_path / "stream"
     read = {0: [], 1: []}
-    with Builder(qwen4_dir, chats, out, stream_config(partition_samples=1, window=1, wait_timeout=20)) as builder:
+    with building(qwen4_dir, chats, out, partition_samples=1, window=1, wait_timeout=20) as builder:
         wait_for(lambda: (out / STREAM_MANIFEST).exists(), "stream manifest", seconds=60)
         other = threading.Thread(target=lambda: read[1].extend(
             s["record_id"] for s in StreamingCacheDataset(out, "train", rank=1, world_size=2, timeout=30)))
@@ -570,5 +575,6 @@ def test_yielded_acknowledgements_let_the_builder_finish_with_one_sample_partiti
             read[0] += [s["record_id"] for s in resumed]
         finally:
             other.join(60)
-    assert builder.stats["stream"]["partitions"] > 8 - 2  # a few forward batches have two samples
+    assert builder.result["stream"]["partitions"] > 8 - 2  # a few forward batches have two samples
     assert set(read[0]).isdisjoint(read[1]) and sorted(read[0] + read[1]) == sorted(f"chat-{k}" for k in range(8))
+    assert len(read[0]) == len(read[1])  # the n-th sample of the epoch goes to rank n mod 2, whatever the partitions
