@@ -29,8 +29,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from fuelline.cache.dataset import CacheDataset
 from fuelline.formats.target_cache import MANIFEST, CacheFormatError
-from fuelline.formats.target_stream import (StreamError, consumer_dir, partition_name, read_stream_manifest,
-                                            register_consumer, write_ack)
+from fuelline.formats.target_stream import (STREAM_MANIFEST, StreamError, consumer_dir, partition_name,
+                                            read_stream_manifest, register_consumer, write_ack)
 
 SAY_AFTER, SAY_EVERY = 10.0, 60.0  # seconds of waiting before the first "waiting" line, and between lines
 STATE_KEYS = ("consumer", "world_size", "seed", "shuffle_partitions")  # what must match to resume a state
@@ -188,7 +188,14 @@ class StreamingCacheDataset(IterableDataset):
                       f"{waited:.0f} s)", file=sys.stderr, flush=True)
                 said = waited
             time.sleep(self.poll_seconds)
-        return CacheDataset(directory, io=self.io, verify_checksums=self.verify_checksums)
+        dataset = CacheDataset(directory, io=self.io, verify_checksums=self.verify_checksums)
+        if len(dataset) != self.sizes[epoch][partition]:  # the order is drawn from the stream's counts
+            dataset.close()
+            raise StreamError(directory, f"holds {len(dataset)} sample(s) where the stream's {STREAM_MANIFEST} says "
+                                         f"{self.sizes[epoch][partition]}: one of the two is damaged (the builder "
+                                         f"run again writes {STREAM_MANIFEST} anew); reading on would skip or repeat "
+                                         "samples")
+        return dataset
 
     def _read(self, dataset: CacheDataset, i: int, epoch: int, partition: int) -> dict:
         try:
