@@ -6,8 +6,9 @@ workers resumed, and the refusals.
 What the tests share is built once per module: offline caches of both formats (`build_cache`) and
 `held`, a stream of two epochs that nobody reads, so every partition stays published (a window
 larger than the stream, and a builder that stops waiting after half a second). Builders and
-trainers that must be SIGKILLed, or whose disk use is measured while they run, are real
-processes (`tests/cache/stream_trainer.py` is the trainer); the others run in this process.
+trainers that are SIGKILLed are real processes (`tests/cache/stream_trainer.py` is the trainer);
+a builder beside a reader in this process runs in a thread of it (`Background`): a start of a
+process less, seconds each.
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ def wait_for(condition, what: str, seconds: float = 120, process: subprocess.Pop
     deadline = time.monotonic() + seconds
     while not (found := condition()):
         if process is not None and process.poll() is not None:
-            raise AssertionError(f"ended ({process.returncode}) before {what}: {log.read_text()[-3000:] if log else ''}")
+            said = log.read_text()[-3000:] if log else ""
+            raise AssertionError(f"ended ({process.returncode}) before {what}: {said}")
         if time.monotonic() > deadline:
             raise AssertionError(f"no {what} after {seconds} s")
         time.sleep(0.002)
@@ -578,3 +580,17 @@ def test_yielded_acknowledgements_let_the_builder_finish_with_one_sample_partiti
     assert builder.result["stream"]["partitions"] > 8 - 2  # a few forward batches have two samples
     assert set(read[0]).isdisjoint(read[1]) and sorted(read[0] + read[1]) == sorted(f"chat-{k}" for k in range(8))
     assert len(read[0]) == len(read[1])  # the n-th sample of the epoch goes to rank n mod 2, whatever the partitions
+
+
+def test_a_stream_manifest_that_miscounts_a_partition_is_refused_naming_it(held, tmp_path):
+    """The readers draw their order from the stream manifest's counts: one that says fewer samples than
+    the partition holds would skip some silently, one that says more would read past its end."""
+    for wrong in (-2, 1):
+        out = tmp_path / f"stream{wrong}"
+        shutil.copytree(held, out)
+        manifest = read_stream_manifest(out)
+        manifest["partitions"][1]["samples"] += wrong
+        (out / STREAM_MANIFEST).write_text(json.dumps(manifest))
+        with pytest.raises(StreamError, match=f"^{out / manifest['partitions'][1]['name']}: holds .* sample\\(s\\) "
+                                              "where the stream's stream.json says"):
+            read_epochs(out)
