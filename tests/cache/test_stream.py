@@ -211,14 +211,14 @@ def test_disk_high_water_stays_under_window_plus_one_partition(qwen4_dir, chats,
 # --- exactly once through SIGKILLs ------------------------------------------------------------------
 
 def run_with_kills(model: Path, chats: Path, out: Path, logs: Path, kills: list[tuple[str, int]], pause: float,
-                   **options) -> dict[str, list]:
+                   acknowledge: str = "checkpoint", **options) -> dict[str, list]:
     """A builder and two trainer ranks, each SIGKILLed (its whole group) once the trainers have together
     consumed the number of samples its kill names, and started again at once; the trainers' checkpoints
     once every process has ended."""
     checkpoints = {rank: logs / f"trainer-{rank}.json" for rank in (0, 1)}
     argv = {"builder": stream_cli(model, chats, out, **options),
-            **{f"trainer-{rank}": [sys.executable, str(TRAINER), str(out), str(rank), "2", str(path), str(pause)]
-               for rank, path in checkpoints.items()}}
+            **{f"trainer-{rank}": [sys.executable, str(TRAINER), str(out), str(rank), "2", str(path), str(pause),
+                                   acknowledge] for rank, path in checkpoints.items()}}
 
     def consumed() -> int:
         total = 0
@@ -290,14 +290,16 @@ def _record_ids(cache: Path) -> list[str]:
 @pytest.mark.parametrize("seed", [1, 2])
 def test_many_random_sigkills_of_builder_and_trainers(qwen4_dir, tmp_path, seed):
     """A variation of test_two_trainer_ranks_read_each_sample_once_per_epoch_through_sigkills: more
-    conversations, three epochs, seven kills of any side, partitions of a random size."""
+    conversations, three epochs, seven kills of any side, partitions of a random size, and trainers
+    that acknowledge what they yield (seed 1) instead of their checkpoints."""
     rng = random.Random(seed)
     chats = write_chats(tmp_path / "chats.jsonl", 80, seed=seed)
     reference = tmp_path / "offline"
     build_cache(qwen4_dir, [str(chats)], reference, CacheConfig(**OPTIONS), progress=False)
     digests = {rid: sample_digest(CacheDataset(reference)[i]) for i, rid in enumerate(_record_ids(reference))}
     consumed = run_with_kills(qwen4_dir, chats, tmp_path / "stream", tmp_path, kill_plan(rng, 7, 3 * 80),
-                              rng.choice([0.0, 0.01, 0.03]), partition_samples=rng.randint(2, 12), epochs=3,
+                              rng.choice([0.0, 0.01, 0.03]), ["yielded", "checkpoint"][seed - 1],
+                              partition_samples=rng.randint(2, 12), epochs=3,
                               window=rng.randint(1, 3), wait_timeout=300)
     assert_each_sample_once_per_epoch(consumed, digests, 3)
 
