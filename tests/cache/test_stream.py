@@ -105,7 +105,7 @@ def fields(sample: dict) -> dict:
 
 def key_of(sample: dict):
     """A sample's identity: its record id (fuelline), or its token ids (deepspec-v2 keeps no id)."""
-    return sample.get("record_id") or bytes(sample["input_ids"].numpy().tobytes())
+    return sample.get("record_id") or sample["input_ids"].numpy().tobytes()
 
 
 def cache_samples(directory: Path) -> dict:
@@ -126,7 +126,7 @@ def chats(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def offline(qwen4_dir, chats, tmp_path_factory):
-    """The offline builds with the stream's options: {format: {key: sample fields}}."""
+    """The offline builds with the stream's options: {format: (directory, {key_of(sample): fields(sample)})}."""
     found = {}
     for fmt in ("fuelline", "deepspec-v2"):
         out = tmp_path_factory.mktemp("offline") / fmt
