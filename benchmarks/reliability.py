@@ -49,6 +49,11 @@ leaving no lock or temp file.
 It adds (l) `chat regenerate` resumed with another model, option or input (reliability_resume.py):
 refused, naming what differs, the output untouched; other request settings resume.
 
+Issue 37 adds (m) the streaming target cache (reliability_stream.py): `fuelline cache stream`
+resumed with other options, damaged partitions and manifest, odd values (window 1, one-sample
+partitions, a disk bound below a partition), its builder and trainer ranks SIGKILLed: every
+sample once per epoch, byte-equal to the offline build's, or a clear error.
+
 Outcomes of a trial are those of benchmarks/trials.py (ok, clear_error, silent_wrong, crash, hang,
 leftover).
 
@@ -87,6 +92,7 @@ import reliability_exports  # noqa: E402
 import reliability_resume  # noqa: E402
 import reliability_servers  # noqa: E402
 import reliability_stalls  # noqa: E402
+import reliability_stream  # noqa: E402
 import reliability_templates  # noqa: E402
 from trials import OUTCOMES, Tally, cli, damage_file, failure_outcome, free_port, isolated, judged, kill_after, run, table  # noqa: E402
 
@@ -506,6 +512,7 @@ FAMILIES = [
      reliability_chat_records),
     ("(k) the command line: odd values, wrong record types, stopped runs' locks", reliability_cli),
     ("(l) chat regenerate resumed with another model, option or input", reliability_resume),
+    ("(m) the streaming target cache: resumed with other options, damaged, odd values, killed", reliability_stream),
 ]
 ALL_SECTIONS = "abcd" + "".join(title[1] for title, _ in FAMILIES)
 

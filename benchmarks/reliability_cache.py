@@ -79,9 +79,9 @@ def fuzz_target_cache(work: Path, cache_dir: Path, examples: int, seed: int) -> 
     return tally
 
 
-def build_target_cache(work: Path, fmt: str = "fuelline") -> Path:
-    """A small real cache: a tiny local chat model over 40 conversations of the ShareGPT sample;
-    fp8 in the fuelline format, bf16 in deepspec-v2 (which has no scaled fp8)."""
+def cache_inputs(work: Path) -> tuple[Path, Path]:
+    """(conversations, model) of the cache families: 40 conversations of the ShareGPT sample and a
+    tiny local chat model trained on them, made once under `work`."""
     from fuelline.io import read_records
     from fuelline.models import tiny_chat_model
 
@@ -94,8 +94,15 @@ def build_target_cache(work: Path, fmt: str = "fuelline") -> Path:
         records = [r for _, r in zip(range(40), read_records(chats))]
         (work / "cache-in.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
         tiny_chat_model(model, [t["content"] for r in records for t in r["conversations"]])
+    return work / "cache-in.jsonl", model
+
+
+def build_target_cache(work: Path, fmt: str = "fuelline") -> Path:
+    """A small real cache: a tiny local chat model over 40 conversations of the ShareGPT sample;
+    fp8 in the fuelline format, bf16 in deepspec-v2 (which has no scaled fp8)."""
+    chats, model = cache_inputs(work)
     out = work / ("cache" if fmt == "fuelline" else f"cache-{fmt}")
-    code, stderr = run(cli("cache", "build", "--model", model, "-i", work / "cache-in.jsonl", "-o", out,
+    code, stderr = run(cli("cache", "build", "--model", model, "-i", chats, "-o", out,
                            "--layers", "0,1", "--max-length", 384, "--min-shards", 2, "--format", fmt,
                            "--hidden-dtype", "fp8" if fmt == "fuelline" else "bf16", "--quiet"))
     if code != 0:

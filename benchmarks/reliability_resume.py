@@ -15,13 +15,12 @@ Called by benchmarks/reliability.py; `scenarios()` is its entry point.
 from __future__ import annotations
 
 import shutil
-import typing
 from pathlib import Path
 
 import orjson
 
 from reliability_servers import echo_servers
-from trials import Tally, isolated
+from trials import Tally, changed_options, isolated
 
 COUNT = 8
 SENT_ALIKE = {"concurrency": 4, "attempts": 2, "request_timeout": 30.0}  # how requests go, not what is asked
@@ -65,39 +64,13 @@ def _unfinished(work: Path, name: str) -> Path:
     return out
 
 
-def changed_options() -> list[tuple[str, list[str]]]:
-    """(the name the refusal must give, the command-line words) for every option of RegenerateConfig
-    that decides the answers, each given a value other than its default."""
-    from fuelline.chat.regenerate import RegenerateConfig
-    from fuelline.pipeline.options import default_of, option_fields
-
-    found = []
-    for field, hint in option_fields(RegenerateConfig):
-        if not field.metadata.get("identity", True):
-            continue
-        flag = field.metadata.get("flag") or "--" + field.name.replace("_", "-")
-        default, choices = default_of(field), field.metadata.get("choices")
-        if choices:
-            words = [flag, next(c for c in choices if c != default)]
-        elif default is None and bool in typing.get_args(hint):
-            words = [flag]
-        elif isinstance(default, bool):
-            words = [flag if not default else "--no-" + flag[2:]]
-        elif isinstance(default, list):
-            words = [flag, ",".join(default[:1])]
-        elif field.name == "model":
-            words = [flag, "another-model"]
-        else:
-            low = field.metadata.get("min") or 0
-            words = [flag, str(max(low, 1) if default is None else default // 2 or 1)]
-        found.append((f"config.{field.name}", words))
-    return found
-
-
 def _changed(work: Path, base: list[str], url: str, other: Path) -> Tally:
     tally = Tally("chat regenerate resumed with another option or input")
     inputs = [str(other) if word == base[3] else word for word in base]  # `-i CHATS` is base[2:4]
-    trials = [(name, [*base, *words]) for name, words in changed_options()] + [("inputs", inputs)]
+    from fuelline.chat.regenerate import RegenerateConfig
+
+    changed = changed_options(RegenerateConfig, {"model": ["--model", "another-model"]})
+    trials = [(name, [*base, *words]) for name, words in changed] + [("inputs", inputs)]
     for k, (name, args) in enumerate(trials):
         out = _unfinished(work, f"changed-{k}")
         before = out.read_bytes()

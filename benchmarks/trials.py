@@ -19,6 +19,7 @@ import resource
 import signal
 import subprocess
 import sys
+import typing
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -63,6 +64,35 @@ def run(argv: list[str], *, limit_memory: bool = False, timeout: float = TIMEOUT
     except subprocess.TimeoutExpired:
         return None, f"hung for {timeout:.0f} s"
     return done.returncode, done.stderr
+
+
+def changed_options(config_class, given: dict[str, list[str]]) -> list[tuple[str, list[str]]]:
+    """(the name the refusal of a resume must give, the command-line words) for every option of
+    `config_class` that decides the output, each given a value other than its default; `given`: the
+    words of the options no rule here derives a value for (a model, a layer list)."""
+    from fuelline.pipeline.options import default_of, option_fields
+
+    found = []
+    for field, hint in option_fields(config_class):
+        if not field.metadata.get("identity", True):
+            continue
+        flag = field.metadata.get("flag") or "--" + field.name.replace("_", "-")
+        default, choices = default_of(field), field.metadata.get("choices")
+        if field.name in given:
+            words = given[field.name]
+        elif choices:
+            words = [flag, next(c for c in choices if c != default)]
+        elif default is None and bool in typing.get_args(hint):
+            words = [flag]
+        elif isinstance(default, bool):
+            words = [flag if not default else "--no-" + flag[2:]]
+        elif isinstance(default, list):
+            words = [flag, ",".join(default[:1])]
+        else:
+            low = field.metadata.get("min") or 0
+            words = [flag, str(max(low, 1) if default is None else default // 2 or 1)]
+        found.append((f"config.{field.name}", words))
+    return found
 
 
 def failure_outcome(returncode: int | None, stderr: str, names: str) -> str:

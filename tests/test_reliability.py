@@ -24,7 +24,10 @@ HALVES = {
     "abcd": {"kill -9 and resume", "fuzz", "bad corpus"},
     ALL_SECTIONS[4:]: {"templates", "servers", "export reruns", "vocab-map", "chat forms", "stalls", "prompts",
                        "chat records", "odd values of numeric options", "wrong record type per command",
-                       "chat regenerate resumed with another option or input"},
+                       "chat regenerate resumed with another option or input",
+                       "cache stream resumed with another option or input",
+                       "stream with a damaged partition or manifest, read whole",
+                       "stream with its builder and trainer ranks SIGKILLed at random moments"},
 }
 
 

@@ -1,8 +1,10 @@
 """Reading a streaming target cache while it is built: `StreamingCacheDataset`.
 
 The samples of an epoch come in groups of `shuffle_partitions` partitions, in the stream's order.
-Each group is shuffled from (seed, epoch, group), and rank r of R takes every R-th sample of it:
-the ranks' samples are disjoint and together are every sample of the epoch, once. A rank's
+Each group is shuffled from (seed, epoch, group), and rank r of R takes every R-th sample of the
+epoch's sequence of shuffled groups (the n-th goes to rank n mod R, so the ranks' counts differ by
+at most one, and DDP ranks take the same number of steps): the ranks' samples are disjoint and
+together are every sample of the epoch, once. A rank's
 samples form one sequence per epoch; its *position* (how many it has consumed) is its state, so
 a checkpoint resumes at the right sample with any number of DataLoader workers. Workers take
 `batch_size` consecutive positions in turn, which is the order a DataLoader with that batch size
@@ -27,8 +29,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from fuelline.cache.dataset import CacheDataset
 from fuelline.formats.target_cache import MANIFEST, CacheFormatError
-from fuelline.formats.target_stream import (STREAM_MANIFEST, StreamError, consumer_dir, partition_name, read_stream_manifest,
-                                            register_consumer, write_ack)
+from fuelline.formats.target_stream import (STREAM_MANIFEST, StreamError, consumer_dir, partition_name,
+                                            read_stream_manifest, register_consumer, write_ack)
 
 SAY_AFTER, SAY_EVERY = 10.0, 60.0  # seconds of waiting before the first "waiting" line, and between lines
 STATE_KEYS = ("consumer", "world_size", "seed", "shuffle_partitions")  # what must match to resume a state
@@ -77,11 +79,13 @@ class StreamingCacheDataset(IterableDataset):
     def groups(self, epoch: int) -> list[tuple[list[int], np.ndarray, np.ndarray]]:
         """Each group of `epoch`: (its partitions, and this rank's samples in order as partition and
         sample arrays)."""
-        sizes, out = self.sizes[epoch], []
+        sizes, out, before = self.sizes[epoch], [], 0
         for g, first in enumerate(range(0, len(sizes), self.shuffle_partitions)):
             members = list(range(first, min(first + self.shuffle_partitions, len(sizes))))
             bounds = np.cumsum([0] + [sizes[p] for p in members])
-            order = np.random.default_rng([self.seed, epoch, g]).permutation(int(bounds[-1]))[self.rank::self.world_size]
+            shuffled = np.random.default_rng([self.seed, epoch, g]).permutation(int(bounds[-1]))
+            order = shuffled[(self.rank - before) % self.world_size::self.world_size]
+            before += int(bounds[-1])
             which = np.searchsorted(bounds, order, side="right") - 1
             out.append((members, np.asarray(members)[which], order - bounds[which]))
         return out
@@ -156,9 +160,11 @@ class StreamingCacheDataset(IterableDataset):
                     yield sample
                 for dataset in opened.values():
                     dataset.close()
-                if self.acknowledge_mode == "yielded":
-                    for p in members:
-                        self._ack(epoch, p, worker, workers)
+            # also a group read before `start` (a resumed state's) or of which this rank takes no sample:
+            # without its acknowledgement the builder would wait for this rank forever
+            if self.acknowledge_mode == "yielded":
+                for p in members:
+                    self._ack(epoch, p, worker, workers)
             position = end
 
     def _open(self, epoch: int, partition: int) -> CacheDataset:
@@ -177,7 +183,14 @@ class StreamingCacheDataset(IterableDataset):
             return f"the stream says: {found}"
 
         self._wait(lambda: (directory / MANIFEST).exists(), name, state)
-        return CacheDataset(directory, io=self.io, verify_checksums=self.verify_checksums)
+        dataset = CacheDataset(directory, io=self.io, verify_checksums=self.verify_checksums)
+        if len(dataset) != self.sizes[epoch][partition]:  # the order is drawn from the stream's counts
+            dataset.close()
+            raise StreamError(directory, f"holds {len(dataset)} sample(s) where the stream's {STREAM_MANIFEST} says "
+                                         f"{self.sizes[epoch][partition]}: one of the two is damaged (the builder "
+                                         f"run again writes {STREAM_MANIFEST} anew); reading on would skip or repeat "
+                                         "samples")
+        return dataset
 
     def _wait(self, ready, what: str, why) -> None:
         """Poll until `ready()`, saying on stderr what is waited for (`why()`: the latest news, which may
