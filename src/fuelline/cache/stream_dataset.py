@@ -176,9 +176,10 @@ class StreamingCacheDataset(IterableDataset):
             found = next(p["state"] for p in read_stream_manifest(self.path)["partitions"] if p["name"] == name)
             if found in ("acknowledged", "deleted"):
                 raise StreamError(directory, f"deleted before consumer {self.consumer!r} rank {self.rank} read it: "
-                                             "every consumer had acknowledged it, so this reader resumed from a state "
-                                             "older than its acknowledgements (acknowledge='checkpoint' ties them to "
-                                             "the trainer's checkpoints); build the stream again with --restart to "
+                                             "every consumer the builder waited for had acknowledged it, so this "
+                                             "reader resumed from a state older than its acknowledgements "
+                                             "(acknowledge='checkpoint' ties them to the trainer's checkpoints) or "
+                                             "joined after it was deleted; build the stream again with --restart to "
                                              "read it")
             return f"the stream says: {found}"
 
