@@ -163,8 +163,7 @@ def _run(ranks: Ranks, model: Path, inputs, config: StreamConfig, progress: bool
     if state.get("finished"):
         return state["finished"]
     partitions = Partitions(Plan.load(output), config)
-    if builder is not None:
-        builder.start(partitions)
+    on_rank_zero(ranks, lambda: builder.start(partitions))
     target = load_target(ranks, model, config, progress)
     while True:
         job = on_rank_zero(ranks, lambda: builder.next_job(ranks.world_size))
