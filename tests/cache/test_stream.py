@@ -596,3 +596,23 @@ def test_a_stream_manifest_that_miscounts_a_partition_is_refused_naming_it(held,
         with pytest.raises(StreamError, match=f"^{out / manifest['partitions'][1]['name']}: holds .* sample\\(s\\) "
                                               "where the stream's stream.json says"):
             read_epochs(out)
+
+
+@pytest.mark.slow  # two torchrun starts; the two-rank proof of the build itself stays in the default part
+@pytest.mark.timeout(600)
+def test_two_torchrun_ranks_stream_the_partitions_of_one_process(qwen4_dir, chats, held, tmp_path):
+    """Two builder ranks share each partition's shards: every partition, every epoch, equals the one-process
+    stream's file for file (the plan, and so the bytes, never depend on the ranks)."""
+    out, log = tmp_path / "stream", tmp_path / "torchrun.log"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "fuelline",
+               *stream_words(qwen4_dir, chats, out, **HELD)]
+    process = start(command, log)
+    try:
+        process.wait(timeout=540)
+    finally:
+        kill(process)
+    assert "waiting for consumer 'train' (not started)" in log.read_text(), log.read_text()[-2000:]
+    names = [p["name"] for p in published(held)]
+    assert names and [p["name"] for p in published(out)] == names
+    for name in names:
+        assert files_of(out / name) == files_of(held / name), name
