@@ -32,9 +32,9 @@ import os
 import torch
 from torch.utils.data import Dataset
 
-from fuelline.cache.dataset import CacheDataset, widened
+from fuelline.cache.dataset import CacheDataset
+from fuelline.cache.trainer_states import NonFiniteState, bf16_state, finite
 from fuelline.formats.specforge import METHODS, STATE_KEYS
-from fuelline.formats.target_cache import CacheFormatError
 
 DEFAULT_MAX_LEN = 2048  # SpecForge's default --max-length
 
@@ -43,25 +43,6 @@ def check_method(method: str) -> str:
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, not {method!r}")
     return method
-
-
-class NonFiniteState(CacheFormatError):
-    """A hidden state holding NaN or Inf: SpecForge would train on it (or skip it with a warning)."""
-
-    def __init__(self, cache: str | os.PathLike, sample: int, record_id: str | None, key: str, count: int):
-        self.cache, self.sample, self.record_id, self.key, self.count = os.fspath(cache), sample, record_id, key, count
-        named = f" (record id {record_id!r})" if record_id is not None else ""
-        super().__init__(cache, f"sample {sample}{named}: {key} holds {count:,} NaN or Inf value(s) "
-                                "(the target overflowed there)")
-
-    def __reduce__(self):
-        return type(self), (self.cache, self.sample, self.record_id, self.key, self.count)
-
-
-def _widened(sample: dict, name: str, fresh: bool) -> torch.Tensor:
-    """One hidden-state field in bf16 (`widened`); `fresh`: in storage of its own, never a view of the cache."""
-    value = widened(sample, name).to(torch.bfloat16)
-    return value.clone() if fresh and value is sample[name] else value
 
 
 def specforge_record(sample: dict, method: str, *, where: tuple[str | os.PathLike, int], fresh: bool = True) -> dict:
@@ -73,15 +54,11 @@ def specforge_record(sample: dict, method: str, *, where: tuple[str | os.PathLik
         raise ValueError(f"{where[0]}: sample {where[1]} has no target_last_hidden_states, which {method} "
                          "trains on; export it for dflash, which needs only the captured layers")
     record = {"input_ids": sample["input_ids"].to(torch.int64), "loss_mask": sample["loss_mask"].to(torch.int64)}
-    states = {aux_key: _widened(sample, "target_hidden_states", fresh)}
+    states = {aux_key: bf16_state(sample, "target_hidden_states", fresh)}
     if last_key is not None:
-        states[last_key] = _widened(sample, "target_last_hidden_states", fresh)
+        states[last_key] = bf16_state(sample, "target_last_hidden_states", fresh)
     for key, value in states.items():
-        # A NaN or Inf makes the sum non-finite; only then are the values counted (a finite tensor's sum
-        # can overflow too). The sum is a thirtieth of the cost of isfinite over every value.
-        if not bool(torch.isfinite(value.sum())) and (bad := int((~torch.isfinite(value)).sum())):
-            raise NonFiniteState(where[0], where[1], sample.get("record_id"), key, bad)
-        record[key] = value.unsqueeze(0)
+        record[key] = finite(value, sample, where=where, key=key).unsqueeze(0)
     return record
 
 
