@@ -27,19 +27,36 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from fuelline.cache.dataset import CacheDataset
 from fuelline.formats.target_cache import MANIFEST, CacheFormatError
-from fuelline.formats.target_stream import (StreamError, consumer_dir, partition_name, read_stream_manifest,
-                                            register_consumer, write_ack)
+from fuelline.formats.target_stream import (STREAM_MANIFEST, StreamError, consumer_dir, partition_name,
+                                            read_stream_manifest, register_consumer, write_ack)
 
 SAY_AFTER, SAY_EVERY = 10.0, 60.0  # seconds of waiting before the first "waiting" line, and between lines
 STATE_KEYS = ("consumer", "world_size", "seed", "shuffle_partitions")  # what must match to resume a state
+
+
+def wait_for_manifest(path: Path, timeout: float | None, poll_seconds: float) -> Path:
+    """`path` once its builder has planned it (written stream.json): a trainer started beside
+    `fuelline cache stream` waits for the conversations to be encoded instead of failing."""
+    started, said = time.monotonic(), 0.0
+    while not (path / STREAM_MANIFEST).exists():
+        waited = time.monotonic() - started
+        if timeout is not None and waited > timeout:
+            raise StreamError(path / STREAM_MANIFEST, f"missing after {waited:.0f} s: not a streaming target cache, "
+                                                      "or `fuelline cache stream` has not planned it (is it running?)")
+        if waited - said >= (SAY_EVERY if said else SAY_AFTER):
+            print(f"stream consumer: waiting for {path / STREAM_MANIFEST} ({waited:.0f} s); is `fuelline cache "
+                  "stream` running?", file=sys.stderr, flush=True)
+            said = waited
+        time.sleep(poll_seconds)
+    return path
 
 
 class StreamingCacheDataset(IterableDataset):
     """The samples of a streaming target cache (`fuelline cache stream`), each once per epoch across
     `world_size` ranks; see the module docstring. Samples are `CacheDataset`'s, plus their
     `stream_position`. `consumer`: one of the names the stream was built for (its `--consumers`);
-    `timeout`: seconds to wait for a partition before an error (None: as long as it takes, saying
-    so on stderr)."""
+    `timeout`: seconds to wait for the stream's manifest, and then for each partition, before an
+    error (None: as long as it takes, saying so on stderr)."""
 
     def __init__(self, path: str | os.PathLike, consumer: str = "train", *, rank: int = 0, world_size: int = 1,
                  seed: int = 0, shuffle_partitions: int = 1, batch_size: int = 1, acknowledge: str = "yielded",
@@ -53,7 +70,7 @@ class StreamingCacheDataset(IterableDataset):
         if acknowledge not in ("yielded", "checkpoint"):
             raise ValueError(f"acknowledge must be 'yielded' or 'checkpoint', not {acknowledge!r}")
         self.path = Path(path)
-        manifest = read_stream_manifest(self.path)
+        manifest = read_stream_manifest(wait_for_manifest(self.path, timeout, poll_seconds))
         if consumer not in manifest["consumers"]:
             raise StreamError(self.path, f"consumer {consumer!r} is not one this stream is built for "
                                          f"({', '.join(manifest['consumers'])}): its builder would delete "
