@@ -79,6 +79,7 @@ class StreamingCacheDataset(IterableDataset):
             raise StreamError(self.path, f"shuffle_partitions {shuffle_partitions} is more than the stream's "
                                          f"window ({manifest['window']}): the builder could never publish a whole "
                                          "group; lower it or build with a larger --window")
+        self.manifest = manifest  # the stream's when opened: the target, its layers and hidden size, the plan
         self.consumer, self.rank, self.world_size, self.seed = consumer, rank, world_size, seed
         self.shuffle_partitions, self.batch_size, self.acknowledge_mode = shuffle_partitions, batch_size, acknowledge
         self.timeout, self.poll_seconds, self.io, self.verify_checksums = timeout, poll_seconds, io, verify_checksums
