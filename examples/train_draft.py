@@ -23,12 +23,25 @@ CUDA). For example (about 4 s a step on 2 CPU cores: 300 steps take some 20 minu
 minute; the README's worked example trains 15):
 
     python examples/train_draft.py --cache runs/cache --steps 300 --json-out runs/draft.json
+
+With `--stream DIR` it trains while `fuelline cache stream` builds the cache into a bounded window
+(docs/cache.md, "Training on a bounded disk"): `StreamingCacheDataset` in batches of
+`--batch-size` samples, through every epoch of the stream. `--checkpoint PATH` saves the draft,
+its optimizer and the stream's position every `--checkpoint-every` steps and at the end, and a
+run that finds the file resumes there; with `--acknowledge checkpoint` a partition may be deleted
+only once a saved checkpoint is past it, so a trainer killed at any point resumes without losing
+or repeating a sample:
+
+    fuelline cache stream --model M -i CHATS -o runs/stream --layers 1,9,17 --partition-samples 4096 --window 4 &
+    python examples/train_draft.py --stream runs/stream --checkpoint runs/draft.pt --acknowledge checkpoint
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -36,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fuelline.cache import CacheCollator, CacheDataset, LengthGroupedBatchSampler, widen_hidden
+from fuelline.cache import CacheCollator, CacheDataset, LengthGroupedBatchSampler, StreamingCacheDataset, widen_hidden
 from fuelline.cache.plan import model_config, model_fingerprint
 from fuelline.loader import CUDAPrefetcher
 
@@ -82,17 +95,17 @@ def shift(batch: dict):
             batch["target_last_hidden_states"][:, 1:], batch["loss_mask"][:, 1:].bool())
 
 
-def misfit(dataset: CacheDataset, target: Path, text) -> list[str]:
-    """Why the cache was not built from this target (empty when it fits): its config (`text`) first,
-    then, when those agree and the manifest has one, the fingerprint of its weights."""
+def misfit(manifest: dict, target: Path, text) -> list[str]:
+    """Why the cache (or stream) of `manifest` was not built from this target (empty when it fits): its
+    config (`text`) first, then, when those agree and the manifest has one, the fingerprint of its weights."""
     problems = []
-    if dataset.hidden_size != text.hidden_size:
-        problems.append(f"hidden size: the cache has {dataset.hidden_size}, {target} has {text.hidden_size}")
-    outside = [k for k in dataset.target_layer_ids if not -1 <= k < text.num_hidden_layers - 1]
+    if manifest["hidden_size"] != text.hidden_size:
+        problems.append(f"hidden size: the cache has {manifest['hidden_size']}, {target} has {text.hidden_size}")
+    outside = [k for k in manifest["target_layer_ids"] if not -1 <= k < text.num_hidden_layers - 1]
     if outside:
         problems.append(f"layer ids {outside} of the cache are not capturable layers of {target} "
                         f"({text.num_hidden_layers} decoder layers)")
-    recorded = dataset.manifest.get("model_fingerprint")  # fuelline format: sha256 of config and weights
+    recorded = manifest.get("model_fingerprint")  # fuelline format and streams: sha256 of config and weights
     if not problems and recorded and recorded != model_fingerprint(target):
         problems.append(f"{target} is not the model the cache was built from (its weights differ)")
     return problems
@@ -100,17 +113,95 @@ def misfit(dataset: CacheDataset, target: Path, text) -> list[str]:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cache", required=True, type=Path, help="target cache directory")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--cache", type=Path, help="target cache directory")
+    source.add_argument("--stream", type=Path, help="a streaming target cache (`fuelline cache stream`), read while "
+                                                    "it is built")
     parser.add_argument("--target-model", type=Path, help="default: the manifest's target_model_name_or_path")
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--steps", type=int,
+                        help="at most this many (default: 300 from a cache, every epoch of a stream)")
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per batch")
+    parser.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per batch (from a cache)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=2, help="DataLoader worker processes")
     parser.add_argument("--log-every", type=int, default=50, help="steps per reported interval")
     parser.add_argument("--json-out", type=Path, help="write the metrics here: first = step 1, final = the last interval")
-    return parser.parse_args(argv)
+    stream = parser.add_argument_group("with --stream")
+    stream.add_argument("--consumer", default="train", help="the name this trainer reads and acknowledges under "
+                                                            "(one of the stream's --consumers)")
+    stream.add_argument("--batch-size", type=int, default=8, help="samples per batch")
+    stream.add_argument("--checkpoint", type=Path, help="the draft, its optimizer and the stream's position, saved "
+                                                        "here every --checkpoint-every steps and at the end; a run "
+                                                        "that finds it resumes from it")
+    stream.add_argument("--checkpoint-every", type=int, default=50)
+    stream.add_argument("--acknowledge", choices=("yielded", "checkpoint"), default="yielded",
+                        help="a partition may be deleted once read (yielded), or once a saved checkpoint is past it")
+    args = parser.parse_args(argv)
+    if args.stream is None and args.checkpoint is not None:
+        parser.error("--checkpoint resumes a --stream run (a cache is read in a sampler's order)")
+    if args.acknowledge == "checkpoint" and args.checkpoint is None:
+        parser.error("--acknowledge checkpoint needs --checkpoint: the acknowledgements follow the saved checkpoints")
+    return args
+
+
+def cache_batches(args, dataset: CacheDataset):
+    """The cache's batches under a token budget, epoch after epoch."""
+    sampler = LengthGroupedBatchSampler(dataset.lengths, max_tokens=args.max_tokens, seed=args.seed)
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=CacheCollator(),
+                                         num_workers=args.workers, persistent_workers=args.workers > 0)
+    for epoch in itertools.count():
+        sampler.set_epoch(epoch)
+        yield from loader
+
+
+def stream_batches(args, dataset: StreamingCacheDataset):
+    """The stream's batches as its builder publishes them, from the dataset's position to the end of
+    its last epoch (workers start again each epoch, with the dataset's epoch)."""
+    loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, collate_fn=CacheCollator(),
+                                         num_workers=args.workers)
+    for epoch in range(dataset.epoch, dataset.epochs):
+        dataset.set_epoch(epoch)
+        yield from loader
+
+
+class Checkpoint:
+    """The trained weights, the optimizer and the stream's position in one file, replaced atomically."""
+
+    def __init__(self, path: Path, draft: nn.Module, optimizer, dataset: StreamingCacheDataset, acknowledge: bool):
+        self.path, self.draft, self.optimizer, self.dataset = path, draft, optimizer, dataset
+        self.acknowledge = acknowledge
+
+    def load(self) -> int:
+        """The step the checkpoint was saved at (0 when there is none), its state loaded."""
+        if not self.path.exists():
+            return 0
+        state = torch.load(self.path, weights_only=True)
+        self.draft.load_state_dict(state["draft"], strict=False)  # the frozen embedding and head are the target's
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.dataset.load_state_dict(state["stream"])
+        print(f"resumed from {self.path}: step {state['step']}, epoch {state['stream']['epoch']}, sample "
+              f"{state['stream']['position']:,} of this rank's", flush=True)
+        return state["step"]
+
+    def save(self, step: int, batch: dict) -> None:
+        """After `batch`; then, with acknowledge, what the checkpoint is past may be deleted."""
+        stream = self.dataset.state_dict(after=batch)
+        trained = {name: p for name, p in self.draft.named_parameters() if p.requires_grad}
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        torch.save({"draft": trained, "optimizer": self.optimizer.state_dict(), "step": step, "stream": stream},
+                   temporary)
+        os.replace(temporary, self.path)
+        if self.acknowledge:
+            self.dataset.acknowledge(stream)
+
+
+def reported(step: int, interval: list[tuple[float, int, int]]) -> dict:
+    """The interval's KL and top-1 per supervised position, printed."""
+    total, agreed, positions = map(sum, zip(*interval))
+    print(f"step {step:>5} | KL {total / positions:.4f} nats | top-1 {agreed / positions:.2%} "
+          f"| {positions:,} supervised positions", flush=True)
+    return {"step": step, "loss": total / positions, "top1": agreed / positions}
 
 
 def main(argv=None) -> dict:
@@ -122,40 +213,51 @@ def main(argv=None) -> dict:
     cuda = device.type == "cuda"
     torch.manual_seed(args.seed)
 
-    dataset = CacheDataset(args.cache)
+    if args.stream:
+        dataset = StreamingCacheDataset(args.stream, args.consumer, seed=args.seed, batch_size=args.batch_size,
+                                        acknowledge=args.acknowledge)
+        source, steps = args.stream, args.steps
+    else:
+        dataset = CacheDataset(args.cache)
+        source, steps = args.cache, 300 if args.steps is None else args.steps
     target = args.target_model or Path(dataset.manifest["target_model_name_or_path"])
     if not (target / "config.json").exists():
         sys.exit(f"target model {target}: no config.json there; pass --target-model DIR")
     _, text = model_config(target)
-    problems = misfit(dataset, target, text)
+    problems = misfit(dataset.manifest, target, text)
     if problems:
-        sys.exit(f"the cache {args.cache} does not fit the target model, nothing trained:\n  " + "\n  ".join(problems))
+        sys.exit(f"the cache {source} does not fit the target model, nothing trained:\n  " + "\n  ".join(problems))
 
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
     embedding = model.get_input_embeddings().weight.detach()
     head = model.get_output_embeddings().weight.detach()
-    draft = Draft(len(dataset.target_layer_ids), text, embedding, head).to(device)
+    draft = Draft(len(dataset.manifest["target_layer_ids"]), text, embedding, head).to(device)
     del model
     trained = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trained, lr=args.lr, weight_decay=0.0)
     hidden_dtype = torch.bfloat16 if cuda else torch.float32
 
-    sampler = LengthGroupedBatchSampler(dataset.lengths, max_tokens=args.max_tokens, seed=args.seed)
-    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=CacheCollator(),
-                                         num_workers=args.workers, persistent_workers=args.workers > 0)
-    print(f"{device.type}: {len(dataset):,} samples, layers {dataset.target_layer_ids}, hidden {dataset.hidden_size}, "
-          f"{dataset.manifest['hidden_dtype']}; {sum(p.numel() for p in trained):,} trained parameters", flush=True)
+    checkpoint, step = None, 0
+    if args.stream:
+        if args.checkpoint:
+            checkpoint = Checkpoint(args.checkpoint, draft, optimizer, dataset, args.acknowledge == "checkpoint")
+            step = checkpoint.load()
+        batches = stream_batches(args, dataset)
+        samples = f"stream {args.stream} as {args.consumer!r}, {dataset.epochs} epoch(s) of {dataset.rank_samples():,}"
+    else:
+        batches = cache_batches(args, dataset)
+        samples = f"{len(dataset):,}"
+    print(f"{device.type}: {samples} samples, layers {dataset.manifest['target_layer_ids']}, hidden "
+          f"{dataset.manifest['hidden_size']}, {dataset.manifest['hidden_dtype']}; "
+          f"{sum(p.numel() for p in trained):,} trained parameters", flush=True)
 
-    history, interval, step, epoch = [], [], 0, 0
-    while step < args.steps:
-        sampler.set_epoch(epoch)
-        epoch += 1
-        for batch in CUDAPrefetcher(loader, device, transform=widen_hidden):
-            hidden, next_ids, last, mask = shift(batch)
-            if not mask.any():  # nothing supervised after the shift: no step
-                continue
+    history, interval, samples, batch = [], [], 0, None
+    for batch in CUDAPrefetcher(batches, device, transform=widen_hidden):
+        samples += len(batch["input_ids"])
+        hidden, next_ids, last, mask = shift(batch)
+        if mask.any():  # else nothing supervised after the shift: no step
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
                 states = draft(hidden.to(hidden_dtype), next_ids)
                 draft_logits = (states[mask] @ draft.head.T).float()
@@ -170,17 +272,21 @@ def main(argv=None) -> dict:
             step += 1
             agree = int((draft_logits.argmax(-1) == target_logits.argmax(-1)).sum())
             interval.append((loss.item() * len(draft_logits), agree, len(draft_logits)))
-            if step == 1 or step % args.log_every == 0 or step == args.steps:
-                total, agreed, positions = map(sum, zip(*interval))
-                history.append({"step": step, "loss": total / positions, "top1": agreed / positions})
-                print(f"step {step:>5} | KL {total / positions:.4f} nats | top-1 {agreed / positions:.2%} "
-                      f"| {positions:,} supervised positions", flush=True)
+            if not history or step % args.log_every == 0 or step == steps:
+                history.append(reported(step, interval))
                 interval = []
-            if step == args.steps:
+            if checkpoint and step % args.checkpoint_every == 0:
+                checkpoint.save(step, batch)
+            if step == steps:
                 break
+    if interval:  # the stream ended inside an interval
+        history.append(reported(step, interval))
+    if checkpoint and batch is not None:
+        checkpoint.save(step, batch)
 
-    metrics = {"steps": step, "first_loss": history[0]["loss"], "final_loss": history[-1]["loss"],
-               "first_top1": history[0]["top1"], "final_top1": history[-1]["top1"], "history": history,
+    first, final = (history[0], history[-1]) if history else ({}, {})  # none: a resumed stream had nothing left
+    metrics = {"steps": step, "samples": samples, "first_loss": first.get("loss"), "final_loss": final.get("loss"),
+               "first_top1": first.get("top1"), "final_top1": final.get("top1"), "history": history,
                "device": device.type}
     if args.json_out:
         args.json_out.write_text(json.dumps(metrics, indent=2) + "\n")

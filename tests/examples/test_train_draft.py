@@ -1,5 +1,7 @@
 """examples/train_draft.py on caches of a tiny 4-layer Qwen3: the draft learns (bf16 and fp8 caches),
-and a target model the cache was not built from is refused before any step."""
+a target model the cache was not built from is refused before any step, and the draft trains while
+`fuelline cache stream` builds the cache, resuming from its checkpoint after a stop or a SIGKILL
+with every sample trained on once."""
 
 from __future__ import annotations
 
@@ -7,8 +9,10 @@ import importlib.util
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +21,8 @@ torch = pytest.importorskip("torch")
 
 from fuelline.cache.build import build_cache  # noqa: E402
 from fuelline.cache.plan import CacheConfig  # noqa: E402
+from fuelline.formats.target_stream import read_stream_manifest  # noqa: E402
+from fuelline.serve.processes import with_parent_death_signal  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_draft.py"
 DAYS = "Monday Tuesday Wednesday Thursday Friday Saturday Sunday".split()
@@ -140,3 +146,81 @@ def test_a_target_of_the_same_shape_with_other_weights_is_refused(script, fp8_ca
 
     other = tiny_qwen3(tmp_path / "reseeded", qwen_dir, seed=1, layers=4)
     assert "is not the model the cache was built from" in refused(script, fp8_cache, other, tmp_path, capsys)
+
+
+# -- training while the cache streams -----------------------------------------------------------------
+
+STREAM_SAMPLES = 48  # 4 partitions of 12, 12 batches of 4
+
+
+def stream_builder(target: Path, chats: Path, out: Path) -> subprocess.Popen:
+    """`fuelline cache stream` of `chats` in the background: partitions of 12, a window of 2."""
+    argv = [sys.executable, "-m", "fuelline", "cache", "stream", "--model", str(target), "-i", str(chats), "-o",
+            str(out), "--layers", "-1,0,2", "--min-loss-tokens", "1", "--min-shards", "2", "--device", "cpu",
+            "--partition-samples", "12", "--window", "2", "--wait-timeout", "120", "-q"]
+    return subprocess.Popen(with_parent_death_signal(argv), env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def stream_arguments(stream: Path, target: Path, tmp_path: Path, *extra: str) -> list[str]:
+    return ["--stream", str(stream), "--target-model", str(target), "--device", "cpu", "--workers", "0",
+            "--batch-size", "4", "--lr", "1e-2", "--log-every", "1", "--checkpoint", str(tmp_path / "draft.pt"),
+            "--acknowledge", "checkpoint", *extra]
+
+
+def finished_stream(builder: subprocess.Popen, stream: Path) -> None:
+    """The builder ends once every partition is acknowledged, and deletes every one."""
+    _, err = builder.communicate(timeout=300)
+    assert builder.returncode == 0, err[-3000:]
+    assert {p["state"] for p in read_stream_manifest(stream)["partitions"]} == {"deleted"}
+    assert not list(stream.glob("epoch-*"))
+
+
+def test_the_draft_trains_while_the_cache_streams_and_resumes_from_its_checkpoint(script, qwen4_dir, tmp_path):
+    """Started beside the builder (before the stream is planned), stopped at step 5, resumed to the end
+    of the stream: 12 batches, each sample once, and the resumed run starts from the trained weights."""
+    chats = write_chats(tmp_path / "chats.jsonl", STREAM_SAMPLES, seed=1)
+    stream = tmp_path / "stream"
+    builder = stream_builder(qwen4_dir, chats, stream)
+    try:
+        first = script.main(stream_arguments(stream, qwen4_dir, tmp_path, "--steps", "5", "--checkpoint-every", "2"))
+        second = script.main(stream_arguments(stream, qwen4_dir, tmp_path, "--checkpoint-every", "2"))
+        finished_stream(builder, stream)
+    finally:
+        builder.kill()
+        builder.wait()
+    assert (first["steps"], first["samples"]) == (5, 20)
+    assert (second["steps"], second["samples"]) == (12, STREAM_SAMPLES - 20)
+    assert second["first_loss"] < 0.8 * first["first_loss"], (first["history"], second["history"])
+    assert torch.load(tmp_path / "draft.pt", weights_only=True)["stream"]["position"] == STREAM_SAMPLES
+
+
+@pytest.mark.slow
+def test_a_trainer_killed_mid_stream_resumes_without_losing_a_sample(script, qwen4_dir, tmp_path):
+    """SIGKILL at a random point after a checkpoint: with acknowledge="checkpoint" every partition past
+    the last checkpoint is still on disk, and the resumed run trains on exactly the samples after it."""
+    chats = write_chats(tmp_path / "chats.jsonl", STREAM_SAMPLES, seed=2)
+    stream, saved = tmp_path / "stream", tmp_path / "draft.pt"
+    builder = stream_builder(qwen4_dir, chats, stream)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    trainer = subprocess.Popen(with_parent_death_signal([sys.executable, str(SCRIPT), *stream_arguments(
+        stream, qwen4_dir, tmp_path, "--checkpoint-every", "1")]), env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    kill_after = random.Random().randint(1, 9)  # checkpoints; the kill lands somewhere in the step after
+    try:
+        deadline = time.monotonic() + 300
+        while trainer.poll() is None and time.monotonic() < deadline and not (
+                saved.exists() and torch.load(saved, weights_only=True)["step"] >= kill_after):
+            time.sleep(0.05)
+        assert trainer.poll() is None, trainer.communicate()[1][-3000:]
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait()
+        position = torch.load(saved, weights_only=True)["stream"]["position"]
+        assert position < STREAM_SAMPLES, "the trainer finished before the kill: nothing was tested"
+        resumed = script.main(stream_arguments(stream, qwen4_dir, tmp_path, "--checkpoint-every", "1"))
+        finished_stream(builder, stream)
+    finally:
+        for process in (trainer, builder):
+            process.kill()
+            process.wait()
+    assert resumed["samples"] == STREAM_SAMPLES - position

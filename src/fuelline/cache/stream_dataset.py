@@ -40,8 +40,8 @@ class StreamingCacheDataset(IterableDataset):
     """The samples of a streaming target cache (`fuelline cache stream`), each once per epoch across
     `world_size` ranks; see the module docstring. Samples are `CacheDataset`'s, plus their
     `stream_position`. `consumer`: one of the names the stream was built for (its `--consumers`);
-    `timeout`: seconds to wait for a partition before an error (None: as long as it takes, saying
-    so on stderr)."""
+    `timeout`: seconds to wait for the stream's manifest, and then for each partition, before an
+    error (None: as long as it takes, saying so on stderr)."""
 
     def __init__(self, path: str | os.PathLike, consumer: str = "train", *, rank: int = 0, world_size: int = 1,
                  seed: int = 0, shuffle_partitions: int = 1, batch_size: int = 1, acknowledge: str = "yielded",
@@ -68,6 +68,7 @@ class StreamingCacheDataset(IterableDataset):
             raise StreamError(self.path, f"shuffle_partitions {shuffle_partitions} is more than the stream's "
                                          f"window ({manifest['window']}): the builder could never publish a whole "
                                          "group; lower it or build with a larger --window")
+        self.manifest = manifest  # the stream's when opened: the target, its layers and hidden size, the plan
         self.shuffle_partitions, self.batch_size, self.acknowledge_mode = shuffle_partitions, batch_size, acknowledge
         self.io, self.verify_checksums = io, verify_checksums
         self.epochs = manifest["epochs"]
