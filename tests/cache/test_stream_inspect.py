@@ -96,3 +96,22 @@ def test_estimate_gives_the_streaming_disk_beside_the_offline_bytes():
     assert "10 partition(s)" in line and "(100,000 tokens)" in line, line
     assert "30.00% of" in line, line
     assert "a partition takes about 20 s at 5,000 tokens/s" in line, line
+
+
+def test_a_reader_waiting_on_a_stream_whose_builder_stopped_is_told_so(held, tmp_path):
+    import shutil
+
+    from fuelline.cache.stream_dataset import StreamingCacheDataset
+    from fuelline.formats.target_stream import BUILDER, StreamError
+
+    out, _ = held
+    copy = tmp_path / "stream"
+    shutil.copytree(out, copy)
+    assert not (copy / BUILDER).exists()  # the builder that stopped took its heartbeat with it
+    dataset = StreamingCacheDataset(copy, "train", timeout=0.5, poll_seconds=0.05)
+    read = []
+    with pytest.raises(StreamError, match=r"part-00002 not published after \d+ s \(the stream says: planned; no "
+                                          r"builder runs \(run the same `fuelline cache stream` command"):
+        for sample in dataset:
+            read.append(sample["record_id"])
+    assert len(read) == 10  # the two published partitions of 5, then the wait for the third

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +36,9 @@ from fuelline.cache.plan import BUILD_DIR, CacheConfig, Plan, Shard, assign, lay
 from fuelline.cache.ranks import Ranks
 from fuelline.cache.writer import shard_done
 from fuelline.formats.target_cache import MANIFEST
-from fuelline.formats.target_stream import (STREAM_FORMAT, STREAM_MANIFEST, STREAM_VERSION, StreamError, acknowledged,
-                                            partition_name, read_stream_manifest, write_stream_manifest)
+from fuelline.formats.target_stream import (BUILDER, HEARTBEAT_SECONDS, STREAM_FORMAT, STREAM_MANIFEST,
+                                            STREAM_VERSION, StreamError, acknowledged, partition_name,
+                                            read_stream_manifest, write_heartbeat, write_stream_manifest)
 from fuelline.model_source import resolve_model
 from fuelline.pipeline.options import identity_history, option
 from fuelline.pipeline.stats import StepStats
@@ -151,7 +153,10 @@ def stream_cache(model: str | os.PathLike, inputs: list[str], output: str | os.P
                 if restart:
                     step_dir.restart()
                 builder = StreamBuilder(step_dir, config, progress)
-                return _run(ranks, model, inputs, config, progress, output, builder)
+                try:
+                    return _run(ranks, model, inputs, config, progress, output, builder)
+                finally:
+                    builder.close()
         return _run(ranks, model, inputs, config, progress, output, builder)
     finally:
         ranks.close()
@@ -178,6 +183,26 @@ def _run(ranks: Ranks, model: Path, inputs, config: StreamConfig, progress: bool
         on_rank_zero(ranks, lambda: builder.publish(epoch, index, plan))
 
 
+class Heartbeat(threading.Thread):
+    """Says every few seconds, in `builder.json`, that the builder runs: a reader waiting for a partition
+    can then tell a busy builder from one that stopped (which no lock shows across machines)."""
+
+    def __init__(self, path: Path):
+        super().__init__(name="stream-heartbeat", daemon=True)
+        self.path, self.stopped = path, threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            write_heartbeat(self.path)
+            self.stopped.wait(HEARTBEAT_SECONDS)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        if self.is_alive():
+            self.join()
+        (self.path / BUILDER).unlink(missing_ok=True)
+
+
 class StreamBuilder:
     """Rank 0's side of a stream: its plan, its manifest, the window and the consumers' acknowledgements."""
 
@@ -187,6 +212,10 @@ class StreamBuilder:
         self.manifest: dict = {}
         self.waited = 0.0  # seconds spent waiting for acknowledgements
         self.stalled: tuple = ((), 0.0, 0.0)  # (what is waited for, since when, how long at the last line said)
+        self.heartbeat = Heartbeat(self.path)
+
+    def close(self) -> None:
+        self.heartbeat.stop()
 
     def prepare(self, model: Path, inputs) -> dict:
         """The finished stream's stats, or the plan made or found (the stream manifest written with it)."""
@@ -227,7 +256,9 @@ class StreamBuilder:
                      "batches": len(partitions.batches), "bytes_per_epoch": plan.total_bytes},
             "partitions": entries, "high_water_bytes": previous.get("high_water_bytes", 0),
         }
+        self._save()
         self._reconcile()
+        self.heartbeat.start()
         self._check_disk()
 
     def _check_disk(self) -> None:
@@ -254,6 +285,7 @@ class StreamBuilder:
         """Bring every state in line with the disk and the acknowledgements: delete what every consumer
         has acknowledged; build again a published partition whose manifest is gone."""
         acks = {name: acknowledged(self.path, name) for name in self.config.consumers}
+        before = [entry["state"] for entry in self.manifest["partitions"]]
         for entry in self._entries("published", "acknowledged", "building", "planned"):
             directory = self.path / entry["name"]
             key = (entry["epoch"], entry["index"])
@@ -269,7 +301,8 @@ class StreamBuilder:
                 entry["state"], entry["rebuilt"] = "planned", entry.get("rebuilt", 0) + 1
             elif entry["state"] in ("planned", "building") and (directory / MANIFEST).exists():
                 entry["state"] = "published"  # a kill came after the partition's manifest, before this one's
-        self._save()
+        if [entry["state"] for entry in self.manifest["partitions"]] != before:
+            self._save()
 
     def _on_disk(self) -> tuple[int, int]:
         """(partitions, bytes) published and not yet deleted."""

@@ -29,8 +29,9 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from fuelline.cache.dataset import CacheDataset
 from fuelline.formats.target_cache import MANIFEST, CacheFormatError
-from fuelline.formats.target_stream import (STREAM_MANIFEST, StreamError, consumer_dir, partition_name,
-                                            read_stream_manifest, register_consumer, write_ack)
+from fuelline.formats.target_stream import (HEARTBEAT_SECONDS, STREAM_MANIFEST, StreamError, builder_silence,
+                                            consumer_dir, partition_name, read_stream_manifest, register_consumer,
+                                            write_ack)
 
 SAY_AFTER, SAY_EVERY = 10.0, 60.0  # seconds of waiting before the first "waiting" line, and between lines
 STATE_KEYS = ("consumer", "world_size", "seed", "shuffle_partitions")  # what must match to resume a state
@@ -182,6 +183,10 @@ class StreamingCacheDataset(IterableDataset):
                                              "(acknowledge='checkpoint' ties them to the trainer's checkpoints) or "
                                              "joined after it was deleted; build the stream again with --restart to "
                                              "read it")
+            silence = builder_silence(self.path)
+            if silence is None or silence > 3 * HEARTBEAT_SECONDS:
+                return (f"the stream says: {found}; no builder runs (run the same `fuelline cache stream` command "
+                        "to go on)")
             return f"the stream says: {found}"
 
         self._wait(lambda: (directory / MANIFEST).exists(), name, state)

@@ -2,6 +2,7 @@
 
     STREAM/
       stream.json                  the stream manifest (the builder's; rewritten atomically)
+      builder.json                 the running builder's heartbeat: its host, pid and last sign of life
       .build/                      the plan and the encoded tokens, shared by every partition
       epoch-EEEE/part-PPPPP/       a partition: a complete target cache (manifest.json last)
       consumers/NAME/consumer.json a consumer's registration: its number of ranks
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,8 @@ STREAM_FORMAT = "fuelline-target-stream"
 STREAM_VERSION = 1
 CONSUMERS = "consumers"
 STATES = ("planned", "building", "published", "acknowledged", "deleted")
+BUILDER = "builder.json"
+HEARTBEAT_SECONDS = 5.0  # how often a running builder says so; three missed beats: no builder runs
 _ACK = re.compile(r"e(\d+)-p(\d+)-r(\d+)-w(\d+)of(\d+)")
 
 
@@ -118,3 +122,16 @@ def acknowledged(directory: Path, consumer: str) -> set[tuple[int, int]] | None:
         if len(seen) == count:
             ranks.setdefault((epoch, index), set()).add(rank)
     return {key for key, done in ranks.items() if len(done) == world_size}
+
+
+def write_heartbeat(directory: Path) -> None:
+    write_bytes_atomic(Path(directory) / BUILDER, orjson.dumps({"host": os.uname().nodename, "pid": os.getpid(),
+                                                                 "seen": time.time()}))
+
+
+def builder_silence(directory: Path) -> float | None:
+    """Seconds since the builder's last heartbeat (its clock against ours), or None when none ever beat."""
+    try:
+        return time.time() - orjson.loads((Path(directory) / BUILDER).read_bytes())["seen"]
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return None
