@@ -41,7 +41,7 @@ import torch
 from common import ROOT, SHARED_DATA, best_of, parse_args, write_result
 
 from fuelline.cache.dataset import CacheDataset
-from fuelline.cache.export import ExportConfig, export_specforge
+from fuelline.cache.export_specforge import SpecForgeExportConfig, export_specforge
 from fuelline.cache.specforge import SpecForgeDataset
 from fuelline.cache.vocab_map import count_supervised
 from fuelline.chat.encode import encode_chats
@@ -116,7 +116,7 @@ def bench_export(cache: Path, work: Path, repeats: int, gzip_samples: int) -> di
             def run():
                 out = work / "export"
                 shutil.rmtree(out, ignore_errors=True)
-                config = ExportConfig(compress=compress, limit=gzip_samples if compress else None)
+                config = SpecForgeExportConfig(compress=compress, limit=gzip_samples if compress else None)
                 return export_specforge(cache, out, config, workers=workers, progress=False)
             seconds, stats = best_of(run, 1 if compress else repeats)
             e = stats["export"]
