@@ -1,6 +1,7 @@
 """The draft vocabulary mapping: counts against a plain loop over CacheDataset / TokenFiles, the
-mapping against SpecForge's rule written out here with a Counter filled sample by sample, the
-file against a direct torch.save, on caches of both formats and on token datasets."""
+mapping against SpecForge's rule written out here with a Counter filled sample by sample (and
+against speculators' rule, which breaks ties by id), the files against a direct torch.save or
+np.save, on caches of both formats and on token datasets."""
 
 import shutil
 from collections import Counter
@@ -43,6 +44,25 @@ def specforge(samples, draft_vocab_size, target_vocab_size):
     members = set(used)  # SpecForge tests `i in used` on the list: same answer
     return (torch.tensor([used[i] - i for i in range(len(used))]),
             torch.tensor([i in members for i in range(target_vocab_size)]))
+
+
+def speculators(samples, draft_vocab_size, target_vocab_size):
+    """speculators' rule (save_token_frequency_distribution + build_vocab_mappings_from_distribution),
+    literally: a Counter of supervised ids, sorted by (-count, id), padded with the lowest unseen ids."""
+    freq = Counter()
+    for input_ids, loss_mask in samples:
+        ids, counts = input_ids[loss_mask.to(torch.bool)].unique(return_counts=True)
+        freq.update(dict(zip(ids.tolist(), counts.tolist())))
+    chosen = sorted(freq, key=lambda token: (-freq[token], token))[:draft_vocab_size]
+    for token in range(draft_vocab_size):
+        if len(chosen) >= draft_vocab_size:
+            break
+        if token not in chosen:
+            chosen.append(token)
+    chosen.sort()
+    t2d = torch.zeros(target_vocab_size, dtype=torch.bool)
+    t2d[chosen] = True
+    return torch.tensor(chosen, dtype=torch.long) - torch.arange(draft_vocab_size), t2d
 
 
 def cache_samples(path):
@@ -147,6 +167,56 @@ def test_token_mapping_is_specforges_with_ties_and_padding(tmp_path, draft):
     assert int(t2d.sum()) == draft and len(d2t) == draft
     targets = d2t + torch.arange(draft)  # the target id of each draft id: strictly increasing, in t2d
     assert bool((targets[1:] > targets[:-1]).all()) and bool(t2d[targets].all())
+
+
+@pytest.mark.parametrize("draft", [1, 3, 10, 25, 39, 60])
+def test_speculators_mapping_is_its_rule_and_differs_from_specforges_only_on_ties(tmp_path, draft):
+    path = write_tokens(tmp_path / "tokens", skewed_docs(), 64)
+    counted, samples = count_supervised(path), token_samples(path)
+    d2t, t2d = vocab_mapping(counted.counts, counted.first_sample, draft, 64, "speculators")
+    expected_d2t, expected_t2d = speculators(samples, draft, 64)
+    assert d2t.dtype == torch.int64 and t2d.dtype == torch.bool
+    assert torch.equal(d2t, expected_d2t) and torch.equal(t2d, expected_t2d)
+    _, specforge_t2d = specforge(samples, draft, 64)
+    kept = set(torch.nonzero(t2d).flatten().tolist())
+    kept_by_specforge = set(torch.nonzero(specforge_t2d).flatten().tolist())
+    counts = np.pad(counted.counts, (0, 64 - len(counted.counts)))  # padding ids: count 0
+    cut = min(counts[sorted(kept | kept_by_specforge)])  # the lowest count either keeps
+    assert all(counts[token] == cut for token in kept ^ kept_by_specforge)  # they differ only on tied tokens
+
+
+def test_speculators_and_specforge_agree_without_ties_at_the_cut_and_differ_with_them(tmp_path):
+    """Token 1 three times, 9, 3 and 7 once each, 9 in the first sample: a draft of 3 takes 1, 9 and 3
+    for SpecForge (first appearance, then id), 1, 3 and 7 for speculators (id); a draft of 1 takes 1
+    for both."""
+    docs = [(np.array([9, 1, 1]), np.ones(3, bool)), (np.array([3, 7, 1]), np.ones(3, bool))]
+    counted = count_supervised(write_tokens(tmp_path / "t", docs, 16))
+    first = [torch.nonzero(vocab_mapping(counted.counts, counted.first_sample, 3, 16, trainer)[1]).flatten().tolist()
+             for trainer in ("specforge", "speculators")]
+    assert first == [[1, 3, 9], [1, 3, 7]]
+    both = [vocab_mapping(counted.counts, counted.first_sample, 1, 16, trainer) for trainer in ("specforge", "speculators")]
+    assert torch.equal(both[0][0], both[1][0]) and torch.equal(both[0][1], both[1][1])  # token 1: twice
+
+
+def test_build_for_speculators_writes_its_d2t_and_t2d_npy(cache, tmp_path):
+    output = tmp_path / "export" / "d2t.npy"
+    stats = build_vocab_mapping(cache, output, draft_vocab_size=64, target_vocab_size=TARGET, trainer="speculators")
+    expected_d2t, expected_t2d = speculators(cache_samples(cache), 64, TARGET)
+    d2t, t2d = np.load(output), np.load(tmp_path / "export" / "t2d.npy")  # as its train.py loads them
+    assert d2t.dtype == np.int64 and t2d.dtype == np.bool_
+    assert np.array_equal(d2t, expected_d2t.numpy()) and np.array_equal(t2d, expected_t2d.numpy())
+    assert sorted(p.name for p in output.parent.iterdir()) == [
+        ".d2t.npy.plan.json", "d2t.counts.npy", "d2t.npy", "d2t.stats.json", "t2d.npy"]
+    assert stats["trainer"] == "speculators" and "t2d.npy" in format_summary(stats)
+    again = build_vocab_mapping(cache, output, draft_vocab_size=64, target_vocab_size=TARGET, trainer="speculators")
+    assert again["resumed"] and again["draft_vocab_size"] == 64  # finished: recognized, not redone
+    with pytest.raises(Exception, match="different config.trainer"):
+        build_vocab_mapping(cache, output, draft_vocab_size=64, target_vocab_size=TARGET)
+    with pytest.raises(ValueError, match="for speculators -o names its d2t file"):
+        build_vocab_mapping(cache, tmp_path / "mapping.npy", draft_vocab_size=8, target_vocab_size=TARGET,
+                            trainer="speculators")
+    with pytest.raises(ValueError, match="trainer must be one of specforge, speculators, not 'eagle'"):
+        build_vocab_mapping(cache, tmp_path / "m.pt", draft_vocab_size=8, trainer="eagle")
 
 
 def test_tie_order_is_first_sample_then_id(tmp_path):

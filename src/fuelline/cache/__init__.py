@@ -2,13 +2,14 @@
 
 `fuelline cache build` writes it (`fuelline.cache.build`); `CacheDataset`, `CacheCollator`,
 `LengthGroupedBatchSampler` and `widen_hidden` read it, `StreamingCacheDataset` reads a stream
-while `fuelline cache stream` builds it (`fuelline.cache.stream`), and `SpecForgeDataset` reads it as
-SpecForge's offline dataset does (imported on first use: they need torch, which the CLI does not
-load until a command needs it); the byte layout is `fuelline.formats.target_cache`.
+while `fuelline cache stream` builds it (`fuelline.cache.stream`), and `SpecForgeDataset` and
+`SpeculatorsDataset` read it as SpecForge's and speculators' offline datasets do (imported on first
+use: they need torch, which the CLI does not load until a command needs it); the byte layout is
+`fuelline.formats.target_cache`.
 """
 
 READERS = ("CacheCollator", "CacheDataset", "LengthGroupedBatchSampler", "widen_hidden")
-__all__ = [*READERS, "SpecForgeDataset", "StreamingCacheDataset"]
+__all__ = [*READERS, "SpecForgeDataset", "SpeculatorsDataset", "StreamingCacheDataset"]
 
 
 def __getattr__(name: str):
@@ -24,4 +25,8 @@ def __getattr__(name: str):
         from fuelline.cache import specforge
 
         return specforge.SpecForgeDataset
+    if name == "SpeculatorsDataset":
+        from fuelline.cache import speculators
+
+        return speculators.SpeculatorsDataset
     raise AttributeError(f"module 'fuelline.cache' has no attribute {name!r}")

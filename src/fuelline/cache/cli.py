@@ -292,12 +292,14 @@ def _listed(items: list, target) -> str:
 @cache.command("vocab-map", params=[
     click.Argument(["source"], metavar="CACHE_OR_PACK", type=click.Path(exists=True, file_okay=False)),
     click.Option(["--output", "-o"], required=True, type=click.Path(dir_okay=False),
-                 help="the mapping file to write (vocab_mapping.pt); its counts and stats go beside it"),
+                 help="the mapping file to write (vocab_mapping.pt; --for speculators: d2t.npy, t2d.npy beside it); "
+                      "its counts and stats go beside it"),
     *config_params(VocabMapConfig), workers_option(),
     restart_option("delete the mapping, its counts and stats, and count again"), quiet_option(), old_progress_option()])
 def vocab_map(source, output, workers, quiet, restart, **values):
-    """SpecForge's draft vocabulary (vocab_mapping.pt: d2t, t2d) from the supervised tokens of a cache or a
-    `pack --template chat` token dataset, with the share of supervised tokens it covers."""
+    """SpecForge's draft vocabulary (vocab_mapping.pt: d2t, t2d), or speculators' (--for speculators: d2t.npy,
+    t2d.npy), from the supervised tokens of a cache or a `pack --template chat` token dataset, with the share
+    of supervised tokens it covers."""
     import os
 
     from fuelline.cache.vocab_map import build_vocab_mapping, format_summary

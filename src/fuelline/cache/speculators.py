@@ -19,7 +19,8 @@ model's dtype). Our `target_hidden_states` [T, k·H] is the k layers side by sid
 `target_last_hidden_states` the final normed state, which speculators needs for every record (its
 reader takes the list's last element as the verifier state): a cache built without it is refused.
 fp8 caches are widened to bf16 with their per-token scales (`widened`); a NaN or Inf in a state is
-`NonFiniteState`.
+`NonFiniteState`. `SpeculatorsDataset` is the zero-copy bridge: speculators' dataset items straight
+from the cache, no files written (docs/cache.md, "Training with speculators").
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from __future__ import annotations
 import os
 
 import torch
+from torch.utils.data import Dataset
 
+from fuelline.cache.dataset import CacheDataset
 from fuelline.cache.trainer_states import bf16_state, finite
 
 Where = tuple[str | os.PathLike, int]  # (cache, sample index): what an error names
@@ -75,3 +78,59 @@ def speculators_arrow_row(sample: dict) -> dict:
     the columns speculators' preparation writes."""
     return {"input_ids": sample["input_ids"].to(torch.int64).tolist(),
             "loss_mask": sample["loss_mask"].to(torch.int64).tolist(), "seq_len": int(sample["input_ids"].shape[0])}
+
+
+class SpeculatorsDataset(Dataset):
+    """speculators' offline training dataset read from a target cache in place: item i is what its
+    `SampleFileDataset`/`ArrowDataset` give for the exported sample i (`hidden_states` [T, k·H] and
+    `verifier_last_hidden_states` [T, H] in `hidden_states_dtype`, `input_ids` and `loss_mask` int64
+    [T], `lengths` [T], `position_ids` 0..T-1, then `transform`), with `approx_lengths` (the exact
+    lengths) and `hidden_states_dtype` as its sampler and collator read them. bf16 states are views
+    of the cache (its reader concatenates the layers it loaded: a copy); fp8 is widened.
+
+    Where it plugs in: speculators' `scripts/train.py` builds its datasets in `main` (`ArrowDataset`,
+    or `SampleFileDataset` with --legacy-data) and hands each to `setup_dataloader(dataset, ...)`,
+    which reads only `approx_lengths` and `hidden_states_dtype`, then the loaders to
+    `Trainer(model, config, train_loader, val_loader)`; its CLI takes no dataset object, so the two
+    constructions are replaced by this class in a copy of that script (docs/cache.md, "Training with
+    speculators"). Samples are not cut here: its collator cuts the packed batch to --total-seq-len
+    after EAGLE-3's shift (`max_len` is kept as its datasets keep it). `split_ratio` is
+    `ArrowDataset`'s: 0.9 the first 90% of the samples, -0.1 the last 10%, 1.0 all. Pickles for
+    DataLoader workers (its loader spawns them; each reopens the shards it reads)."""
+
+    def __init__(self, cache: str | os.PathLike, max_len: int, *, split_ratio: float = 1.0, transform=None,
+                 hidden_states_dtype: torch.dtype = torch.bfloat16, **options):
+        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+            raise ValueError(f"max_len must be a positive integer, not {max_len!r}")
+        self.cache = CacheDataset(cache, **options)
+        self.max_len, self.transform, self.hidden_states_dtype = max_len, transform, hidden_states_dtype
+        self.start, self.stop = _split(len(self.cache), split_ratio)
+        self.approx_lengths = self.cache.lengths[self.start:self.stop].tolist()
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, i: int) -> dict:
+        if not 0 <= i < len(self):
+            raise IndexError(f"sample {i} out of range ({len(self)} samples)")
+        index = self.start + int(i)
+        sample = self.cache[index]
+        layers, last = _states(sample, (self.cache.path, index))
+        n = int(sample["input_ids"].shape[0])
+        item = {"hidden_states": layers.to(self.hidden_states_dtype), "input_ids": sample["input_ids"].to(torch.int64),
+                "verifier_last_hidden_states": last.to(self.hidden_states_dtype),
+                "loss_mask": sample["loss_mask"].to(torch.int64), "lengths": torch.tensor([n], dtype=torch.long),
+                "position_ids": torch.arange(n, dtype=torch.long)}
+        return self.transform(item) if self.transform else item
+
+
+def _split(samples: int, ratio: float) -> tuple[int, int]:
+    """(start, stop) of `ArrowDataset`'s split_ratio: r in (0, 1] the first int(samples·r), r in
+    (-1, 0) the last samples - int(samples·(1 + r))."""
+    if ratio == 1.0:
+        return 0, samples
+    if 0 < ratio < 1:
+        return 0, int(samples * ratio)
+    if -1 < ratio < 0:
+        return int(samples * (1 + ratio)), samples
+    raise ValueError(f"split_ratio must be in (-1, 1] and not 0, not {ratio!r}")

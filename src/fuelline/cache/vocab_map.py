@@ -1,4 +1,5 @@
-"""The draft vocabulary of an EAGLE-3 draft model, as SpecForge builds it (`vocab_mapping.pt`).
+"""The draft vocabulary of an EAGLE-3 draft model, as SpecForge builds it (`vocab_mapping.pt`) or as
+vLLM speculators does (`d2t.npy` and `t2d.npy`).
 
 A draft predicts over the `draft_vocab_size` target tokens most often supervised in its training
 data. SpecForge counts the tokens where `loss_mask == 1` over its tokenized dataset, sample by
@@ -22,6 +23,12 @@ is one pass: the supervised positions, their ids, `np.bincount` for the counts a
 and minimum. Over the same samples in the same order this is exactly SpecForge's Counter, tie
 order included (tests/cache/test_vocab_map.py checks it against the rule written out). SpecForge
 counts its shuffled dataset, so on equal counts its order, not ours, decides.
+
+speculators (`--for speculators`) counts the same tokens the same way and pads the same way, but
+breaks equal counts by token id (it sorts by (-count, id)), so its mapping does not depend on the
+order of the samples and ours equals its exactly; the two rules differ only among tokens of equal
+count at the cut. It reads `d2t.npy` (int64 offsets) and `t2d.npy` (bool) with `np.load`, by
+--d2t-path/--t2d-path or from its --data-path directory: `-o EXPORT/d2t.npy` writes both there.
 
 `build_vocab_mapping` (the step `VocabMapStep`) writes the mapping with its counts and stats
 beside it (`companion_paths`). What is counted is first checked as its readers check it (`verify`,
@@ -241,8 +248,9 @@ def _model_vocab_size(manifest: dict) -> tuple[int | None, str | None]:
     return value, str(config)
 
 
-def vocab_mapping(counts: np.ndarray, first_sample: np.ndarray, draft_vocab_size: int, target_vocab_size: int):
-    """(d2t, t2d) by SpecForge's rule (module docstring) from `count_supervised`'s arrays:
+def vocab_mapping(counts: np.ndarray, first_sample: np.ndarray, draft_vocab_size: int, target_vocab_size: int,
+                  trainer: str = "specforge"):
+    """(d2t, t2d) by `trainer`'s rule (module docstring) from `count_supervised`'s arrays:
     d2t int64 [draft_vocab_size], t2d bool [target_vocab_size], as torch tensors."""
     import torch
 
@@ -258,8 +266,9 @@ def vocab_mapping(counts: np.ndarray, first_sample: np.ndarray, draft_vocab_size
         raise ValueError(f"token id {int(bad[0]):,} (supervised first in sample {int(first_sample[bad[0]]):,}) is "
                          f"not below target_vocab_size {target_vocab_size:,}; {len(bad):,} id(s) are outside it: the "
                          "data is from another tokenizer, or the vocabulary size is wrong")
-    if len(seen) >= draft_vocab_size:  # most common first; equal counts by first sample, then id
-        used = seen[np.lexsort((seen, first_sample[seen], -counts[seen]))[:draft_vocab_size]]
+    if len(seen) >= draft_vocab_size:  # most common first; equal counts by first sample (SpecForge), then id
+        ties = (seen,) if trainer == "speculators" else (seen, first_sample[seen])
+        used = seen[np.lexsort((*ties, -counts[seen]))[:draft_vocab_size]]
     else:
         missing = np.setdiff1d(np.arange(draft_vocab_size), seen)[: draft_vocab_size - len(seen)]
         used = np.concatenate([seen, missing])
@@ -289,12 +298,27 @@ def save_vocab_mapping(path: str | os.PathLike, d2t, t2d) -> None:
     fsync_dir(path.parent)
 
 
-def companion_paths(output: str | os.PathLike) -> dict[str, Path]:
-    """The files `build_vocab_mapping` writes: the mapping, `<stem>.counts.npy`, `<stem>.stats.json`."""
+def save_speculators_mapping(d2t_path: Path, t2d_path: Path, d2t, t2d) -> None:
+    """`d2t.npy` and `t2d.npy` as speculators saves them (`np.save` of int64 and bool), each atomically."""
+    for path, value in ((d2t_path, d2t), (t2d_path, t2d)):
+        with atomic_write(path) as f:
+            np.save(f, value.numpy())
+
+
+def companion_paths(output: str | os.PathLike, trainer: str = "specforge") -> dict[str, Path]:
+    """The files `build_vocab_mapping` writes: the mapping (speculators: d2t, and `t2d` beside it, its
+    name with the last "d2t" turned "t2d"), `<stem>.counts.npy`, `<stem>.stats.json`."""
     output = Path(output)
     stem = output.name[: -len(output.suffix)] if output.suffix else output.name
-    return {"mapping": output, "counts": output.with_name(f"{stem}.counts.npy"),
-            "stats": output.with_name(f"{stem}.stats.json")}
+    paths = {"mapping": output, "counts": output.with_name(f"{stem}.counts.npy"),
+             "stats": output.with_name(f"{stem}.stats.json")}
+    if trainer == "speculators":
+        if "d2t" not in output.name:
+            raise ValueError(f"{output}: for speculators -o names its d2t file (d2t.npy, which its --data-path "
+                             "finds; t2d.npy is written beside it)")
+        head, _, tail = output.name.rpartition("d2t")
+        paths["t2d"] = output.with_name(f"{head}t2d{tail}")
+    return paths
 
 
 @dataclass
@@ -306,16 +330,20 @@ class VocabMapConfig(Options):
     target_vocab_size: int | None = option(None, "the target model's config vocab_size (default: the cache's model "
                                                  "config.json; a token dataset's tokenizer size)", min=1,
                                            flag="--target-vocab")
+    trainer: str = option("specforge", "the trainer whose rule and files: specforge (vocab_mapping.pt; equal counts "
+                                       "in order of first appearance) or speculators (d2t.npy and t2d.npy; equal "
+                                       "counts by token id)", choices=("specforge", "speculators"), flag="--for")
     verify: bool = option(True, "check every record's checksum (a token dataset: every file's sha256) before "
                                 "trusting it; without: read only the ids and masks, checking what opening checks",
                           identity=False)
 
 
 class VocabMapStep(Step):
-    """SpecForge's draft vocabulary (vocab_mapping.pt) from the supervised tokens of a cache or a pack output."""
+    """SpecForge's (vocab_mapping.pt) or speculators' (d2t.npy, t2d.npy) draft vocabulary from the
+    supervised tokens of a cache or a pack output."""
 
     name, Config = "vocab-map", VocabMapConfig
-    MAPPING = "vocab_mapping.pt"  # in a pipeline step's directory
+    MAPPINGS = {"specforge": "vocab_mapping.pt", "speculators": "d2t.npy"}  # in a pipeline step's directory
 
     def check(self) -> None:
         if self.config.draft_vocab_size is None:
@@ -335,8 +363,11 @@ class VocabMapStep(Step):
         described = [p for p in sorted(path.rglob(MANIFEST)) if p.is_file()] + \
             [p for p in (path / "samples.idx",) if p.is_file()]
         identity = {"task": self.name, "config": identity_values(self.config), "inputs": describe_inputs(described)}
-        step_dir = WorkDir(output, identity, beside=[companion_paths(output)["counts"]] if single_file else None)
-        mapping = output if single_file else output / self.MAPPING
+        trainer = self.config.trainer
+        beside = [path for key, path in companion_paths(output, trainer).items() if key in ("counts", "t2d")]
+        step_dir = WorkDir(output, identity, beside=beside if single_file else None,
+                           defaults={"trainer": "specforge"})  # outputs made before --for
+        mapping = output if single_file else output / self.MAPPINGS[trainer]
 
         def work() -> StepStats:
             stats = _write_mapping(source, mapping, step_dir.stats_path, self.config,
@@ -347,16 +378,18 @@ class VocabMapStep(Step):
 
 
 def build_vocab_mapping(source: str | os.PathLike, output: str | os.PathLike, *, draft_vocab_size: int | None = None,
-                        target_vocab_size: int | None = None, workers: int = 1, progress: bool = False,
-                        verify: bool = True, restart: bool = False) -> dict:
+                        target_vocab_size: int | None = None, trainer: str = "specforge", workers: int = 1,
+                        progress: bool = False, verify: bool = True, restart: bool = False) -> dict:
     """`VocabMapStep` writing the mapping file `output`, its counts and stats beside it (`companion_paths`);
     returns the stats. The target vocabulary size: the one given, else the source's (a token dataset's
     manifest; a cache's target model config.json, when the cache names a local directory). `seconds`
     in the stats: the counting, opening included; `tokens_per_second`: all tokens of the counted
     samples over it. A source with no supervised token is refused: it has no draft vocabulary."""
     if Path(output).is_dir():
-        raise IsADirectoryError(f"{output}: a directory; -o names the mapping file to write (e.g. vocab_mapping.pt)")
-    step = VocabMapStep(VocabMapConfig(draft_vocab_size, target_vocab_size, verify))
+        raise IsADirectoryError(f"{output}: a directory; -o names the mapping file to write (e.g. "
+                                f"{VocabMapStep.MAPPINGS.get(trainer, 'vocab_mapping.pt')})")
+    step = VocabMapStep(VocabMapConfig(draft_vocab_size, target_vocab_size, trainer, verify))
+    companion_paths(output, trainer)  # a speculators output not named d2t: refused before counting
     step.check()
     return step.write(source, Path(output), RunOptions(workers=workers, restart=restart, progress=progress),
                       single_file=True)
@@ -365,7 +398,7 @@ def build_vocab_mapping(source: str | os.PathLike, output: str | os.PathLike, *,
 def _write_mapping(source, output: Path, stats_path: Path, config: VocabMapConfig, workers: int,
                    progress: bool) -> dict:
     """Count, map, write the mapping and the counts; the numbers for the stats."""
-    counts_path = companion_paths(output)["counts"]
+    paths = companion_paths(output, config.trainer)
     counted = count_supervised(source, workers=workers, progress=progress, verify=config.verify)
     if not counted.supervised:
         raise ValueError(f"{source}: no supervised token in its {counted.samples:,} samples ({counted.tokens:,} "
@@ -378,7 +411,8 @@ def _write_mapping(source, output: Path, stats_path: Path, config: VocabMapConfi
                              "(its target model is not a local directory with a config.json): pass --target-vocab, "
                              "the target model's config vocab_size")
         target_vocab_size, vocab_from = counted.vocab_size, counted.vocab_size_from
-    d2t, t2d = vocab_mapping(counted.counts, counted.first_sample, config.draft_vocab_size, target_vocab_size)
+    d2t, t2d = vocab_mapping(counted.counts, counted.first_sample, config.draft_vocab_size, target_vocab_size,
+                             config.trainer)
     counts = np.zeros(target_vocab_size, np.int64)
     counts[: len(counted.counts)] = counted.counts
     stats = {"source": counted.source, "samples": counted.samples, "tokens": counted.tokens,
@@ -388,11 +422,15 @@ def _write_mapping(source, output: Path, stats_path: Path, config: VocabMapConfi
              "coverage": int(counts[t2d.numpy()].sum()) / counted.supervised,
              "seconds": round(counted.seconds, 3),
              "tokens_per_second": round(counted.tokens / counted.seconds) if counted.seconds else None,
-             "files": {"mapping": str(output), "counts": str(counts_path), "stats": str(stats_path)}}
+             "trainer": config.trainer,
+             "files": {**{key: str(path) for key, path in paths.items() if key != "stats"}, "stats": str(stats_path)}}
     output.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_write(counts_path) as f:
+    with atomic_write(paths["counts"]) as f:
         np.save(f, counts)
-    save_vocab_mapping(output, d2t, t2d)
+    if config.trainer == "speculators":
+        save_speculators_mapping(output, paths["t2d"], d2t, t2d)
+    else:
+        save_vocab_mapping(output, d2t, t2d)
     return stats
 
 
@@ -406,12 +444,12 @@ def format_summary(stats: dict) -> str:
              f"{stats['tokens']:,}, {stats['distinct_tokens']:,} distinct, in {stats['seconds']:.2f}s",
              f"mapping    draft {stats['draft_vocab_size']:,} of target {stats['target_vocab_size']:,} "
              f"({stats['target_vocab_size_from']}); coverage {stats['coverage']:.2%} of supervised tokens",
-             f"wrote      {stats['files']['mapping']} (+ {Path(stats['files']['counts']).name}, "
-             f"{Path(stats['files']['stats']).name})"]
+             f"wrote      {stats['files']['mapping']} (+ "
+             f"{', '.join(Path(stats['files'][k]).name for k in ('t2d', 'counts', 'stats') if k in stats['files'])})"]
     given, recorded = stats["target_vocab_size"], stats["source_vocab_size"]
     if stats["target_vocab_size_from"] == "given" and recorded is not None and recorded != given:
         lines.append(f"note       the source records vocabulary size {recorded:,}, not the {given:,} given")
     if stats["distinct_tokens"] < stats["draft_vocab_size"]:
         lines.append(f"note       only {stats['distinct_tokens']:,} distinct supervised tokens: the rest of the draft "
-                     "vocabulary is the lowest unseen ids, as SpecForge pads it")
+                     "vocabulary is the lowest unseen ids, as SpecForge and speculators pad it")
     return "\n".join(lines)
