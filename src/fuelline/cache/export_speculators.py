@@ -10,7 +10,8 @@ Two layouts (what each file holds: `fuelline.cache.speculators`):
   itself, and any other name ending in pt under OUT (a `token_freq.pt` left there) is a stray and is
   removed. Bytes as SpecForge's: torch.save into a file object.
 - `--layout arrow` (its `ArrowDataset`): OUT is a `datasets.save_to_disk` directory
-  (`fuelline.formats.hf_dataset`, written with pyarrow) with one row per exported sample,
+  (`fuelline.formats.hf_dataset`, written with pyarrow; in torch format, as its preparation saves
+  it: its reader takes each row's loss_mask as a tensor) with one row per exported sample,
   `input_ids`, `loss_mask` (int64 lists), `seq_len` and `source_index` (the cache's sample index),
   and `OUT/hidden_states/hs_{i}.safetensors` holds sample i's `token_ids` and `hidden_states`. Its
   reader opens row r's file by the row's `source_index` (without that column, by r: a reader that
@@ -88,7 +89,7 @@ class SpeculatorsFiles(ExportTarget):
         if not self.arrow:
             lengths = {str(i): int(dataset.lengths[i]) for i in exported}
             return {SAMPLE_LENGTHS: orjson.dumps(lengths) + b"\n"}
-        return dataset_files(_table(output, self, entries, exported))
+        return dataset_files(_table(output, self, entries, exported), format_type="torch")
 
     def manifest_head(self) -> dict:
         return {"layout": self.config.layout, "hidden_dtype": "bfloat16"}

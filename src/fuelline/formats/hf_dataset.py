@@ -9,7 +9,9 @@ The directory holds three files:
     dataset_info.json          {"citation", "description", "features", "homepage", "license"}: the
                                features must match the table's types, or `load_from_disk` refuses it
     state.json                 the data files, the fingerprint (any hex string: here the xxh3 of
-                               the table's bytes) and the format: none set
+                               the table's bytes) and the format `load_from_disk` sets again
+                               (`set_format(type="torch")` before saving leaves "torch" there:
+                               speculators' preparation does, and its reader relies on it)
 
 Features are written as `datasets` 2.x and 3.x write them (`Sequence` of `Value`), which 4.x
 still reads. Only the column types the exports need are declared: int64, and lists of int64.
@@ -48,8 +50,9 @@ def features(schema) -> dict:
     return {field.name: _feature(field.type) for field in schema}
 
 
-def dataset_files(table) -> dict[str, bytes]:
-    """The files of `table` (a pyarrow Table) as `save_to_disk` writes them: name -> bytes."""
+def dataset_files(table, format_type: str | None = None) -> dict[str, bytes]:
+    """The files of `table` (a pyarrow Table) as `save_to_disk` writes them: name -> bytes;
+    `format_type`: the format the dataset had when saved (None, "torch", "numpy", ...)."""
     import pyarrow as pa
 
     feats = features(table.schema)
@@ -61,7 +64,7 @@ def dataset_files(table) -> dict[str, bytes]:
     data = sink.getvalue().to_pybytes()
     info = {"citation": "", "description": "", "features": feats, "homepage": "", "license": ""}
     state = {"_data_files": [{"filename": DATA_FILE}], "_fingerprint": f"{checksum(data):016x}",
-             "_format_columns": None, "_format_kwargs": {}, "_format_type": None, "_output_all_columns": False,
+             "_format_columns": None, "_format_kwargs": {}, "_format_type": format_type, "_output_all_columns": False,
              "_split": None}
     return {DATA_FILE: data, INFO_FILE: json.dumps(info, indent=2).encode() + b"\n",
             STATE_FILE: json.dumps(state, indent=2, sort_keys=True).encode() + b"\n"}
