@@ -19,7 +19,8 @@
   pack output (a synthetic chat token dataset in `train/`) with one file truncated or one byte
   flipped (hypothesis): ok when the mapping and counts equal the undamaged source's, a clear
   error when a FormatError or ValueError names the source and nothing is written, silent_wrong
-  when another mapping is written. (A deepspec-v2 cache has no checksums: a changed id there is
+  when another mapping is written; the cache also with `--for speculators` (d2t.npy, t2d.npy, and
+  their bytes). (A deepspec-v2 cache has no checksums: a changed id there is
   not detectable by any reader, CacheDataset included, so it is not fuzzed here.)
 
 Called by benchmarks/reliability.py; `scenarios()` is its entry point.
@@ -45,6 +46,7 @@ def scenarios(work: Path, *, full: bool, seed: int) -> list[Tally]:
     cache = build_target_cache(work)
     tallies = [export_reruns(work, cache, kind, full, seed) for kind in EXPORTS]
     tallies.append(vocab_map_on_damage(work, cache, "fuelline cache", 200 if full else 40, seed))
+    tallies.append(vocab_map_on_damage(work, cache, "fuelline cache", 100 if full else 20, seed, "speculators"))
     tallies.append(vocab_map_on_damage(work, chat_tokens(work / "vm-pack"), "pack output", 200 if full else 40, seed))
     return tallies
 
@@ -246,17 +248,18 @@ def chat_tokens(pack: Path) -> Path:
     return pack
 
 
-def vocab_map_on_damage(work: Path, source: Path, label: str, examples: int, seed: int) -> Tally:
+def vocab_map_on_damage(work: Path, source: Path, label: str, examples: int, seed: int,
+                        trainer: str = "specforge") -> Tally:
     from hypothesis import given, settings, strategies as st
     from hypothesis import seed as hypothesis_seed
 
     from fuelline.formats.errors import FormatError
 
     target_vocab = 5000 if label == "pack output" else model_vocab(work)
-    original = mapping(source, work / f"vm-reference-{label.replace(' ', '-')}", target_vocab)
+    original = mapping(source, work / f"vm-reference-{label.replace(' ', '-')}-{trainer}", target_vocab, trainer)
     names = sorted(p.relative_to(source).as_posix() for p in source.rglob("*")
                    if p.is_file() and not p.name.startswith(".") and p.name != "stats.json")
-    tally = Tally(f"vocab-map: damaged {label} ({examples} cases)")
+    tally = Tally(f"vocab-map{' --for speculators' * (trainer == 'speculators')}: damaged {label} ({examples} cases)")
 
     @hypothesis_seed(seed)
     @settings(max_examples=examples, deadline=None, database=None)
@@ -269,7 +272,7 @@ def vocab_map_on_damage(work: Path, source: Path, label: str, examples: int, see
         damage_file(directory / name, kind, where, value)
 
         def outcome() -> str:
-            result = judged(lambda: mapping(directory, out, target_vocab), original, (FormatError, ValueError),
+            result = judged(lambda: mapping(directory, out, target_vocab, trainer), original, (FormatError, ValueError),
                             str(directory))
             if result == "clear_error" and out.exists() and any(not p.name.startswith(".") for p in out.iterdir()):
                 return "leftover"  # refused, yet a mapping was written (a hidden plan marker is no mapping)
@@ -291,13 +294,20 @@ def model_vocab(work: Path) -> int:
     return find_key(orjson.loads((work / "cache-model" / "config.json").read_bytes()), "vocab_size")[1]
 
 
-def mapping(source: Path, out: Path, target_vocab: int) -> dict:
-    """The mapping and counts vocab-map writes for `source`, as arrays."""
+def mapping(source: Path, out: Path, target_vocab: int, trainer: str = "specforge") -> dict:
+    """The mapping and counts vocab-map writes for `source`, as arrays (speculators': with the bytes of both files)."""
     import numpy as np
     import torch
 
     from fuelline.cache.vocab_map import build_vocab_mapping, companion_paths
 
+    if trainer == "speculators":
+        path = out / "d2t.npy"
+        build_vocab_mapping(source, path, draft_vocab_size=DRAFT_VOCAB, target_vocab_size=target_vocab,
+                            trainer=trainer)
+        t2d = companion_paths(path, trainer)["t2d"]
+        return {"d2t": np.load(path), "t2d": np.load(t2d), "counts": np.load(companion_paths(path)["counts"]),
+                "bytes": np.frombuffer(path.read_bytes() + t2d.read_bytes(), np.uint8)}
     path = out / "vocab_mapping.pt"
     build_vocab_mapping(source, path, draft_vocab_size=DRAFT_VOCAB, target_vocab_size=target_vocab)
     saved = torch.load(path)
