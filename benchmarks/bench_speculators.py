@@ -11,7 +11,8 @@ bf16 and in an fp8 cache (the same values quantized, with per-token scales).
 2. speculators' own writing of the same files, as its generators write them: per sample,
    `torch.save` of the dict to its path (sample files), or safetensors' `save_file` of token_ids
    and the stacked states (Arrow layout), from tensors already in memory (its generator has them
-   from vLLM), with 1 and 2 threads, no fsync, no journal: files/s and GB/s.
+   from vLLM), with 1 and 2 threads, no fsync, no journal: files/s and GB/s; and with 2 threads
+   each file fsynced, what a write that survives a crash costs on this disk, as ours do.
 3. Bytes on disk: the caches, our exports and speculators' own files of the same samples (its own
    generators write bf16; the fp8 cache read in place, `SpeculatorsDataset`, needs no copy at all).
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.resources
-import io
+import os
 import shutil
 import sys
 import tempfile
@@ -80,14 +81,18 @@ def speculators_own(cache: Path, work: Path, repeats: int) -> dict:
     for layout in ("files", "arrow"):
         tensors = records if layout == "files" else [speculators_arrow_tensors(s, where=(cache, i))
                                                      for i, s in enumerate(samples)]
-        for workers in (1, 2):
+        for workers, durable in ((1, False), (2, False), (2, True)):
             out = work / "own"
 
             def write(i: int) -> None:
+                path = out / f"data_{i}.pt" if layout == "files" else out / "hidden_states" / f"hs_{i}.safetensors"
                 if layout == "files":
-                    torch.save(tensors[i], out / f"data_{i}.pt")
+                    torch.save(tensors[i], path)
                 else:
-                    save_file(tensors[i], out / "hidden_states" / f"hs_{i}.safetensors")
+                    save_file(tensors[i], path)
+                if durable:
+                    with open(path, "rb") as f:
+                        os.fsync(f.fileno())
 
             def run():
                 shutil.rmtree(out, ignore_errors=True)
@@ -96,7 +101,7 @@ def speculators_own(cache: Path, work: Path, repeats: int) -> dict:
                     list(pool.map(write, range(len(tensors))))
             seconds, _ = best_of(run, repeats)
             size = directory_bytes(out)
-            name = f"{layout}, {workers} thread(s)"
+            name = f"{layout}, {workers} thread(s){', fsynced' if durable else ''}"
             rows[name] = {"files": len(tensors), "bytes_on_disk": size, "seconds": round(seconds, 3),
                           "files_per_second": round(len(tensors) / seconds, 1),
                           "gb_per_second": round(size / seconds / 1e9, 3)}

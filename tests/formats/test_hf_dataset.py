@@ -7,7 +7,8 @@ import json
 import pyarrow as pa
 import pytest
 
-from fuelline.formats.hf_dataset import DATA_FILE, INFO_FILE, STATE_FILE, DatasetDirectoryError, dataset_files, read_dataset
+from fuelline.formats.hf_dataset import (DATA_FILE, INFO_FILE, STATE_FILE, DatasetDirectoryError, dataset_files,
+                                         read_dataset)
 
 
 def table(rows: int) -> pa.Table:

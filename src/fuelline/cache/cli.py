@@ -277,7 +277,8 @@ def export_summary(stats: dict, output, target) -> str:
         f"{target.trainer}  {e['files']:,} of {stats['records_in']:,} samples exported {target.summary()} ({skipped})",
         f"{pad}{human_bytes(e['bytes'])}{' gzipped' if e.get('compressed') else ''}, "
         f"{'fp8 hidden states widened to bf16' if e['widened_from_fp8'] else 'bf16 hidden states'}; {run}",
-        f"{pad}{target.sample_name.format(i='i')} is sample i of the cache ({ids}); {output}/fuelline_export.json says which cache"])
+        f"{pad}{target.sample_name.format(i='i')} is sample i of the cache ({ids}); "
+        f"{output}/fuelline_export.json says which cache"])
 
 
 _REPAIRS = {"missing": "rewrote missing", "short": "rewrote short", "size": "rewrote longer", "changed": "rewrote changed",

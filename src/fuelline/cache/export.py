@@ -29,6 +29,7 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import orjson
@@ -134,7 +135,7 @@ def export_cache(cache: str | os.PathLike, output: str | os.PathLike, target: Ex
             step_dir.restart()
         done = step_dir.finished()
         if done is None:
-            step_dir.begin(anything_finished=lambda: bool(strays(output, set(), lambda p: target.is_data_file(output, p))))
+            step_dir.begin(anything_finished=lambda: bool(strays(output, set(), partial(target.is_data_file, output))))
         remove_temp_files(output)  # of files a killed export left half written (we hold the lock)
         run = _Run(dataset, step_dir, target, workers or len(os.sched_getaffinity(0)), progress, verify, step)
         return run.export(done)
@@ -216,7 +217,7 @@ class _Run:
     def _remove_strays(self, expected: set[Path]) -> list[str]:
         """Remove the strays of `export_files.strays` (and the folders they leave empty); their names."""
         output = self.output
-        found = strays(output, expected, lambda path: self.target.is_data_file(output, path))
+        found = strays(output, expected, partial(self.target.is_data_file, output))
         for path in found:
             path.unlink()
             if path.parent != output and not any(path.parent.iterdir()):
