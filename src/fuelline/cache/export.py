@@ -135,7 +135,8 @@ def export_cache(cache: str | os.PathLike, output: str | os.PathLike, target: Ex
             step_dir.restart()
         done = step_dir.finished()
         if done is None:
-            step_dir.begin(anything_finished=lambda: bool(strays(output, set(), partial(target.is_data_file, output))))
+            theirs = partial(target.is_data_file, output)  # a file the trainer would read, or of the export's folders
+            step_dir.begin(anything_finished=lambda: bool(strays(output, set(), theirs)))
         remove_temp_files(output)  # of files a killed export left half written (we hold the lock)
         run = _Run(dataset, step_dir, target, workers or len(os.sched_getaffinity(0)), progress, verify, step)
         return run.export(done)
@@ -186,15 +187,20 @@ class _Run:
         repairs = _repairs(found, removed, rewritten, finished=done is not None)
         if done is not None and not repairs:
             return done
-        sizes = {i: entries[i]["bytes"] for i in exported}
+        return self._finish(count, {i: entries[i]["bytes"] for i in exported}, skipped, ids, pending, seconds, repairs)
+
+    def _finish(self, count: int, sizes: dict[int, int], skipped: dict[int, str], ids: list[str] | None,
+                pending: list[int], seconds: float, repairs: dict) -> dict:
+        """Write stats.json, last: `sizes`, each exported sample's file size; `pending`, the samples this run
+        wrote (or found skipped) in `seconds`."""
         written = [i for i in pending if i in sizes]
         written_bytes = sum(sizes[i] for i in written)
         first = min(skipped, default=None)
         return self.step_dir.finish(StepStats(
             self.step, count, len(sizes), {"nonfinite": len(skipped)} if skipped else {},
             {"nonfinite": f"sample {first}: {skipped[first]}"} if skipped else {}, details={"export": {
-                **target.details(), "files": len(sizes), "bytes": sum(sizes.values()), "workers": self.workers,
-                "widened_from_fp8": dataset.manifest["hidden_dtype"] != BF16,
+                **self.target.details(), "files": len(sizes), "bytes": sum(sizes.values()), "workers": self.workers,
+                "widened_from_fp8": self.dataset.manifest["hidden_dtype"] != BF16,
                 "record_ids": RECORD_IDS_FILE if ids is not None else None, "journal": JOURNAL,
                 # this run's writing (a resumed export wrote only the missing files)
                 "written_files": len(written), "written_bytes": written_bytes, "seconds": round(seconds, 3),
