@@ -41,7 +41,8 @@ import torch
 from common import ROOT, SHARED_DATA, best_of, parse_args, write_result
 
 from fuelline.cache.dataset import CacheDataset
-from fuelline.cache.export import ExportConfig, export_specforge
+from fuelline.cache.export_specforge import SpecForgeExportConfig, export_specforge
+from fuelline.cache.fp8 import quantize
 from fuelline.cache.specforge import SpecForgeDataset
 from fuelline.cache.vocab_map import count_supervised
 from fuelline.chat.encode import encode_chats
@@ -70,13 +71,16 @@ def encoded_chats(tokenizer_dir: Path, per_file: int | None = None) -> list[tupl
             for e in encode_chats(conversations, tokenizer_dir, "chatml", min_loss_tokens=0)]
 
 
-def write_chat_cache(directory: Path, chats, hidden: int, layers: int, shards: int, max_len: int | None = None):
-    """A fuelline bf16 cache of `chats` (cut to `max_len`), random finite hidden states, `shards` shards."""
-    layout = Layout(FUELLINE, layers, hidden, BF16)
+def write_chat_cache(directory: Path, chats, hidden: int, layers: int, shards: int, max_len: int | None = None,
+                     hidden_dtype: str = BF16):
+    """A fuelline cache of `chats` (cut to `max_len`), random finite hidden states in `hidden_dtype`
+    (fp8: the same bf16 values quantized with their per-token scales), `shards` shards."""
+    layout = Layout(FUELLINE, layers, hidden, hidden_dtype)
     longest = max(len(ids) for ids, _ in chats) if max_len is None else max_len
     rng = np.random.default_rng(0)
     pool = torch.from_numpy(rng.standard_normal((longest + 997, (layers + 1) * hidden), dtype=np.float32))
-    pool = pool.bfloat16().view(torch.uint16).numpy()  # rows taken at a random start per sample
+    pool = pool.bfloat16()  # rows taken at a random start per sample
+    bits = pool.view(torch.uint16).numpy()
     directory.mkdir(parents=True)
     entries, sizes = [], [0] * shards
     files = [open(directory / shard_name(k), "wb") for k in range(shards)]
@@ -84,9 +88,8 @@ def write_chat_cache(directory: Path, chats, hidden: int, layers: int, shards: i
         for i, (ids, mask) in enumerate(chats):
             ids, mask = ids[:max_len], mask[:max_len]
             n, start, shard = len(ids), int(rng.integers(0, 997)), i * shards // len(chats)
-            rows = pool[start:start + n]
             fields = {"input_ids": ids.astype(np.int32), "attention_mask": np.ones(n, np.uint8), "loss_mask": mask,
-                      "target_hidden_states": rows[:, :layers * hidden], "target_last_hidden_states": rows[:, layers * hidden:]}
+                      **_states(pool[start:start + n], bits[start:start + n], layers, hidden, hidden_dtype)}
             record_id = f"chat/{i}"
             data, offsets = layout.serialize(record_id, fields)
             files[shard].write(data)
@@ -97,7 +100,7 @@ def write_chat_cache(directory: Path, chats, hidden: int, layers: int, shards: i
         for f in files:
             f.close()
     manifest = {"format": FUELLINE_FORMAT_NAME, "version": FUELLINE_VERSION, "num_samples": len(chats),
-                "num_shards": shards, "target_layer_ids": list(range(1, layers + 1)), "hidden_dtype": BF16,
+                "num_shards": shards, "target_layer_ids": list(range(1, layers + 1)), "hidden_dtype": hidden_dtype,
                 "token_dtype": "int32", "mask_dtype": "uint8", "index_record_size": layout.index_dtype().itemsize,
                 "hidden_size": hidden, "target_model_name_or_path": "random/bench",
                 "shards": [{"shard_id": k, "file_name": shard_name(k), "num_bytes": sizes[k]} for k in range(shards)]}
@@ -105,6 +108,17 @@ def write_chat_cache(directory: Path, chats, hidden: int, layers: int, shards: i
     seal_index(index, manifest)
     (directory / INDEX).write_bytes(index.tobytes())
     write_manifest(directory, manifest)
+
+
+def _states(rows: torch.Tensor, bits: np.ndarray, layers: int, hidden: int, hidden_dtype: str) -> dict:
+    """A sample's state fields: the bf16 rows' bits as they are, or the rows quantized to fp8 with their scales."""
+    if hidden_dtype == BF16:
+        return {"target_hidden_states": bits[:, :layers * hidden], "target_last_hidden_states": bits[:, layers * hidden:]}
+    q, scales = quantize(rows[:, :layers * hidden], layers)
+    q_last, scales_last = quantize(rows[:, layers * hidden:], 1)
+    return {"target_hidden_states": q.view(torch.uint8).numpy(), "target_hidden_scales": scales.numpy(),
+            "target_last_hidden_states": q_last.view(torch.uint8).numpy(),
+            "target_last_hidden_scales": scales_last[:, 0].numpy()}
 
 
 def bench_export(cache: Path, work: Path, repeats: int, gzip_samples: int) -> dict:
@@ -116,7 +130,7 @@ def bench_export(cache: Path, work: Path, repeats: int, gzip_samples: int) -> di
             def run():
                 out = work / "export"
                 shutil.rmtree(out, ignore_errors=True)
-                config = ExportConfig(compress=compress, limit=gzip_samples if compress else None)
+                config = SpecForgeExportConfig(compress=compress, limit=gzip_samples if compress else None)
                 return export_specforge(cache, out, config, workers=workers, progress=False)
             seconds, stats = best_of(run, 1 if compress else repeats)
             e = stats["export"]

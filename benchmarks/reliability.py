@@ -24,7 +24,8 @@ target cache's manifest and index records, for both formats and every reader mod
 (reliability_cache.py); (e) chat template spans fuzzed against transformers' assistant masks
 (reliability_templates.py); (f) servers that answer wrongly or die under `chat regenerate`
 (reliability_servers.py). Issue 36 adds (g): exports rerun after each kind of damage and vocab-map
-on damaged caches and pack outputs (reliability_exports.py).
+on damaged caches and pack outputs (reliability_exports.py), for SpecForge's export and both layouts of
+speculators'.
 
 It adds (h) tool-call arguments and reasoning in every form (integers beyond 64 bits, floats
 a rendering would change, lone surrogates, each `<think>` form, fields on the wrong role, OpenAI

@@ -1,16 +1,20 @@
 """Reliability family (g), issue 36: what is made from a target cache, rerun or read after damage.
 
-- **Export reruns.** A finished `fuelline cache export --to specforge` of a real cache (built by
-  `fuelline cache build` from a tiny local model, reliability_cache.py's), then one damage per
-  trial to the export: a file deleted, truncated at a random byte or with a byte flipped (every
-  data file drawn from, `record_ids.txt`, `fuelline_export.json`, the journal, stats.json,
-  `_plan.json`), a data file replaced by another's or by a directory, and strays
-  (`data_500.ckpt`, a `.ckpt.gz` beside a `.ckpt`, a file in a `rows_*` folder of no sample, a
-  `.ckpt` at the top); and a record of the cache changed after the export (its id, its
-  states) with the export's file of it deleted. The same command again: ok when it ends with
+- **Export reruns.** A finished `fuelline cache export` of a real cache (built by `fuelline cache
+  build` from a tiny local model, reliability_cache.py's), for SpecForge (eagle3 plain, dspark
+  gzipped) and speculators (sample files, Arrow layout), then one damage per trial to the export:
+  a file deleted, truncated at a random byte or with a byte flipped (every data file drawn from,
+  `record_ids.txt`, `fuelline_export.json`, the journal, stats.json, `_plan.json`, and the
+  trainer's own small files: `sample_lengths.json`; the Arrow table, dataset_info.json,
+  state.json), a data file replaced by another's or by a directory, and strays (SpecForge:
+  `data_500.ckpt`, a `.ckpt.gz` beside a `.ckpt`, a file in a `rows_*` folder of no sample, a
+  `.ckpt` at the top; speculators' sample files: `data_500.pt`, a `token_freq.pt` at the top and
+  a `.pt` one folder down, which its walker reads alike; its Arrow layout: `hs_500.safetensors`
+  and a note in `hidden_states/`); and a record of the cache changed after the export (its id,
+  its states) with the export's file of it deleted. The same command again: ok when it ends with
   exactly the undamaged export's files (stats.json aside) and says so; a clear error when it
   refuses in one line naming the output or the cache (exit 2, no traceback); silent_wrong when
-  it exits 0 leaving other files (the files SpecForge's walker would read included).
+  it exits 0 leaving other files (the files the trainer's walker would read included).
 - **vocab-map on damage.** `build_vocab_mapping` over a copy of the fuelline cache and of a
   pack output (a synthetic chat token dataset in `train/`) with one file truncated or one byte
   flipped (hypothesis): ok when the mapping and counts equal the undamaged source's, a clear
@@ -27,6 +31,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from trials import Tally, damage_file, isolated, judged
@@ -39,7 +44,7 @@ def scenarios(work: Path, *, full: bool, seed: int) -> list[Tally]:
     from reliability_cache import build_target_cache
 
     cache = build_target_cache(work)
-    tallies = [export_reruns(work, cache, options, full, seed) for options in ([], ["--compress", "--method", "dspark"])]
+    tallies = [export_reruns(work, cache, kind, full, seed) for kind in EXPORTS]
     tallies.append(vocab_map_on_damage(work, cache, "fuelline cache", 200 if full else 40, seed))
     tallies.append(vocab_map_on_damage(work, cache, "fuelline cache", 100 if full else 20, seed, "speculators"))
     tallies.append(vocab_map_on_damage(work, chat_tokens(work / "vm-pack"), "pack output", 200 if full else 40, seed))
@@ -48,9 +53,32 @@ def scenarios(work: Path, *, full: bool, seed: int) -> list[Tally]:
 
 # --- export reruns -----------------------------------------------------------------------------
 
-def export_args(cache: Path, output: Path, options: list[str]) -> list[str]:
-    return ["cache", "export", "--to", "specforge", str(cache), "-o", str(output), "--quiet", "--workers", "1",
-            *options]
+@dataclass
+class ExportKind:
+    """One export to damage: its command's options, where its data files are, and its own small files."""
+
+    label: str
+    options: list[str]  # after `--to`
+    data: str  # the glob of its data files under OUT
+    small: tuple[str, ...] = ()  # the trainer's files beside, besides every export's
+
+    def sample_file(self, export: Path, sample: int) -> list[Path]:
+        return [p for p in export.glob(self.data) if p.name.split(".")[0].rsplit("_", 1)[-1] == str(sample)]
+
+
+EXPORTS = [
+    ExportKind("specforge eagle3", ["specforge"], "rows_*/data_*"),
+    ExportKind("specforge --compress --method dspark", ["specforge", "--compress", "--method", "dspark"],
+               "rows_*/data_*"),
+    ExportKind("speculators sample files", ["speculators"], "data_*.pt", ("sample_lengths.json",)),
+    ExportKind("speculators --layout arrow", ["speculators", "--layout", "arrow"], "hidden_states/hs_*",
+               ("data-00000-of-00001.arrow", "dataset_info.json", "state.json")),
+]
+
+
+def export_args(cache: Path, output: Path, kind: ExportKind) -> list[str]:
+    return ["cache", "export", "--to", *kind.options[:1], str(cache), "-o", str(output), "--quiet", "--workers", "1",
+            *kind.options[1:]]
 
 
 def files(directory: Path) -> dict[str, bytes]:
@@ -59,35 +87,35 @@ def files(directory: Path) -> dict[str, bytes]:
             if p.is_file() and p.name not in BOOKKEEPING}
 
 
-def export_reruns(work: Path, cache: Path, options: list[str], full: bool, seed: int) -> Tally:
+def export_reruns(work: Path, cache: Path, kind: ExportKind, full: bool, seed: int) -> Tally:
     from click.testing import CliRunner
 
     from fuelline.cli import main
 
-    reference = work / f"export-ref{'-'.join(options)}"
+    reference = work / f"export-ref-{kind.label.replace(' ', '')}"
     shutil.rmtree(reference, ignore_errors=True)
-    done = CliRunner().invoke(main, export_args(cache, reference, options))
+    done = CliRunner().invoke(main, export_args(cache, reference, kind))
     if done.exit_code != 0:
         raise SystemExit(f"setup failed: {done.output[-2000:]}")
     expected = files(reference)
-    chosen = damages(reference, random.Random(seed), full)
-    tally = Tally(f"export reruns: {' '.join(options) or 'eagle3'} export (or its cache) damaged, then rerun")
+    chosen = damages(reference, kind, random.Random(seed), full)
+    tally = Tally(f"export reruns: {kind.label} export (or its cache) damaged, then rerun")
     directory = work / "export-damaged"
     for label, apply in chosen:
         shutil.rmtree(directory, ignore_errors=True)
         shutil.copytree(reference, directory)
         apply(directory)
-        result, detail = isolated(lambda: rerun_outcome(cache, directory, options, expected))
+        result, detail = isolated(lambda: rerun_outcome(cache, directory, kind, expected))
         outcome, note = result if isinstance(result, tuple) else (result, detail)  # a crash or hang of the child
         tally.add(outcome, f"{label}: {note}")
     damaged_cache = work / "export-cache-damaged" / cache.name  # the manifest names the cache by its folder
-    for label, apply in cache_damages(cache):  # the cache changed since the export, its index as it was
+    for label, apply in cache_damages(cache, kind):  # the cache changed since the export, its index as it was
         for path in (directory, damaged_cache):
             shutil.rmtree(path, ignore_errors=True)
         shutil.copytree(reference, directory)
         shutil.copytree(cache, damaged_cache)
         apply(damaged_cache, directory)
-        result, detail = isolated(lambda: rerun_outcome(damaged_cache, directory, options, expected))
+        result, detail = isolated(lambda: rerun_outcome(damaged_cache, directory, kind, expected))
         outcome, note = result if isinstance(result, tuple) else (result, detail)
         tally.add(outcome, f"{label}: {note}")
     for path in (directory, damaged_cache.parent):
@@ -95,7 +123,7 @@ def export_reruns(work: Path, cache: Path, options: list[str], full: bool, seed:
     return tally
 
 
-def cache_damages(cache: Path) -> list[tuple[str, object]]:
+def cache_damages(cache: Path, kind: ExportKind) -> list[tuple[str, object]]:
     """(label, apply(cache copy, export copy)): a record of the cache changed after the export, with a
     file of the export to write again: the rerun must not copy the damage into the export."""
     import numpy as np
@@ -115,7 +143,7 @@ def cache_damages(cache: Path) -> list[tuple[str, object]]:
                 f.write(bytes([byte[0] ^ 0x20]))
             for name in ("record_ids.txt", "fuelline_export.json"):
                 (export / name).unlink()
-            for data in export.glob("rows_*/data_3.*") if rewrite else ():
+            for data in kind.sample_file(export, 3) if rewrite else ():
                 data.unlink()
         return apply
 
@@ -124,12 +152,12 @@ def cache_damages(cache: Path) -> list[tuple[str, object]]:
             ("cache: sample 3's states changed since, its file deleted", poke((start + end) // 2, True))]
 
 
-def rerun_outcome(cache: Path, directory: Path, options: list[str], expected: dict[str, bytes]) -> tuple[str, str]:
+def rerun_outcome(cache: Path, directory: Path, kind: ExportKind, expected: dict[str, bytes]) -> tuple[str, str]:
     from click.testing import CliRunner
 
     from fuelline.cli import main
 
-    result = CliRunner().invoke(main, export_args(cache, directory, options))
+    result = CliRunner().invoke(main, export_args(cache, directory, kind))
     if result.exit_code == 0:
         got = files(directory)
         if any(".tmp-" in name for name in got):
@@ -144,10 +172,11 @@ def rerun_outcome(cache: Path, directory: Path, options: list[str], expected: di
     return "crash", f"exit {result.exit_code}: {said[-400:]} {result.exception!r}"
 
 
-def damages(export: Path, rng: random.Random, full: bool) -> list[tuple[str, object]]:
+def damages(export: Path, kind: ExportKind, rng: random.Random, full: bool) -> list[tuple[str, object]]:
     """(label, apply(directory)) for the damages of the module docstring."""
-    data = sorted(p.relative_to(export).as_posix() for p in export.glob("rows_*/data_*"))
-    small = ["record_ids.txt", "fuelline_export.json", "fuelline_export_files.jsonl", "stats.json", "_plan.json"]
+    data = sorted(p.relative_to(export).as_posix() for p in export.glob(kind.data))
+    small = ["record_ids.txt", "fuelline_export.json", "fuelline_export_files.jsonl", "stats.json", "_plan.json",
+             *kind.small]
     targets = (data if full else rng.sample(data, 3)) + small
     found = []
     for name in targets:
@@ -169,18 +198,32 @@ def damages(export: Path, rng: random.Random, full: bool) -> list[tuple[str, obj
         (d / first).unlink()
         (d / first).mkdir()
 
-    folder = Path(first).parent.as_posix()
-    suffix = ".ckpt.gz" if first.endswith(".gz") else ".ckpt"
-    twin = first[: -len(suffix)] + (".ckpt" if suffix == ".ckpt.gz" else ".ckpt.gz")
     found += [(f"{first} and {second} swapped", swapped), (f"{first} a directory", a_directory),
-              ("stray data_500", lambda d: (d / folder / f"data_500{suffix}").write_bytes(b"stray")),
-              (f"stray twin {twin}", lambda d: shutil.copy(d / first, d / twin)),
-              ("stray rows_2000-4000/data_2001", lambda d: (d / "rows_2000-4000").mkdir() or
-               shutil.copy(d / first, d / "rows_2000-4000" / f"data_2001{suffix}")),
-              ("stray top-level .ckpt", lambda d: shutil.copy(d / first, d / "extra.ckpt")),
+              *strays(first, kind),
               ("stats.json and _plan.json deleted", lambda d: [(d / n).unlink() for n in ("stats.json",
                                                                                            "_plan.json")])]
     return found
+
+
+def strays(first: str, kind: ExportKind) -> list[tuple[str, object]]:
+    """(label, apply(directory)): files the trainer would read, or that lie in the export's folders,
+    of no sample of the export; `first`: a data file of it, copied."""
+    def copy(name: str):
+        return lambda d: (d / name).parent.mkdir(parents=True, exist_ok=True) or shutil.copy(d / first, d / name)
+
+    if kind.options[0] == "speculators" and "arrow" in kind.options:
+        return [("stray hs_500", copy("hidden_states/hs_500.safetensors")),
+                ("stray note in hidden_states/", lambda d: (d / "hidden_states" / "notes.txt").write_text("mine"))]
+    if kind.options[0] == "speculators":
+        return [("stray data_500.pt", copy("data_500.pt")), ("stray token_freq.pt", copy("token_freq.pt")),
+                ("stray sub/data_7.pt one folder down", copy("sub/data_7.pt"))]
+    folder = Path(first).parent.as_posix()
+    suffix = ".ckpt.gz" if first.endswith(".gz") else ".ckpt"
+    twin = first[: -len(suffix)] + (".ckpt" if suffix == ".ckpt.gz" else ".ckpt.gz")
+    return [("stray data_500", lambda d: (d / folder / f"data_500{suffix}").write_bytes(b"stray")),
+            (f"stray twin {twin}", lambda d: shutil.copy(d / first, d / twin)),
+            ("stray rows_2000-4000/data_2001", copy(f"rows_2000-4000/data_2001{suffix}")),
+            ("stray top-level .ckpt", copy("extra.ckpt"))]
 
 
 # --- vocab-map on damaged sources ----------------------------------------------------------------

@@ -14,7 +14,8 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from fuelline.cache.export import ExportConfig, export_specforge
+from fuelline.cache.export_specforge import SpecForgeExportConfig, export_specforge
+from fuelline.cache.export_speculators import SpeculatorsExportConfig
 from fuelline.cache.export_files import read_journal
 from fuelline.cli import main
 from fuelline.formats.target_cache import DEEPSPEC_V2, FP8, CacheFormatError, read_index, read_manifest, shard_name
@@ -41,12 +42,12 @@ def data_files(directory: Path) -> list[Path]:
 
 def test_files_are_the_same_bytes_on_every_run_and_gzip_holds_the_plain_files_bytes(tmp_path):
     write_cache(tmp_path / "cache", hidden_dtype=FP8, num_samples=9)
-    config = ExportConfig(method="dspark")
+    config = SpecForgeExportConfig(method="dspark")
     one = export_specforge(tmp_path / "cache", tmp_path / "a", config, workers=1, progress=False)
     two = export_specforge(tmp_path / "cache", tmp_path / "b", config, workers=2, progress=False)
     assert tree(tmp_path / "a") == tree(tmp_path / "b") and len(data_files(tmp_path / "a")) == 9
     assert one["identity"] == two["identity"] and one["export"]["bytes"] == two["export"]["bytes"]
-    export_specforge(tmp_path / "cache", tmp_path / "gz", ExportConfig(method="dspark", compress=True), workers=2,
+    export_specforge(tmp_path / "cache", tmp_path / "gz", SpecForgeExportConfig(method="dspark", compress=True), workers=2,
                      progress=False)
     for plain in data_files(tmp_path / "a"):
         packed = tmp_path / "gz" / plain.relative_to(tmp_path / "a").with_name(plain.name + ".gz")
@@ -56,7 +57,7 @@ def test_files_are_the_same_bytes_on_every_run_and_gzip_holds_the_plain_files_by
 
 def test_the_manifest_record_ids_and_stats_say_what_was_exported_from_which_cache(tmp_path):
     written = write_cache(tmp_path / "cache", hidden_dtype=FP8, num_samples=7, layer_ids=(1, 4, 6))
-    stats = export_specforge(tmp_path / "cache", tmp_path / "out", ExportConfig(limit=5), progress=False)
+    stats = export_specforge(tmp_path / "cache", tmp_path / "out", SpecForgeExportConfig(limit=5), progress=False)
     out = tmp_path / "out"
     manifest = orjson.loads((out / "fuelline_export.json").read_bytes())
     assert manifest["method"] == "eagle3" and manifest["samples"] == manifest["exported"] == 5
@@ -71,15 +72,15 @@ def test_the_manifest_record_ids_and_stats_say_what_was_exported_from_which_cach
     assert stats["records_in"] == stats["records_out"] == e["files"] == e["written_files"] == 5
     assert e["bytes"] == sum(p.stat().st_size for p in data_files(out)) and e["files_per_second"] > 0
     assert orjson.loads((out / "stats.json").read_bytes())["export"] == e
-    again = export_specforge(tmp_path / "cache", out, ExportConfig(limit=5), progress=False)
+    again = export_specforge(tmp_path / "cache", out, SpecForgeExportConfig(limit=5), progress=False)
     assert again["resumed"] and again["export"] == e
-    whole = export_specforge(tmp_path / "cache", tmp_path / "all", ExportConfig(limit=70), progress=False)
+    whole = export_specforge(tmp_path / "cache", tmp_path / "all", SpecForgeExportConfig(limit=70), progress=False)
     assert whole["records_out"] == 7
 
 
 def test_a_deepspec_v2_cache_has_no_record_ids_and_the_manifest_says_so(tmp_path):
     write_cache(tmp_path / "cache", fmt=DEEPSPEC_V2, num_samples=4)
-    stats = export_specforge(tmp_path / "cache", tmp_path / "out", ExportConfig(method="dflash"), progress=False)
+    stats = export_specforge(tmp_path / "cache", tmp_path / "out", SpecForgeExportConfig(method="dflash"), progress=False)
     manifest = orjson.loads((tmp_path / "out" / "fuelline_export.json").read_bytes())
     assert not (tmp_path / "out" / "record_ids.txt").exists() and stats["export"]["record_ids"] is None
     assert manifest["record_ids"] is None and manifest["record_ids_note"] == "a deepspec-v2 cache stores no record ids"
@@ -89,32 +90,32 @@ def test_a_deepspec_v2_cache_has_no_record_ids_and_the_manifest_says_so(tmp_path
 def test_other_options_or_another_cache_are_refused_naming_what_differs_and_restart_redoes(tmp_path):
     write_cache(tmp_path / "cache", num_samples=5)
     out = tmp_path / "out"
-    export_specforge(tmp_path / "cache", out, ExportConfig(), progress=False)
-    for config, named in ((ExportConfig(method="dspark"), "config.method"), (ExportConfig(compress=True), "config.compress"),
-                          (ExportConfig(limit=2), "config.limit"), (ExportConfig(nonfinite="skip"), "config.nonfinite")):
+    export_specforge(tmp_path / "cache", out, SpecForgeExportConfig(), progress=False)
+    for config, named in ((SpecForgeExportConfig(method="dspark"), "config.method"), (SpecForgeExportConfig(compress=True), "config.compress"),
+                          (SpecForgeExportConfig(limit=2), "config.limit"), (SpecForgeExportConfig(nonfinite="skip"), "config.nonfinite")):
         with pytest.raises(StepOutputMismatch, match=rf"different {named}; pass --restart"):
             export_specforge(tmp_path / "cache", out, config, progress=False)
     write_cache(tmp_path / "cache", num_samples=5, seed=3)  # rebuilt with other states: other record checksums
     with pytest.raises(StepOutputMismatch, match=r"different cache\.index_digest"):
-        export_specforge(tmp_path / "cache", out, ExportConfig(), progress=False)
-    redone = export_specforge(tmp_path / "cache", out, ExportConfig(method="dflash", compress=True), restart=True,
+        export_specforge(tmp_path / "cache", out, SpecForgeExportConfig(), progress=False)
+    redone = export_specforge(tmp_path / "cache", out, SpecForgeExportConfig(method="dflash", compress=True), restart=True,
                               progress=False)
     assert "resumed" not in redone and [p.name for p in data_files(out)] == [f"data_{i}.ckpt.gz" for i in range(5)]
     stranger = tmp_path / "mine"
     stranger.mkdir()
     (stranger / "notes.txt").write_text("not an export")
     with pytest.raises(StepOutputMismatch, match="is not a fuelline stage output"):
-        export_specforge(tmp_path / "cache", stranger, ExportConfig(), progress=False)
+        export_specforge(tmp_path / "cache", stranger, SpecForgeExportConfig(), progress=False)
 
 
 def test_a_nan_stops_the_export_naming_the_sample_or_is_skipped_and_listed(tmp_path):
     written = write_cache(tmp_path / "cache", num_samples=6)
     poke(tmp_path / "cache", 2, "target_hidden_states", 2, nan_bytes("bfloat16"), reseal=True)
     with pytest.raises(CacheFormatError, match=r"sample 2 \(record id 'source/2·é'\): aux_hidden_state holds 1 NaN") as e:
-        export_specforge(tmp_path / "cache", tmp_path / "out", ExportConfig(), workers=1, progress=False)
+        export_specforge(tmp_path / "cache", tmp_path / "out", SpecForgeExportConfig(), workers=1, progress=False)
     assert any("--nonfinite skip" in note for note in e.value.__notes__)
     assert not (tmp_path / "out" / "stats.json").exists()
-    skip = ExportConfig(method="dflash", nonfinite="skip")
+    skip = SpecForgeExportConfig(method="dflash", nonfinite="skip")
     stats = export_specforge(tmp_path / "cache", tmp_path / "out", skip, restart=True, progress=False)
     assert stats["dropped"] == {"nonfinite": 1} and stats["records_out"] == 5
     assert stats["drop_examples"]["nonfinite"] == "sample 2: hidden_states holds 1 NaN or Inf value(s)"
@@ -131,7 +132,7 @@ def test_a_damaged_record_stops_the_export_naming_the_sample(tmp_path):
     write_cache(tmp_path / "cache", num_samples=6)
     poke(tmp_path / "cache", 4, "target_hidden_states", 0, b"\x12\x34", reseal=False)
     with pytest.raises(CacheFormatError, match="sample 4: checksum mismatch") as e:
-        export_specforge(tmp_path / "cache", tmp_path / "out", ExportConfig(), workers=1, progress=False)
+        export_specforge(tmp_path / "cache", tmp_path / "out", SpecForgeExportConfig(), workers=1, progress=False)
     assert "the same command resumes" in e.value.__notes__[-1]
     assert not (tmp_path / "out" / "rows_0-2000" / "data_4.ckpt").exists()
 
@@ -139,7 +140,7 @@ def test_a_damaged_record_stops_the_export_naming_the_sample(tmp_path):
 def test_an_export_killed_with_sigkill_resumes_to_the_files_of_an_uninterrupted_one(tmp_path):
     cache, killed = tmp_path / "cache", tmp_path / "killed"
     write_cache(cache, num_samples=400, num_shards=4, hidden_size=64, max_len=128)
-    config = ExportConfig(method="dspark", compress=True, compression_level=1)
+    config = SpecForgeExportConfig(method="dspark", compress=True, compression_level=1)
     export_specforge(cache, tmp_path / "whole", config, workers=2, progress=False)
     command = [sys.executable, "-m", "fuelline", "cache", "export", "--to", "specforge", str(cache), "-o", str(killed),
                "--compress", "--compression-level", "1", "--method", "dspark", "--workers", "2", "--quiet"]
@@ -195,7 +196,8 @@ def test_the_command_and_a_pipeline_step_take_the_same_options(tmp_path):
     command = main.commands["cache"].commands["export"]
     runs = {"to", "cache_dir", "output", "workers", "restart", "verify", "quiet"}
     shown = {p.name for p in command.params if not getattr(p, "hidden", False)}  # hidden: an old spelling refused
-    assert shown - runs == {f.name for f, _ in option_fields(ExportConfig)}
+    assert shown - runs == {f.name for config in (SpecForgeExportConfig, SpeculatorsExportConfig)
+                            for f, _ in option_fields(config)}
     write_cache(tmp_path / "cache", num_samples=4)
     pipeline = tmp_path / "p.toml"
     pipeline.write_text(f'[[step]]\nuse = "specforge-export"\ninput = "{tmp_path / "cache"}"\nmethod = "dflash"\n'
@@ -210,7 +212,7 @@ def test_a_rerun_checks_every_file_and_repairs_what_is_missing_short_changed_or_
     it repaired and ends with the files of an undamaged export; a stray data_500.ckpt is removed."""
     write_cache(tmp_path / "cache", num_samples=7)
     out, rows = tmp_path / "out", tmp_path / "out" / "rows_0-2000"
-    export_specforge(tmp_path / "cache", out, ExportConfig(), workers=1, progress=False)
+    export_specforge(tmp_path / "cache", out, SpecForgeExportConfig(), workers=1, progress=False)
     whole = tree(out)
     (rows / "data_1.ckpt").unlink()
     (rows / "data_2.ckpt").write_bytes((rows / "data_2.ckpt").read_bytes()[:-5])
@@ -248,17 +250,17 @@ def test_a_rerun_checks_every_file_and_repairs_what_is_missing_short_changed_or_
 def test_a_damaged_journal_is_repaired_and_a_partial_export_with_a_torn_line_resumes(tmp_path):
     write_cache(tmp_path / "cache", num_samples=6)
     out = tmp_path / "out"
-    export_specforge(tmp_path / "cache", out, ExportConfig(method="dflash"), workers=1, progress=False)
+    export_specforge(tmp_path / "cache", out, SpecForgeExportConfig(method="dflash"), workers=1, progress=False)
     whole, journal = tree(out), out / "fuelline_export_files.jsonl"
     lines = journal.read_bytes().splitlines(keepends=True)
     journal.write_bytes(b"".join(lines[:2]) + lines[2].replace(b'"bytes":', b'"bytes":1') + lines[3][:-9])
-    stats = export_specforge(tmp_path / "cache", out, ExportConfig(method="dflash"), workers=1, progress=False)
+    stats = export_specforge(tmp_path / "cache", out, SpecForgeExportConfig(method="dflash"), workers=1, progress=False)
     assert stats["export"]["repaired"] == {"unjournaled": [2, 3, 4, 5], "rewritten": ["fuelline_export_files.jsonl"]}
     assert tree(out) == whole
     (out / "stats.json").unlink()  # unfinished: a kill while the journal was being appended to
     journal.write_bytes(journal.read_bytes()[:-20])
     (out / "fuelline_export.json").unlink()
-    stats = export_specforge(tmp_path / "cache", out, ExportConfig(method="dflash"), workers=1, progress=False)
+    stats = export_specforge(tmp_path / "cache", out, SpecForgeExportConfig(method="dflash"), workers=1, progress=False)
     assert tree(out) == whole and stats["export"]["written_files"] == 1 and stats["export"]["repaired"] == {}
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fuelline.cache.dataset import CacheDataset, widen_hidden
-from fuelline.cache.export import ExportConfig, export_specforge
+from fuelline.cache.export_specforge import SpecForgeExportConfig, export_specforge
 from fuelline.cache.specforge import METHODS, NonFiniteState, SpecForgeDataset, specforge_record
 from fuelline.formats.target_cache import (BF16, DEEPSPEC_V2, FP8, FUELLINE, INDEX, CacheFormatError, checksum,
                                            layout_of, read_manifest, seal_index, shard_name)
@@ -72,7 +72,7 @@ def sample_of(path: str) -> int:
 def test_specforges_reader_the_bridge_and_the_dataset_agree_with_the_written_arrays(cache, method, compress,
                                                                                     tmp_path):
     path, fmt, dtype, written = cache
-    export_specforge(path, tmp_path / "out", ExportConfig(method=method, compress=compress, compression_level=1),
+    export_specforge(path, tmp_path / "out", SpecForgeExportConfig(method=method, compress=compress, compression_level=1),
                      workers=2, progress=False)
     items = specforge_reader.read_all(tmp_path / "out", method)
     assert sorted(map(sample_of, items)) == list(range(len(written)))
@@ -94,7 +94,7 @@ def test_specforges_reader_the_bridge_and_the_dataset_agree_with_the_written_arr
 def test_max_len_cuts_every_field_and_eagle3_zeroes_the_last_position_of_the_cut(cache, method, tmp_path):
     path, fmt, dtype, written = cache
     max_len = 7
-    export_specforge(path, tmp_path / "out", ExportConfig(method=method), workers=1, progress=False)
+    export_specforge(path, tmp_path / "out", SpecForgeExportConfig(method=method), workers=1, progress=False)
     bridge = SpecForgeDataset(path, method, max_len=max_len)
     cut = 0
     for file, item in specforge_reader.read_all(tmp_path / "out", method, max_len).items():

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from fuelline.cache.export import ExportConfig
+from fuelline.cache.export_specforge import SpecForgeExportConfig
+from fuelline.cache.export_speculators import SpeculatorsExportConfig
 from fuelline.cache.plan import CacheConfig
 from fuelline.cache.stream import StreamConfig
 from fuelline.cache.vocab_map import VocabMapConfig
@@ -206,32 +207,58 @@ def compare(first, second):
         raise click.exceptions.Exit(1)
 
 
+EXPORT_CONFIGS = {"specforge": SpecForgeExportConfig, "speculators": SpeculatorsExportConfig}
+
+
+def _export_params() -> list[click.Option]:
+    """The options of every trainer's Config, each once (--limit and --nonfinite are every export's)."""
+    params = {}
+    for config in EXPORT_CONFIGS.values():
+        params.update({p.name: p for p in config_params(config) if p.name not in params})
+    return list(params.values())
+
+
 @cache.command(params=[
-    click.Option(["--to"], type=click.Choice(["specforge"]), required=True,
-                 help="the trainer's format: specforge (SpecForge's offline hidden-state files)"),
+    click.Option(["--to"], type=click.Choice(list(EXPORT_CONFIGS)), required=True,
+                 help="the trainer's format: specforge (SpecForge's offline hidden-state files) or speculators "
+                      "(vLLM speculators' sample files, or its Arrow dataset with --layout arrow)"),
     click.Argument(["cache_dir"], metavar="CACHE"),
     click.Option(["--output", "-o"], required=True, type=click.Path(), help="the export directory"),
-    *config_params(ExportConfig), workers_option(),
+    *_export_params(), workers_option(),
     restart_option("delete what the output directory holds and export again"),
     click.Option(["--verify/--no-verify"], default=True, show_default=True,
                  help="on a rerun, check every file's checksum against the export's journal (--no-verify: sizes "
                       "only) and rewrite what is missing, short or changed"),
     quiet_option(), old_progress_option()])
 def export(to, cache_dir, output, workers, restart, verify, quiet, **values):
-    """Write a cache as a trainer's offline data: SpecForge's rows_*/data_*.ckpt files (resumable; a rerun
-    checks every file and repairs what it finds)."""
-    from fuelline.cache.export import ExportStep
+    """Write a cache as a trainer's offline data: SpecForge's rows_*/data_*.ckpt files, or speculators'
+    data_*.pt files or Arrow dataset (resumable; a rerun checks every file and repairs what it finds)."""
     from fuelline.pipeline.config import build_dataclass
+    from fuelline.pipeline.options import flag_of, option_fields
+    from fuelline.pipeline.registry import make_step
     from fuelline.pipeline.workers import RunOptions
 
-    step = ExportStep(build_dataclass(ExportConfig, given(values), "fuelline cache export"))
+    config_cls, chosen = EXPORT_CONFIGS[to], given(values)
+    own = {f.name: f for f, _ in option_fields(config_cls)}
+    if others := [name for name in chosen if name not in own]:
+        flags = ", ".join(flag_of(f) for name in others for f, _ in option_fields(_config_with(name)) if f.name == name)
+        raise click.UsageError(f"{flags}: not an option of --to {to} (it takes "
+                               f"{', '.join(flag_of(f) for f in own.values())})")
+    step = make_step(f"{to}-export", build_dataclass(config_cls, chosen, "fuelline cache export"))
     step.verify = verify
     stats = step.run([cache_dir], output, RunOptions(workers=workers, restart=restart, progress=not quiet), {})
-    click.echo(export_summary(stats, output))
+    click.echo(export_summary(stats, output, step.Target(step.config)))
 
 
-def export_summary(stats: dict, output) -> str:
-    """What an export did, in three lines."""
+def _config_with(name: str) -> type:
+    """The trainer Config that declares option `name`."""
+    from fuelline.pipeline.options import option_fields
+
+    return next(c for c in EXPORT_CONFIGS.values() if any(f.name == name for f, _ in option_fields(c)))
+
+
+def export_summary(stats: dict, output, target) -> str:
+    """What an export did, in three lines; `target`: the export's `ExportTarget`."""
     from fuelline.cache.estimate import human_bytes
 
     e = stats["export"]
@@ -241,23 +268,26 @@ def export_summary(stats: dict, output) -> str:
            f"wrote {e['written_files']:,} files in {e['seconds']:.1f}s: {e['files_per_second']:,.1f} files/s, "
            f"{e['gb_per_second']:.3f} GB/s, {e['workers']} worker(s)")
     ids = f"line i + 1 of {e['record_ids']} is its record id" if e["record_ids"] else "the cache stores no record ids"
-    repaired = [f"{_REPAIRS.get(kind, kind)} {_listed(items)}" for kind, items in (e.get("repaired") or {}).items()]
+    repaired = [f"{_REPAIRS.get(kind, kind)} {_listed(items, target)}"
+                for kind, items in (e.get("repaired") or {}).items()]
     if repaired and not stats.get("resumed"):  # found again, the stats are of the run that repaired
         run += "\n           repaired: " + "; ".join(repaired)
+    pad = " " * (len(target.trainer) + 2)
     return "\n".join([
-        f"specforge  {e['files']:,} of {stats['records_in']:,} samples exported for {e['method']} ({skipped})",
-        f"           {human_bytes(e['bytes'])}{' gzipped' if e['compressed'] else ''}, "
+        f"{target.trainer}  {e['files']:,} of {stats['records_in']:,} samples exported {target.summary()} ({skipped})",
+        f"{pad}{human_bytes(e['bytes'])}{' gzipped' if e.get('compressed') else ''}, "
         f"{'fp8 hidden states widened to bf16' if e['widened_from_fp8'] else 'bf16 hidden states'}; {run}",
-        f"           data_i is sample i of the cache ({ids}); {output}/fuelline_export.json says which cache"])
+        f"{pad}{target.sample_name.format(i='i')} is sample i of the cache ({ids}); "
+        f"{output}/fuelline_export.json says which cache"])
 
 
 _REPAIRS = {"missing": "rewrote missing", "short": "rewrote short", "size": "rewrote longer", "changed": "rewrote changed",
             "unjournaled": "rewrote unjournaled", "strays_removed": "removed strays", "rewritten": "rewrote"}
 
 
-def _listed(items: list) -> str:
-    """Samples as data_i, file names as they are."""
-    return ", ".join(f"data_{i}" if isinstance(i, int) else str(i) for i in items)
+def _listed(items: list, target) -> str:
+    """Samples by their file's name (data_7), file names as they are."""
+    return ", ".join(target.sample_name.format(i=i) if isinstance(i, int) else str(i) for i in items)
 
 
 @cache.command("vocab-map", params=[

@@ -1,41 +1,40 @@
-"""`fuelline cache export --to specforge`: a target cache as SpecForge's offline hidden-state files.
+"""`fuelline cache export --to TRAINER`: a target cache as a trainer's offline files, one a sample.
 
-Sample i of the cache becomes `OUT/rows_{g}-{g+2000}/data_{i}.ckpt` (`.ckpt.gz` with
-`--compress`), g = (i // 2000) * 2000, the layout and dict SpecForge's `prepare_hidden_states.py`
-writes (`fuelline.cache.specforge` has the keys per method). What the files, the journal and the
-reruns promise is told in docs/cache.md ("Training with SpecForge"); how they are kept:
+What a trainer reads is an `ExportTarget`: where sample i's file goes, its bytes, which other files
+in OUT its walker would take, and the small files beside (`fuelline.cache.export_specforge`:
+SpecForge's `rows_*/data_i.ckpt`; `fuelline.cache.export_speculators`: speculators' `data_i.pt`
+with `sample_lengths.json`, or its Arrow dataset with `hidden_states/hs_i.safetensors`). Everything
+else is here, the same for every trainer; what the files, the journal and the reruns promise is
+told in docs/cache.md ("Training with SpecForge"). How they are kept:
 
-- **Files.** Each is written under a hidden temp name (`.data_7.ckpt.tmp-…`, which SpecForge's
-  walker, taking only names ending in .ckpt and .ckpt.gz, never lists). The bytes depend on the
-  sample and the options only: `torch.save` into a file object names its archive `archive` and
-  derives its serialization id from the content (saved to a *path*, the archive is named after
-  the file, so the temp name would show), and gzip is written with mtime 0 and no file name.
+- **Files.** Each is written under a hidden temp name (`.data_7.ckpt.tmp-…`, which no trainer's
+  walker lists: SpecForge's takes names ending in .ckpt and .ckpt.gz, speculators' names ending in
+  pt). The bytes depend on the sample and the options only (each target says how: torch.save into
+  a file object, gzip with mtime 0, safetensors' sorted header).
 - **Parallel.** `workers` threads each read, widen and write one sample at a time; reading
   (page faults in torch's copies), widening, zlib and the writes release the GIL. On 2 cores
-  (200 samples of 1 to 512 tokens, hidden 1024, 3 layers), 1 → 2 threads: gzip 6.2 → 12.4
-  files/s (zlib is the whole cost), plain bf16 61 → 80 files/s (fsync-bound), plain fp8 48 → 52.
+  (200 samples of 1 to 512 tokens, hidden 1024, 3 layers), 1 → 2 threads: SpecForge gzip 6.2 →
+  12.4 files/s (zlib is the whole cost), plain bf16 61 → 80 files/s (fsync-bound), plain fp8 48 → 52.
 - **Resume and recheck.** Every run, finished or not, checks every file against the journal
   (`export_files`) and rewrites the small files where they differ from what the cache and the
-  options make them; the identity (`WorkDir`) is the cache's (`cache_identity`) and the options.
-  stats.json is written last: an OUT with a stats.json is finished.
+  options make them; the identity (`WorkDir`) is the step's, the cache's (`cache_identity`) and
+  the options. stats.json is written last: an OUT with a stats.json is finished.
 """
 
 from __future__ import annotations
 
-import gzip
-import io
 import os
 import pickle
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import orjson
 
 from fuelline.cache.export_files import JOURNAL, check_files, digest, journal_bytes, journal_line, read_journal, strays
-from fuelline.formats.specforge import METHODS
 from fuelline.formats.target_cache import BF16, INDEX, checksum, manifest_digest
 from fuelline.io.atomic import atomic_write, remove_temp_files, write_bytes_atomic
 from fuelline.io.stage_layout import STATS_FILE
@@ -46,35 +45,64 @@ from fuelline.pipeline.workdir import WorkDir
 from fuelline.pipeline.workers import RunOptions
 from fuelline.progress import progress_bar
 
-GROUP = 2000  # files per folder: SpecForge's --file-group-size default
 MANIFEST_FILE, RECORD_IDS_FILE = "fuelline_export.json", "record_ids.txt"
-EXPORT_FORMAT = "fuelline.specforge-export"
-SPECFORGE_FORMAT = "specforge_hidden_states_v1"  # what SpecForge calls the offline files it reads
 NONFINITE = ("error", "skip")
 
 
 @dataclass
-class ExportConfig(Options):
-    """The options of `fuelline cache export --to specforge`; all of them decide the files."""
+class ExportOptions(Options):
+    """The options every export has; a trainer's Config adds its own. All of them decide the files."""
 
-    method: str = option("eagle3", "the SpecForge method the files are for (eagle3: aux_hidden_state and "
-                                   "hidden_state; dspark: hidden_states and target_last_hidden_states; "
-                                   "dflash: hidden_states)", choices=METHODS)
-    compress: bool = option(False, "gzip each file (.ckpt.gz), as SpecForge's --compress")
-    compression_level: int = option(6, "gzip level, 1 (fast) to 9 (small), with --compress", min=1, max=9)
     limit: int | None = option(None, "export only the first N samples of the cache", min=1)
     nonfinite: str = option("error", "a NaN or Inf in a hidden state: error (stop, naming the sample) or skip "
                                      "(no file for it; listed in the export's manifest)", choices=NONFINITE)
 
-    @property
-    def extension(self) -> str:
-        return ".ckpt.gz" if self.compress else ".ckpt"
 
+class ExportTarget:
+    """One trainer's offline files, made from `config` (its `ExportOptions`). A subclass says where
+    each sample's file goes and what it holds, which files of OUT are the trainer's, and what the
+    small files beside hold; the export does the rest."""
 
-def file_path(output: Path, sample: int, extension: str) -> Path:
-    """Where SpecForge's preparation puts sample i: rows_{g}-{g+2000}/data_{i}{extension}."""
-    group = sample // GROUP * GROUP
-    return output / f"rows_{group}-{group + GROUP}" / f"data_{sample}{extension}"
+    trainer = ""  # what `--to` names it
+    export_format = ""  # fuelline_export.json's "format"
+    sample_name = "data_{i}"  # sample i's file, as messages and the manifest name it
+
+    def __init__(self, config: ExportOptions):
+        self.config = config
+
+    def file_path(self, output: Path, sample: int) -> Path:
+        raise NotImplementedError
+
+    def is_data_file(self, output: Path, path: Path) -> bool:
+        """Whether `path`, a file under `output`, is one the trainer would read or that lies in the
+        export's own folders: one that no sample of this export names is a stray and is removed."""
+        raise NotImplementedError
+
+    def file_bytes(self, item: dict, where: tuple[Path, int]) -> tuple[memoryview | bytes, dict]:
+        """(the bytes of the file of `item`, a `CacheDataset` sample; fields its journal line adds).
+        `where`: (cache, sample), what an error names. Raises `NonFiniteState` for a NaN or Inf."""
+        raise NotImplementedError
+
+    def small_files(self, output: Path, dataset, entries: dict[int, dict], exported: list[int]) -> dict[str, bytes]:
+        """The trainer's files beside the samples' (`sample_lengths.json`, an Arrow table), from the
+        journal's `entries` and the files of the `exported` samples, already checked."""
+        return {}
+
+    def manifest_head(self) -> dict:
+        """What fuelline_export.json says of the trainer's format and options, after "version"."""
+        return {}
+
+    def files_note(self) -> str:
+        """Where sample i's file is, in words (fuelline_export.json's "files")."""
+        raise NotImplementedError
+
+    def details(self) -> dict:
+        """The trainer's options as the stats show them (stats.json's "export")."""
+        return {}
+
+    def summary(self) -> str:
+        """What the files are for, after "N of M samples exported" (`fuelline cache export`'s summary)."""
+        raise NotImplementedError
 
 
 def cache_identity(cache) -> dict:
@@ -86,11 +114,12 @@ def cache_identity(cache) -> dict:
             "build": build.get("identity") if build else None}
 
 
-def export_specforge(cache: str | os.PathLike, output: str | os.PathLike, config: ExportConfig, *,
-                     workers: int | None = None, progress: bool = True, restart: bool = False,
-                     verify: bool = True) -> dict:
-    """Export `cache` into `output` (see the module docstring); return the stats written. A rerun
-    checks every file (`verify`: their checksums too, else their sizes) and repairs what it finds."""
+def export_cache(cache: str | os.PathLike, output: str | os.PathLike, target: ExportTarget, *, step: str,
+                 workers: int | None = None, progress: bool = True, restart: bool = False,
+                 verify: bool = True) -> dict:
+    """Export `cache` into `output` as `target`'s files (see the module docstring); return the stats
+    written. `step`: the step's name, part of the identity. A rerun checks every file (`verify`: their
+    checksums too, else their sizes) and repairs what it finds."""
     from fuelline.cache.dataset import CacheDataset
 
     output = Path(output)
@@ -99,99 +128,127 @@ def export_specforge(cache: str | os.PathLike, output: str | os.PathLike, config
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be at least 1, not {workers}")
     dataset = CacheDataset(cache)  # every check that reads no record: a non-cache fails here
-    identity = {"task": ExportStep.name, "config": identity_values(config), "cache": cache_identity(dataset)}
-    step_dir = WorkDir(output, identity, **identity_history(ExportConfig))
+    identity = {"task": step, "config": identity_values(target.config), "cache": cache_identity(dataset)}
+    step_dir = WorkDir(output, identity, **identity_history(type(target.config)))
     with step_dir.lock():
         if restart:
             step_dir.restart()
         done = step_dir.finished()
         if done is None:
-            step_dir.begin(anything_finished=lambda: any(output.glob("rows_*/data_*")))
+            theirs = partial(target.is_data_file, output)  # a file the trainer would read, or of the export's folders
+            step_dir.begin(anything_finished=lambda: bool(strays(output, set(), theirs)))
         remove_temp_files(output)  # of files a killed export left half written (we hold the lock)
-        return _export(dataset, step_dir, config, workers or len(os.sched_getaffinity(0)), progress, verify, done)
+        run = _Run(dataset, step_dir, target, workers or len(os.sched_getaffinity(0)), progress, verify, step)
+        return run.export(done)
 
 
-def _export(dataset, step_dir: WorkDir, config: ExportConfig, workers: int, progress: bool, verify: bool,
-            done: dict | None) -> dict:
-    """Check what OUT holds against the journal (`export_files`), write what is missing or wrong, remove
-    strays; `done`: the stats of the finished export found here, returned as they are when nothing
-    needed repair."""
-    output = step_dir.path
-    count = min(len(dataset), config.limit or len(dataset))
-    if count == 0:
-        raise ValueError(f"{dataset.path}: the cache holds no samples: nothing to export")
-    paths = {i: file_path(output, i, config.extension) for i in range(count)}
-    entries, intact = read_journal(output)
-    if dataset.fuelline:  # a line without the record id its sample has names no file of this export
-        entries = {i: e for i, e in entries.items() if isinstance(e.get("record_id"), str)}
-    found = check_files(paths, entries, verify=verify, workers=workers)
-    pending = sorted(sample for samples in found.values() for sample in samples)
-    began = time.perf_counter()
-    _write(_Writer(dataset, output, config), pending, entries, count, workers, progress)
-    seconds = time.perf_counter() - began
-    skipped = {i: entries[i]["skipped"] for i in range(count) if "skipped" in entries[i]}
-    if len(skipped) == count:
-        first = min(skipped)
-        raise ValueError(f"{dataset.path}: no file exported: all {count:,} samples were skipped (the first, "
-                         f"sample {first}: {skipped[first]})")
-    removed = _remove_strays(output, {paths[i] for i in range(count) if i not in skipped})
-    # as the journal has them: each read with its sample, its record checksummed (None: the format has no ids)
-    ids = [entries[i]["record_id"] for i in range(count)] if dataset.fuelline else None
-    rewritten = _rewrite_changed(output, _small_files(dataset, config, entries, count, skipped, ids))
-    if done is not None and not intact:
-        rewritten.insert(0, JOURNAL)  # damaged or edited after the export finished (a rerun appends to it)
-    repairs = _repairs(found, removed, rewritten, finished=done is not None)
-    if done is not None and not repairs:
-        return done
-    sizes = {i: entries[i]["bytes"] for i in range(count) if i not in skipped}
-    written_bytes = sum(sizes[i] for i in pending if i in sizes)
-    written = [i for i in pending if i in sizes]
-    first = min(skipped, default=None)
-    return step_dir.finish(StepStats(
-        ExportStep.name, count, len(sizes), {"nonfinite": len(skipped)} if skipped else {},
-        {"nonfinite": f"sample {first}: {skipped[first]}"} if skipped else {}, details={"export": {
-            "method": config.method, "compressed": config.compress, "files": len(sizes),
-            "bytes": sum(sizes.values()), "workers": workers, "widened_from_fp8": dataset.manifest["hidden_dtype"] != BF16,
-            "record_ids": RECORD_IDS_FILE if ids is not None else None, "journal": JOURNAL,
-            # this run's writing (a resumed export wrote only the missing files)
-            "written_files": len(written), "written_bytes": written_bytes, "seconds": round(seconds, 3),
-            "files_per_second": round(len(written) / seconds, 2) if seconds else 0.0,
-            "gb_per_second": round(written_bytes / seconds / 1e9, 4) if seconds else 0.0,
-            "repaired": repairs, "checked": "checksums" if verify else "sizes"}}))
+class _Run:
+    """One run of an export: check what OUT holds against the journal (`export_files`), write what is
+    missing or wrong, remove strays, write the small files, then stats.json."""
 
+    def __init__(self, dataset, step_dir: WorkDir, target: ExportTarget, workers: int, progress: bool, verify: bool,
+                 step: str):
+        self.dataset, self.step_dir, self.target, self.output = dataset, step_dir, target, step_dir.path
+        self.workers, self.progress, self.verify, self.step = workers, progress, verify, step
 
-def _write(writer: _Writer, pending: list[int], entries: dict[int, dict], count: int, workers: int,
-           progress: bool) -> None:
-    """Write the files of `pending`, each journaled (and put in `entries`) as it is renamed into place; the
-    journal is flushed line by line, and fsynced when the export rewrites it at the end."""
-    with (open(writer.output / JOURNAL, "ab") as journal,
-          progress_bar(disable=not progress, total=count, initial=count - len(pending), unit="file",
-                       desc="export: specforge") as bar):
-        for sample, entry in _run(writer, pending, workers, bar):
-            entries[sample] = entry
-            journal.write(journal_line(entry))
-            journal.flush()
+    def export(self, done: dict | None) -> dict:
+        """`done`: the stats of the finished export found here, returned as they are when nothing needed repair."""
+        dataset, target, output = self.dataset, self.target, self.output
+        count = min(len(dataset), target.config.limit or len(dataset))
+        if count == 0:
+            raise ValueError(f"{dataset.path}: the cache holds no samples: nothing to export")
+        paths = {i: target.file_path(output, i) for i in range(count)}
+        entries, intact = read_journal(output)
+        if dataset.fuelline:  # a line without the record id its sample has names no file of this export
+            entries = {i: e for i, e in entries.items() if isinstance(e.get("record_id"), str)}
+        found = check_files(paths, entries, verify=self.verify, workers=self.workers)
+        pending = sorted(sample for samples in found.values() for sample in samples)
+        began = time.perf_counter()
+        self._write(pending, entries, count)
+        seconds = time.perf_counter() - began
+        skipped = {i: entries[i]["skipped"] for i in range(count) if "skipped" in entries[i]}
+        if len(skipped) == count:
+            first = min(skipped)
+            raise ValueError(f"{dataset.path}: no file exported: all {count:,} samples were skipped (the first, "
+                             f"sample {first}: {skipped[first]})")
+        exported = [i for i in range(count) if i not in skipped]
+        removed = self._remove_strays({paths[i] for i in exported})
+        # as the journal has them: each read with its sample, its record checksummed (None: the format has no ids)
+        ids = [entries[i]["record_id"] for i in range(count)] if dataset.fuelline else None
+        small = {JOURNAL: journal_bytes(entries, count),
+                 **target.small_files(output, dataset, entries, exported),
+                 MANIFEST_FILE: orjson.dumps(self._manifest(count, len(exported), skipped, ids),
+                                             option=orjson.OPT_INDENT_2) + b"\n"}
+        if ids is not None:
+            small[RECORD_IDS_FILE] = "".join(f"{i}\n" for i in ids).encode("utf-8")
+        rewritten = _rewrite_changed(output, small)
+        if done is not None and not intact:
+            rewritten.insert(0, JOURNAL)  # damaged or edited after the export finished (a rerun appends to it)
+        repairs = _repairs(found, removed, rewritten, finished=done is not None)
+        if done is not None and not repairs:
+            return done
+        return self._finish(count, {i: entries[i]["bytes"] for i in exported}, skipped, ids, pending, seconds, repairs)
 
+    def _finish(self, count: int, sizes: dict[int, int], skipped: dict[int, str], ids: list[str] | None,
+                pending: list[int], seconds: float, repairs: dict) -> dict:
+        """Write stats.json, last: `sizes`, each exported sample's file size; `pending`, the samples this run
+        wrote (or found skipped) in `seconds`."""
+        written = [i for i in pending if i in sizes]
+        written_bytes = sum(sizes[i] for i in written)
+        first = min(skipped, default=None)
+        return self.step_dir.finish(StepStats(
+            self.step, count, len(sizes), {"nonfinite": len(skipped)} if skipped else {},
+            {"nonfinite": f"sample {first}: {skipped[first]}"} if skipped else {}, details={"export": {
+                **self.target.details(), "files": len(sizes), "bytes": sum(sizes.values()), "workers": self.workers,
+                "widened_from_fp8": self.dataset.manifest["hidden_dtype"] != BF16,
+                "record_ids": RECORD_IDS_FILE if ids is not None else None, "journal": JOURNAL,
+                # this run's writing (a resumed export wrote only the missing files)
+                "written_files": len(written), "written_bytes": written_bytes, "seconds": round(seconds, 3),
+                "files_per_second": round(len(written) / seconds, 2) if seconds else 0.0,
+                "gb_per_second": round(written_bytes / seconds / 1e9, 4) if seconds else 0.0,
+                "repaired": repairs, "checked": "checksums" if self.verify else "sizes"}}))
 
-def _small_files(dataset, config: ExportConfig, entries: dict[int, dict], count: int, skipped: dict[int, str],
-                 ids: list[str] | None) -> dict[str, bytes]:
-    """What the journal, the manifest and record_ids.txt of a finished export hold, from the cache and the options."""
-    small = {JOURNAL: journal_bytes(entries, count),
-             MANIFEST_FILE: orjson.dumps(_manifest(dataset, config, count, count - len(skipped), skipped, ids),
-                                         option=orjson.OPT_INDENT_2) + b"\n"}
-    if ids is not None:
-        small[RECORD_IDS_FILE] = "".join(f"{i}\n" for i in ids).encode("utf-8")
-    return small
+    def _write(self, pending: list[int], entries: dict[int, dict], count: int) -> None:
+        """Write the files of `pending`, each journaled (and put in `entries`) as it is renamed into place; the
+        journal is flushed line by line, and fsynced when the export rewrites it at the end."""
+        writer = _Writer(self.dataset, self.output, self.target)
+        with (open(self.output / JOURNAL, "ab") as journal,
+              progress_bar(disable=not self.progress, total=count, initial=count - len(pending), unit="file",
+                           desc=f"export: {self.target.trainer}") as bar):
+            for sample, entry in _run(writer, pending, self.workers, bar):
+                entries[sample] = entry
+                journal.write(journal_line(entry))
+                journal.flush()
 
+    def _remove_strays(self, expected: set[Path]) -> list[str]:
+        """Remove the strays of `export_files.strays` (and the folders they leave empty); their names."""
+        output = self.output
+        found = strays(output, expected, partial(self.target.is_data_file, output))
+        for path in found:
+            path.unlink()
+            if path.parent != output and not any(path.parent.iterdir()):
+                path.parent.rmdir()
+        return [path.relative_to(output).as_posix() for path in found]
 
-def _remove_strays(output: Path, expected: set[Path]) -> list[str]:
-    """Remove the strays of `export_files.strays` (and rows_* folders they leave empty); their names."""
-    found = strays(output, expected)
-    for path in found:
-        path.unlink()
-        if path.parent != output and not any(path.parent.iterdir()):
-            path.parent.rmdir()
-    return [path.relative_to(output).as_posix() for path in found]
+    def _manifest(self, count: int, exported: int, skipped: dict[int, str], ids: list[str] | None) -> dict:
+        dataset, manifest, config = self.dataset, self.dataset.manifest, self.target.config
+        return {
+            "format": self.target.export_format, "version": 1, **self.target.manifest_head(),
+            "files": self.target.files_note(),
+            "samples": count, "exported": exported, "limit": config.limit, "nonfinite": config.nonfinite,
+            "skipped": [{"sample": i, "record_id": ids[i] if ids else None, "reason": reason}
+                        for i, reason in sorted(skipped.items())],
+            "record_ids": RECORD_IDS_FILE if ids is not None else None,
+            "record_ids_note": (f"line i + 1 holds the record id of sample i ({self.target.sample_name.format(i='i')})"
+                                if ids is not None else
+                                f"a {dataset.layout.format} cache stores no record ids"),
+            "cache": {"name": dataset.path.name, "format": dataset.layout.format,
+                      "target_model_name_or_path": manifest.get("target_model_name_or_path"),
+                      "target_layer_ids": manifest["target_layer_ids"], "hidden_size": manifest["hidden_size"],
+                      "num_samples": len(dataset), "hidden_dtype": manifest["hidden_dtype"],
+                      "widened_from_fp8": manifest["hidden_dtype"] != BF16, "exported_dtype": "bfloat16",
+                      "manifest_digest": f"{manifest_digest(manifest):016x}"},
+        }
 
 
 def _rewrite_changed(output: Path, files: dict[str, bytes]) -> list[str]:
@@ -230,17 +287,15 @@ class _Writer:
     """Writes one sample's file; each thread reads through a copy of the dataset of its own (the
     dataset's open-shard LRU is not thread-safe; a pickled copy reopens shards lazily)."""
 
-    def __init__(self, dataset, output: Path, config: ExportConfig):
-        self.dataset, self.output, self.config = dataset, output, config
+    def __init__(self, dataset, output: Path, target: ExportTarget):
+        self.dataset, self.output, self.target = dataset, output, target
         self.local = threading.local()
         self.copy = pickle.dumps(dataset)
 
     def __call__(self, sample: int) -> dict:
         """Write sample's file; its journal entry (`export_files`): its record id, its size and xxh3, or
         why it was skipped."""
-        import torch
-
-        from fuelline.cache.specforge import NonFiniteState, specforge_record
+        from fuelline.cache.trainer_states import NonFiniteState
 
         if not hasattr(self.local, "dataset"):
             self.local.dataset = pickle.loads(self.copy)
@@ -250,23 +305,15 @@ class _Writer:
             raise ValueError(f"{self.dataset.path}: sample {sample}: its record id {ids['record_id']!r} holds a line "
                              f"break, which {RECORD_IDS_FILE} (one id per line) cannot hold")
         try:
-            record = specforge_record(item, self.config.method, where=(self.dataset.path, sample))
+            data, extra = self.target.file_bytes(item, (self.dataset.path, sample))
         except NonFiniteState as e:
-            if self.config.nonfinite == "skip":
+            if self.target.config.nonfinite == "skip":
                 return {"sample": sample, **ids, "skipped": f"{e.key} holds {e.count:,} NaN or Inf value(s)"}
             e.add_note("pass --nonfinite skip to leave such samples out (they are listed in the export's manifest)")
             raise
-        buffer = io.BytesIO()  # one file's bytes, checksummed for the journal before they are written
-        if self.config.compress:  # mtime 0 and no file name: the same bytes on every run
-            with gzip.GzipFile(filename="", mode="wb", fileobj=buffer, compresslevel=self.config.compression_level,
-                               mtime=0) as stream:
-                torch.save(record, stream)
-        else:
-            torch.save(record, buffer)
-        data = buffer.getbuffer()
-        with atomic_write(file_path(self.output, sample, self.config.extension)) as f:
+        with atomic_write(self.target.file_path(self.output, sample)) as f:
             f.write(data)
-        return {"sample": sample, **ids, "bytes": len(data), "xxh3": digest(data)}
+        return {"sample": sample, **ids, "bytes": len(data), "xxh3": digest(data), **extra}
 
 
 def _run(write: _Writer, samples: list[int], workers: int, bar):
@@ -293,37 +340,14 @@ def _run(write: _Writer, samples: list[int], workers: int, bar):
             raise
 
 
-def _manifest(dataset, config: ExportConfig, count: int, exported: int, skipped: dict[int, str],
-              ids: list[str] | None) -> dict:
-    manifest = dataset.manifest
-    return {
-        "format": EXPORT_FORMAT, "version": 1, "specforge_format": SPECFORGE_FORMAT, "method": config.method,
-        "compressed": config.compress, "compression_level": config.compression_level if config.compress else None,
-        "files": f"rows_{{g}}-{{g+{GROUP}}}/data_{{i}}{config.extension}: i is the cache's sample index, "
-                 f"g = i // {GROUP} * {GROUP}",
-        "samples": count, "exported": exported, "limit": config.limit, "nonfinite": config.nonfinite,
-        "skipped": [{"sample": i, "record_id": ids[i] if ids else None, "reason": reason}
-                    for i, reason in sorted(skipped.items())],
-        "record_ids": RECORD_IDS_FILE if ids is not None else None,
-        "record_ids_note": ("line i + 1 holds the record id of sample i (data_i)" if ids is not None else
-                            f"a {dataset.layout.format} cache stores no record ids"),
-        "cache": {"name": dataset.path.name, "format": dataset.layout.format,
-                  "target_model_name_or_path": manifest.get("target_model_name_or_path"),
-                  "target_layer_ids": manifest["target_layer_ids"], "hidden_size": manifest["hidden_size"],
-                  "num_samples": len(dataset), "hidden_dtype": manifest["hidden_dtype"],
-                  "widened_from_fp8": manifest["hidden_dtype"] != BF16, "exported_dtype": "bfloat16",
-                  "manifest_digest": f"{manifest_digest(manifest):016x}"},
-    }
+class TrainerExportStep(Step):
+    """The base of the export steps: a subclass names its `Target` (an `ExportTarget` class) and Config."""
 
-
-class ExportStep(Step):
-    """Export a target cache (the step's one input) as SpecForge's offline hidden-state files."""
-
-    name, Config = "specforge-export", ExportConfig
+    Target: type[ExportTarget]
     verify = True  # a rerun checks every file's checksum; `fuelline cache export --no-verify`: sizes only
 
     def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:
         if len(inputs) != 1:
             raise ValueError(f"{self.name} exports one target cache; it was given {len(inputs)} inputs")
-        return export_specforge(inputs[0], output, self.config, workers=options.workers, progress=options.progress,
-                                restart=options.restart, verify=self.verify)
+        return export_cache(inputs[0], output, self.Target(self.config), step=self.name, workers=options.workers,
+                            progress=options.progress, restart=options.restart, verify=self.verify)

@@ -1,8 +1,9 @@
-"""What every file of a SpecForge export must hold, and the check a rerun makes against it.
+"""What every file of an export (`fuelline.cache.export`) must hold, and the check a rerun makes against it.
 
 The journal `fuelline_export_files.jsonl` has a line per sample, appended as each file is
 renamed into place (so a line never names a file that is not whole):
-`{"sample": 7, "record_id": "…", "bytes": 1234, "xxh3": "…", "check": "…"}`, or `{"sample": 7,
+`{"sample": 7, "record_id": "…", "bytes": 1234, "xxh3": "…", "check": "…"}` (a target may add a
+field of its own: the Arrow layout of speculators keeps the loss mask there), or `{"sample": 7,
 "record_id": "…", "skipped": REASON, "check": "…"}` for a sample left out (`--nonfinite skip`);
 the record id (fuelline caches) is the one read with the sample, its record checksummed, and
 `record_ids.txt` is made from these lines, never from shard bytes read unchecked. `check` is the xxh3 of the
@@ -14,7 +15,8 @@ list of files.
 
 Every run of an export, finished or not, checks every file against it (`check_files`) and lists
 the rest of OUT's data files (`strays`: a `data_500.ckpt` left by someone else, a `.ckpt` beside
-the `.ckpt.gz`) for removal, since SpecForge's walker reads every `.ckpt` and `.ckpt.gz` under OUT.
+the `.ckpt.gz`) for removal, since a trainer's walker reads every file it takes under OUT
+(SpecForge's every `.ckpt` and `.ckpt.gz`, speculators' every name ending in `pt`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import os
 import stat
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -30,7 +33,6 @@ import orjson
 from fuelline.formats.target_cache import checksum, checksum_of
 
 JOURNAL = "fuelline_export_files.jsonl"
-SPECFORGE_SUFFIXES = (".ckpt", ".ckpt.gz")  # what SpecForge's offline walker takes from a directory tree
 READ_BLOCK = 16 << 20
 PROBLEMS = ("missing", "short", "size", "changed", "unjournaled")  # what `check_files` finds, in the order said
 
@@ -118,14 +120,11 @@ def file_digest(path: Path) -> str:
         return f"{checksum_of(iter(lambda: f.read(READ_BLOCK), b'')):016x}"
 
 
-def strays(output: Path, expected: set[Path]) -> list[Path]:
-    """Every file SpecForge's walker would take from `output` (a name ending in .ckpt or .ckpt.gz,
-    at any depth), and every file in a rows_* folder, that is not in `expected`."""
+def strays(output: Path, expected: set[Path], is_data_file: Callable[[Path], bool]) -> list[Path]:
+    """Every file under `output` (at any depth) that `is_data_file` calls the export's (what the
+    trainer's walker would take, what lies in the export's own folders) and that is not in `expected`."""
     found = []
     for folder, _, names in os.walk(output):
-        in_rows = Path(folder).name.startswith("rows_") and Path(folder).parent == output
-        for name in names:
-            path = Path(folder) / name
-            if (in_rows or name.endswith(SPECFORGE_SUFFIXES)) and path not in expected:
-                found.append(path)
+        found += [Path(folder) / name for name in names
+                  if is_data_file(Path(folder) / name) and Path(folder) / name not in expected]
     return sorted(found)

@@ -2,7 +2,7 @@
 reader's processing, and a dataset that gives SpecForge's samples straight from the cache.
 
 SpecForge (sgl-project/SpecForge) trains EAGLE-3, DFlash and DSpark drafts offline from one
-`torch.save` dict per sample (`fuelline.cache.export` writes those files). What a record holds,
+`torch.save` dict per sample (`fuelline.cache.export_specforge` writes those files). What a record holds,
 for a sample of L tokens, k captured layers of hidden size H:
 
     method   keys (every one: int64 [L] ids and mask, bf16 [1, L, ·] states)

@@ -2,8 +2,8 @@
 layout's per-sample files hold for one cache sample.
 
 speculators (vllm-project/speculators) trains EAGLE-3 drafts offline from hidden states its own
-scripts generate through vLLM, in one of two layouts (`fuelline.cache.export` writes both). For a
-sample of T tokens, k captured layers of hidden size H:
+scripts generate through vLLM, in one of two layouts (`fuelline.cache.export_speculators` writes
+both). For a sample of T tokens, k captured layers of hidden size H:
 
     sample files (data_{i}.pt, torch.save, beside sample_lengths.json)
         input_ids int64 [T], loss_mask int64 [T],

@@ -1,6 +1,6 @@
 """SpecForge's offline hidden-state files: the methods they are written for, and the keys each holds.
 
-Declared apart from the export (`fuelline.cache.export`, which writes the files and whose options
+Declared apart from the export (`fuelline.cache.export_specforge`, which writes the files and whose options
 the CLI lists without importing torch) and the bridge (`fuelline.cache.specforge`, which reads a
 cache as SpecForge's records), which both read them.
 """

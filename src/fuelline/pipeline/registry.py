@@ -24,7 +24,8 @@ STEPS: dict[str, str] = {
     "report": "fuelline.report.step:ReportStep",
     "regenerate": "fuelline.chat.regenerate_step:RegenerateStep",
     "cache": "fuelline.cache.step:CacheStep",
-    "specforge-export": "fuelline.cache.export:ExportStep",
+    "specforge-export": "fuelline.cache.export_specforge:SpecForgeExportStep",
+    "speculators-export": "fuelline.cache.export_speculators:SpeculatorsExportStep",
     "vocab-map": "fuelline.cache.vocab_map:VocabMapStep",
 }
 
