@@ -8,10 +8,8 @@ Sample files: every file under the root (os.walk, in walk order) whose name ends
 first file, keyed by the text after the last "_" of each file's stem (a missing key or a bad file:
 lengths guessed from file sizes, scaled by sample 0's). Arrow layout: a `datasets.save_to_disk`
 directory in torch format (its rows' input_ids and loss_mask come out as int64 tensors) with
-input_ids, loss_mask and seq_len columns; row i's states in hidden_states/hs_{i}.safetensors (hs_{s}
-where the table has a source_index column and s is row i's: the file keeps its number when rows
-are left out), a row
-whose token_ids differ from its input_ids dropped (its reader warns and returns None). `datasets` is
+input_ids, loss_mask and seq_len columns; row i's states in hidden_states/hs_{i}.safetensors (by
+row number alone, whatever other columns the table has), a row whose token_ids differ from its input_ids dropped (its reader warns and returns None). `datasets` is
 not installed here, so `arrow_rows` reads the directory as `load_from_disk` does: state.json's data
 files, each an Arrow IPC stream, concatenated.
 """
@@ -67,8 +65,8 @@ def arrow_rows(root) -> list[dict]:
               for entry in state["_data_files"]]
     table = pa.concat_tables(tables)
     assert {"input_ids", "loss_mask", "seq_len"} <= set(table.column_names), table.column_names
-    return [{key: torch.tensor(row[key], dtype=torch.int64) for key in ("input_ids", "loss_mask", "seq_len", "source_index")
-             if key in row} for row in table.to_pylist()]
+    return [{key: torch.tensor(row[key], dtype=torch.int64) for key in ("input_ids", "loss_mask", "seq_len")}
+            for row in table.to_pylist()]
 
 
 def arrow_lengths(root) -> list[int]:
@@ -134,9 +132,9 @@ def read_sample_files(root, hidden_states_dtype=torch.bfloat16) -> dict[str, dic
 
 def read_arrow(root, hidden_states_dtype=torch.bfloat16) -> list[dict | None]:
     """Every row of an Arrow layout, in row order: its dataset item, or None for a dropped row (its
-    file is hs_{source_index} where the table has that column, else hs_{row})."""
+    file is hs_{row})."""
     items = []
     for i, row in enumerate(arrow_rows(root)):
-        raw = load_arrow_sample(root, int(row.get("source_index", i)), row)
+        raw = load_arrow_sample(root, i, row)
         items.append(None if raw is None else dataset_item(raw, hidden_states_dtype))
     return items

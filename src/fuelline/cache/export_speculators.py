@@ -14,8 +14,9 @@ Two layouts (what each file holds: `fuelline.cache.speculators`):
   it: its reader takes each row's loss_mask as a tensor) with one row per exported sample,
   `input_ids`, `loss_mask` (int64 lists), `seq_len` and `source_index` (the cache's sample index),
   and `OUT/hidden_states/hs_{i}.safetensors` holds sample i's `token_ids` and `hidden_states`. Its
-  reader opens row r's file by the row's `source_index` (without that column, by r: a reader that
-  predates it finds the right files only when no sample was skipped). safetensors' header is
+  reader opens row r's file as `hs_{r}` (plus its split's offset), so row r must be sample r: a
+  skipped sample would move every later row onto another file (which its reader then drops with a
+  warning, the token ids differing), and `--nonfinite skip` is refused here. safetensors' header is
   sorted, so the bytes depend on the sample only. The table is made at the end, from what the
   export checked: each row's ids are read back from its file's token_ids (a few bytes of each
   file), its loss mask from its journal line (packed bits); in memory it costs 16 bytes a token.
@@ -51,6 +52,13 @@ class SpeculatorsExportConfig(ExportOptions):
     layout: str = option("files", "files: data_{i}.pt and sample_lengths.json (speculators' sample files); "
                                   "arrow: a datasets directory with hidden_states/hs_{i}.safetensors (its Arrow "
                                   "layout)", choices=LAYOUTS)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.layout == "arrow" and self.nonfinite == "skip":
+            raise ValueError("--nonfinite skip cannot go with --layout arrow: speculators reads row r's states from "
+                             "hidden_states/hs_{r}, so a sample left out would move every later row onto another "
+                             "sample's file; use --layout files (each file names its sample) or --nonfinite error")
 
 
 class SpeculatorsFiles(ExportTarget):
