@@ -78,7 +78,8 @@ def reference_signature(symbols: list[int], ngram: int, a: np.ndarray, b: np.nda
 
 
 @njit(cache=True, inline="always")
-def _hash_ngram(symbols, start, length):
+def hash_symbols(symbols, start, length):
+    """`shingle_hash` of `symbols[start:start + length]`, in numba (any unsigned integer array)."""
     h = np.uint64(FNV_OFFSET)
     for j in range(length):
         h = (h ^ symbols[start + j]) * np.uint64(FNV_PRIME)
@@ -102,7 +103,7 @@ def _minhash_kernel(symbols, offsets, ngram, a, b, shingle_offsets, shingles, si
         if count > keys.shape[0]:
             keys = np.empty(count, dtype=np.uint64)
         for i in range(count):
-            h = _hash_ngram(symbols, start + i, width)
+            h = hash_symbols(symbols, start + i, width)
             shingles[first + i] = h
             keys[i] = h >> np.uint64(32)
         for p in range(a.shape[0]):
