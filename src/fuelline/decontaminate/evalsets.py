@@ -59,6 +59,15 @@ def parse_spec(spec: str) -> tuple[str | None, str, str | None]:
     return name, path, field or None
 
 
+def require_file(path: str) -> None:
+    """An evaluation set is a local file: nothing is downloaded."""
+    if Path(path).is_dir():
+        raise IsADirectoryError(f"evaluation set {path}: a directory; --against takes one file (FILE[:FIELD]), "
+                                "once per set")
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"evaluation set {path}: no such file (--against FILE[:FIELD]; nothing is downloaded)")
+
+
 def _set_name(path: str) -> str:
     fmt, compression = split_suffixes(path)
     base = os.path.basename(path)
@@ -115,8 +124,7 @@ def load_eval_set(spec: str) -> EvalSet:
     """The items of one evaluation set; a missing file, a missing field or a field that holds no
     text is a ValueError naming the file (and line)."""
     name, path, field = parse_spec(spec)
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"evaluation set {path}: no such file (--against FILE[:FIELD]; nothing is downloaded)")
+    require_file(path)
     layout = field if field in LAYOUTS else None
     candidates = LAYOUTS[layout] if layout else (field,) if field else DETECTED
     items, chosen = [], None

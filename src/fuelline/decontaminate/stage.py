@@ -15,7 +15,6 @@ stage's identity: a run against an edited set is not resumed as if it were the s
 from __future__ import annotations
 
 import hashlib
-import os
 from collections import defaultdict
 from dataclasses import dataclass
 from itertools import islice
@@ -24,7 +23,7 @@ from typing import Iterable, Iterator
 
 import orjson
 
-from fuelline.decontaminate.evalsets import load_eval_sets, parse_spec
+from fuelline.decontaminate.evalsets import load_eval_sets, parse_spec, require_file
 from fuelline.decontaminate.index import EvalIndex, Rule, build_index
 from fuelline.formats import chat_record
 from fuelline.io.atomic import write_bytes_atomic
@@ -96,8 +95,7 @@ class DecontaminateStage(Stage):
         found = {}
         for spec in self.config.against:
             _, path, _ = parse_spec(spec)
-            if not os.path.isfile(path):
-                raise FileNotFoundError(f"evaluation set {path}: no such file (--against FILE[:FIELD])")
+            require_file(path)
             with open(path, "rb") as f:
                 found[spec] = hashlib.file_digest(f, "sha256").hexdigest()
         return found
