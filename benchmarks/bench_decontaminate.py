@@ -24,7 +24,8 @@ repository's tests is used, and no public evaluation set: the rule is not tuned 
   on one core, best of 5; and recall of both on the planted English items. datatrove is not run:
   its index builder loads evaluation sets only through lighteval's task registry, and its English
   word tokenizer needs spaCy; neither is in benchmarks/.venv.
-- Memory: the index's bytes.
+- Memory: the index's bytes; and the stage end to end (2 workers, chat records, shards of 5,000)
+  over the training records and over four copies of them: the workers' peak memory stays the same.
 
     .venv/bin/python benchmarks/bench_decontaminate.py [--smoke]
 """
@@ -39,7 +40,7 @@ import string
 import time
 from pathlib import Path
 
-from common import SHARED_DATA, best_of, parse_args, smoke, write_result
+from common import SHARED_DATA, MemoryPeaks, best_of, parse_args, smoke, write_result
 
 from fuelline.decontaminate.evalsets import EvalItem, EvalSet
 from fuelline.decontaminate.index import Rule, build_index
@@ -217,6 +218,36 @@ def _shares_13gram(item: str, record: str) -> bool:
     return bool(literal_13gram([EvalSet("", "", "", (EvalItem(1, None, (item,)),))], [record])[0])
 
 
+def stage_run(sets, train, work: Path, copies: int) -> dict:
+    """The stage end to end (read, check, write, rejects, report) on 2 workers, over the training
+    texts as chat records repeated `copies` times: its time and its processes' peak memory, which
+    should not grow with the training data."""
+    import orjson
+
+    from fuelline.decontaminate.stage import DecontaminateConfig, DecontaminateStage
+    from fuelline.pipeline.executor import RunOptions, run_stage
+
+    work.mkdir(parents=True, exist_ok=True)
+    specs = []
+    for s in sets:
+        path = work / f"{s.name}.jsonl"
+        path.write_bytes(b"".join(orjson.dumps({"prompt": item.parts[0]}) + b"\n" for item in s.items))
+        specs.append(f"{path}:prompt")
+    source = work / f"train-x{copies}.jsonl"
+    with open(source, "wb") as f:
+        for copy in range(copies):
+            f.writelines(orjson.dumps({"id": f"r{copy}-{k}", "conversations": [
+                {"role": "user", "content": text}, {"role": "assistant", "content": "ok"}]}) + b"\n"
+                for k, text in enumerate(train))
+    started = time.perf_counter()
+    with MemoryPeaks() as peaks:
+        stats = run_stage(DecontaminateStage(DecontaminateConfig(against=specs)), source, work / f"out-x{copies}",
+                          RunOptions(workers=2, shard_size=5_000, progress=False))
+    seconds = time.perf_counter() - started
+    return {"records": stats["records_in"], "dropped": stats["dropped"].get("contaminated", 0),
+            "seconds": round(seconds, 2), "records_per_s": round(stats["records_in"] / seconds), **peaks.result()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--held", type=int, default=500, help="items held apart per source as its evaluation set")
@@ -243,7 +274,14 @@ def main() -> None:
           f"items {timing['recall_issue_edits_english']}, on every planted English item "
           f"{timing['recall_planted_english']}, on all {timing['recall_planted_all']}; false positives "
           f"{timing['false_positives']}", flush=True)
-    write_result("decontaminate", {"data": {"sources": [str(Path(p).name) for p in sorted(CHAT.glob('*.zst'))],
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        stage = [stage_run(sets, train, Path(scratch), copies) for copies in ((1,) if smoke() else (1, 4))]
+    for row in stage:
+        print(f"stage, 2 workers: {row['records']:,} records in {row['seconds']} s, peak worker RSS "
+              f"{row['peak_worker_rss_mib']} MiB", flush=True)
+    write_result("decontaminate", {"stage": stage, "data": {"sources": [str(Path(p).name) for p in sorted(CHAT.glob('*.zst'))],
                                             "held_apart_per_source": held, "planted_per_source": planted,
                                             "training_records": len(train), "min_ngrams": MIN_NGRAMS, "common": COMMON},
                                    "default": {"ngram": DEFAULT[0], "threshold": DEFAULT[1]},
