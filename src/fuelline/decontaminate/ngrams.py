@@ -25,7 +25,7 @@ import numpy as np
 from numba import njit
 
 from fuelline.dedup.minhash import FNV_OFFSET, FNV_PRIME, MASK64, finish, mix64, shingle_hash
-from fuelline.text import cjk_characters, word_characters
+from fuelline.text import cjk_characters
 
 NGRAM_BASE = 0x9E3779B97F4A7C15  # odd: the n-gram polynomial's base, mod 2**64
 UNKNOWN, SEPARATOR, WORD, CJK, BOUNDARY = 0, 1, 2, 3, 4  # a character's class; UNKNOWN: not looked up yet
