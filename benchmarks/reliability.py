@@ -47,6 +47,10 @@ given zero, negatives, huge numbers, NaN, infinity or the wrong type, on the com
 pipeline files; records of the other pipeline to each command; `fuelline run` killed and rerun,
 leaving no lock or temp file.
 
+Issue 40 adds (n) `decontaminate` against bad evaluation sets, with odd values of its options,
+and rerun after its evaluation set was edited (reliability_decontaminate.py); and to (a) its kill
+and resume.
+
 It adds (l) `chat regenerate` resumed with another model, option or input (reliability_resume.py):
 refused, naming what differs, the output untouched; other request settings resume.
 
@@ -89,6 +93,7 @@ import reliability_cache  # noqa: E402
 import reliability_chat_forms  # noqa: E402
 import reliability_chat_records  # noqa: E402
 import reliability_cli  # noqa: E402
+import reliability_decontaminate  # noqa: E402
 import reliability_exports  # noqa: E402
 import reliability_resume  # noqa: E402
 import reliability_servers  # noqa: E402
@@ -184,10 +189,12 @@ def pipeline_jobs(work: Path, raw: Path, full: bool) -> list[Job]:
             sys.exit(f"setup failed: {stderr[-2000:]}")
     chats = SHARED_DATA / "chat" / "sharegpt_zh_1K.jsonl.zst"
     shards = ("-w", 2, "--shard-size", 4000, "-q")
+    against = held_apart_poems(work, cleaned)
     jobs = [
         Job("clean", lambda o: cli("clean", "-i", raw, "-o", o, *shards)),
         Job("boilerplate", lambda o: cli("boilerplate", "-i", cleaned, "-o", o, *shards)),
         Job("dedup", lambda o: cli("dedup", "-i", cleaned, "-o", o, *shards)),
+        Job("decontaminate", lambda o: cli("decontaminate", "-i", cleaned, "-o", o, "--against", against, *shards)),
         Job("tokenizer train", lambda o: cli("tokenizer", "train", "-i", cleaned, "-o", o, "--vocab-size", 1000)),
         Job("pack", lambda o: cli("pack", "-i", cleaned, "--tokenizer", tokenizer, "-o", o, "--threads", 1,
                                   *shards)),
@@ -197,6 +204,16 @@ def pipeline_jobs(work: Path, raw: Path, full: bool) -> list[Job]:
     if full:
         jobs += full_only_jobs(work, chats)
     return jobs
+
+
+def held_apart_poems(work: Path, cleaned: Path) -> Path:
+    """Every 500th cleaned poem as an evaluation set: decontaminate's kill trials drop their copies."""
+    from fuelline.io import read_records
+
+    path = work / "in-eval-poems.jsonl"
+    path.write_bytes(b"".join(orjson.dumps({"text": r["text"]}) + b"\n"
+                              for k, r in enumerate(read_records(cleaned)) if k % 500 == 0))
+    return path
 
 
 def full_only_jobs(work: Path, chats: Path) -> list[Job]:
@@ -514,6 +531,8 @@ FAMILIES = [
     ("(k) the command line: odd values, wrong record types, stopped runs' locks", reliability_cli),
     ("(l) chat regenerate resumed with another model, option or input", reliability_resume),
     ("(m) the streaming target cache: resumed with other options, damaged, odd values, killed", reliability_stream),
+    ("(n) decontaminate: bad evaluation sets, odd values, an evaluation set edited between runs",
+     reliability_decontaminate),
 ]
 ALL_SECTIONS = "abcd" + "".join(title[1] for title, _ in FAMILIES)
 

@@ -24,8 +24,8 @@ def test_help_lists_only_working_commands():
     assert result.exit_code == 0
     section = result.stdout.split("Commands:")[1].splitlines()
     listed = [line.split()[0] for line in section if line.startswith("  ") and line[2] != " "]  # not wrapped help
-    assert listed == ["boilerplate", "cache", "chat", "clean", "dedup", "demo", "export", "ingest", "inspect", "pack", "report", "run",
-                      "serve", "tokenizer", "verify"]
+    assert listed == ["boilerplate", "cache", "chat", "clean", "decontaminate", "dedup", "demo", "export", "ingest",
+                      "inspect", "pack", "report", "run", "serve", "tokenizer", "verify"]
     for command in listed:  # each one builds and documents its options
         shown = fuelline(command, "--help")
         assert shown.exit_code == 0 and "Usage: " in shown.output, (command, shown.output)

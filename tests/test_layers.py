@@ -17,7 +17,7 @@ own layer or lower ones. The layers, lowest first, as the code stands:
    and `pipeline.output` (a record stage run shard by shard, into a directory or a URL);
 3. the tools stages use: `tokenizer`, `serve` (inference servers), `loader`, `models`, `model_source`
    (where a model the user names lives, for `serve` and `cache` alike);
-4. record stages: ingest, clean, dedup, and the funnel `report`;
+4. record stages: ingest, clean, dedup, decontaminate, and the funnel `report`;
 5. `chat`, which builds on clean's poetry rules, the tokenizer and the servers;
 6. `pack` and `cache`, which encode chat records;
 7. running pipelines: the rest of `pipeline` (config, registry);
@@ -43,7 +43,7 @@ LAYERS: list[list[str]] = [
      "fuelline.pipeline.stats", "fuelline.pipeline.shards", "fuelline.pipeline.lifetime", "fuelline.pipeline.workers",
      "fuelline.pipeline.ray_executor", "fuelline.pipeline.executor", "fuelline.pipeline.output"],
     ["fuelline.tokenizer", "fuelline.serve", "fuelline.loader", "fuelline.models", "fuelline.model_source"],
-    ["fuelline.ingest", "fuelline.clean", "fuelline.dedup", "fuelline.report"],
+    ["fuelline.ingest", "fuelline.clean", "fuelline.dedup", "fuelline.decontaminate", "fuelline.report"],
     ["fuelline.chat"],
     ["fuelline.pack", "fuelline.cache"],
     ["fuelline.pipeline"],

@@ -27,7 +27,9 @@ HALVES = {
                        "chat regenerate resumed with another option or input",
                        "cache stream resumed with another option or input",
                        "stream with a damaged partition or manifest, read whole",
-                       "stream with its builder and trainer ranks SIGKILLed at random moments"},
+                       "stream with its builder and trainer ranks SIGKILLed at random moments",
+                       "decontaminate against a bad evaluation set", "decontaminate with odd values of its options",
+                       "decontaminate rerun after its evaluation set was edited"},
 }
 
 

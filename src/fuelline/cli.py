@@ -16,6 +16,7 @@ from fuelline import __version__
 from fuelline.io.remote import filesystem, is_url, refuse_url
 from fuelline.pipeline.registry import STAGES, step_class
 from fuelline.pipeline.stats import dominant_drop, require_kept
+from fuelline.report.funnel import contamination_lines
 from fuelline.pipeline.workers import RunOptions
 from fuelline.cache.cli import cache as cache_group, cache_numbers
 from fuelline.chat.regenerate_config import RegenerateConfig
@@ -114,6 +115,8 @@ def _print_stats(all_stats: list[dict], outputs: list[Path | str | None] | None 
         for key in SUMMARY_KEYS:  # corpus-level numbers a stage or task adds
             if key in stats:
                 click.echo(f"  {key}: " + ", ".join(f"{k} {v}" for k, v in stats[key].items()))
+        for line in contamination_lines(stats.get("decontaminate")):
+            click.echo(f"  {line}")
         for category, numbers in stats.get("categories", {}).items():
             click.echo(f"  category {category}: " + ", ".join(f"{k} {v:,}" for k, v in numbers.items()))
         for split, numbers in stats.get("splits", {}).items():

@@ -174,6 +174,22 @@ def test_clean_dedup_and_pack_on_a_ray_cluster_write_the_local_bytes(ray_address
     assert boilerplate["counters"]["boilerplate_lines_removed"] > 100  # and boilerplate removed lines
 
 
+def test_decontaminate_on_a_ray_cluster_writes_the_local_bytes(ray_address, local_runs, tmp_path):
+    """Its index is built once by the driver and read by every Ray worker; each shard's findings add up."""
+    from fuelline.io import read_records
+
+    against = tmp_path / "poems.jsonl"
+    poems = [r["text"] for r in read_records(local_runs / "clean")][::300][:8]  # Chinese, found by characters
+    against.write_bytes(b"".join(orjson.dumps({"text": p}) + b"\n" for p in poems))
+    for where, extra in (("local", ["-w", "1"]), ("ray", ["--executor", "ray", "--ray-address", ray_address])):
+        run_ok("decontaminate", "-i", str(local_runs / "clean"), "-o", str(tmp_path / where), "--against", str(against),
+               "--shard-size", SHARD, *extra)
+    assert data_files(tmp_path / "ray") == data_files(tmp_path / "local")
+    stats = orjson.loads((tmp_path / "ray" / "stats.json").read_bytes())
+    assert stats["decontaminate"]["sets"]["poems"]["items_found"] == len(poems)
+    assert stats["dropped"]["contaminated"] >= len(poems)
+
+
 def test_dedup_on_ray_reads_and_writes_urls(ray_address, local_runs, tmp_path):
     """file:// in and out on Ray: workers fetch their shards' inputs and upload their own parts."""
     out = tmp_path / "dedup"

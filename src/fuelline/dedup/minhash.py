@@ -78,13 +78,20 @@ def reference_signature(symbols: list[int], ngram: int, a: np.ndarray, b: np.nda
 
 
 @njit(cache=True, inline="always")
-def _hash_ngram(symbols, start, length):
-    h = np.uint64(FNV_OFFSET)
-    for j in range(length):
-        h = (h ^ symbols[start + j]) * np.uint64(FNV_PRIME)
+def finish(h):
+    """splitmix64's finalizer (`mix64`), in numba."""
     h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return h ^ (h >> np.uint64(31))
+
+
+@njit(cache=True, inline="always")
+def hash_symbols(symbols, start, length):
+    """`shingle_hash` of `symbols[start:start + length]`, in numba (any unsigned integer array)."""
+    h = np.uint64(FNV_OFFSET)
+    for j in range(length):
+        h = (h ^ symbols[start + j]) * np.uint64(FNV_PRIME)
+    return finish(h)
 
 
 @njit(cache=True)
@@ -102,7 +109,7 @@ def _minhash_kernel(symbols, offsets, ngram, a, b, shingle_offsets, shingles, si
         if count > keys.shape[0]:
             keys = np.empty(count, dtype=np.uint64)
         for i in range(count):
-            h = _hash_ngram(symbols, start + i, width)
+            h = hash_symbols(symbols, start + i, width)
             shingles[first + i] = h
             keys[i] = h >> np.uint64(32)
         for p in range(a.shape[0]):

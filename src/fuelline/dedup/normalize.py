@@ -8,41 +8,15 @@ It runs once per document and feeds both the exact key and the shingles.
 
 from __future__ import annotations
 
-import functools
 import re
-import sys
 import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
 
-from fuelline.text import per_document_counts
+from fuelline.text import per_document_counts, word_characters
 
 WHITESPACE = re.compile(r"\s+")
-
-
-class _WordCharacters:
-    """Whether code points are word characters, as the regex `\\w` decides but for "_" (str.isalnum):
-    letters and digits of any script, not punctuation, symbols or whitespace. The table is filled
-    as code points are first seen (a poetry shard brings ~7,000, the whole table would be 1.1 M)."""
-
-    UNKNOWN, OTHER, WORD = 0, 1, 2
-
-    def __init__(self):
-        self._table = np.zeros(sys.maxunicode + 1, dtype=np.uint8)
-
-    def __call__(self, code_points: np.ndarray) -> np.ndarray:
-        kinds = self._table[code_points]
-        if (kinds == self.UNKNOWN).any():
-            new = np.flatnonzero(np.bincount(code_points[kinds == self.UNKNOWN], minlength=len(self._table)))
-            self._table[new] = [self.WORD if chr(c).isalnum() else self.OTHER for c in new.tolist()]
-            kinds = self._table[code_points]
-        return kinds == self.WORD
-
-
-@functools.cache
-def _word_characters() -> _WordCharacters:
-    return _WordCharacters()
 
 
 def remove_non_word(texts: list[str]) -> list[str]:
@@ -51,7 +25,7 @@ def remove_non_word(texts: list[str]) -> list[str]:
     code_points = np.frombuffer(encoded, dtype=np.uint32)
     offsets = np.zeros(len(texts) + 1, dtype=np.int64)
     np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)), out=offsets[1:])
-    keep = _word_characters()(code_points)
+    keep = word_characters(code_points)
     kept = code_points[keep].tobytes().decode("utf-32-le", errors="surrogatepass")
     ends = np.cumsum(per_document_counts(keep, offsets)).tolist()
     return [kept[begin:end] for begin, end in zip([0, *ends[:-1]], ends)]

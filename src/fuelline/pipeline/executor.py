@@ -197,6 +197,8 @@ def _identity(stage: Stage, inputs: list[Path | str], options: RunOptions, targe
     }
     if stage.outputs:
         identity["outputs"] = {name: os.path.relpath(d, output_dir) for name, d in targets.items()}
+    if reads := stage.fingerprints():
+        identity["reads"] = reads
     return identity
 
 

@@ -13,6 +13,7 @@ STAGES: dict[str, str] = {
     "boilerplate": "fuelline.clean.boilerplate:BoilerplateStage",
     "clean": "fuelline.clean.stage:CleanStage",
     "dedup": "fuelline.dedup.stage:DedupStage",
+    "decontaminate": "fuelline.decontaminate.stage:DecontaminateStage",
     "chat-prepare": "fuelline.chat.prepare:ChatPrepareStage",
     "chat-from-poetry": "fuelline.chat.from_poetry:ChatFromPoetryStage",
 }

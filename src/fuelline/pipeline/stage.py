@@ -77,6 +77,11 @@ class Stage:
         `ctx.workdir`, which survives an interrupted run. Most stages need nothing here.
         """
 
+    def fingerprints(self) -> dict[str, str]:
+        """Checksums of the files the stage reads besides its input (decontaminate's evaluation sets):
+        part of its identity, so that an output made from other files is not taken for this one's."""
+        return {}
+
     def summary(self, workdir: Path, stats: dict[str, Any]) -> dict[str, Any]:
         """Corpus-level numbers for stats.json that no single shard knows.
 

@@ -31,7 +31,8 @@ def load_funnel(run_dir: str | os.PathLike) -> dict:
             "seconds": stats.get("wall_seconds"),
         }
         step["adds_up"] = step["records_in"] == step["records_out"] + step["dropped_total"]
-        for extra in ("dedup", "tokenizer", "splits", "counters", "outputs", "schemas", "forms", "categories", "cache"):
+        for extra in ("dedup", "tokenizer", "splits", "counters", "outputs", "schemas", "forms", "categories", "cache",
+                      "decontaminate"):
             if stats.get(extra):
                 step[extra] = stats[extra]
         steps.append(step)
@@ -49,6 +50,21 @@ def load_funnel(run_dir: str | os.PathLike) -> dict:
 def other_counters(step: dict) -> dict[str, int]:
     """A step's counters but chat-prepare's schema.* and category.*, which both reports show as tables."""
     return {k: v for k, v in step.get("counters", {}).items() if not k.startswith(("schema.", "category."))}
+
+
+def contamination_lines(report: dict | None) -> list[str]:
+    """decontaminate's report in words: per evaluation set, its items found and in how many records."""
+    if not report:
+        return []
+    lines = []
+    for name, found in report["sets"].items():
+        line = (f"{name}: {found['items_found']:,} of {found['items']:,} items found, in {found['records']:,} "
+                f"training records ({report['action']})")
+        if found["examples"]:
+            first = found["examples"][0]
+            line += f"; e.g. item {first['item']} in {first['records']:,}: {first['text'][:60]!r}"
+        lines.append(line)
+    return lines
 
 
 def format_funnel(funnel: dict) -> str:
@@ -75,6 +91,7 @@ def format_funnel(funnel: dict) -> str:
             lines.append(f"    cache: {c['tokens']:,} tokens, supervised {c['supervised_share']:.2%}, {c['bytes']:,} "
                          f"bytes in {c['shards']} shard(s), {c['bytes_per_token']:,.1f} bytes/token ({c['format']}, "
                          f"{c['hidden_dtype']}), padding {c['padding_share']:.2%}")
+        lines.extend(f"    {line}" for line in contamination_lines(s.get("decontaminate")))
         if counters := other_counters(s):
             lines.append("    (" + ", ".join(f"{k} {v:,}" for k, v in counters.items()) + ")")
     if "tokens" in funnel:

@@ -13,7 +13,8 @@ from fuelline.report.funnel import other_counters
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:1em 0}
 td,th{padding:.3em .8em;border-bottom:1px solid #ddd;text-align:right}td:first-child,th:first-child{text-align:left}
-.reason td:first-child{padding-left:2em;color:#666}.bad{color:#b00}img{max-width:100%;margin:1em 0}"""
+.reason td:first-child{padding-left:2em;color:#666}.bad{color:#b00}img{max-width:100%;margin:1em 0}
+td.examples{text-align:left;font-size:.85em;max-width:40em}"""
 
 
 def _png(figure) -> bytes:
@@ -195,6 +196,7 @@ def render_html(funnel: dict, pictures: dict[str, bytes]) -> str:
         if counters := other_counters(s):
             text = ", ".join(f"{html.escape(k)} {v:,}" for k, v in counters.items())
             rows.append(f"<tr class='reason'><td colspan='6'>{text}</td></tr>")
+    tables = "".join(contamination_table(s["name"], s["decontaminate"]) for s in funnel["steps"] if s.get("decontaminate"))
     tokens = ""
     if "tokens" in funnel:
         t = funnel["tokens"]
@@ -204,8 +206,24 @@ def render_html(funnel: dict, pictures: dict[str, bytes]) -> str:
                      for name, data in pictures.items())
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>fuelline funnel</title><style>{STYLE}</style>"
             f"</head><body><h1>Funnel of {html.escape(funnel['run'])}</h1><table><tr><th>stage</th><th>in</th>"
-            f"<th>out</th><th>dropped</th><th>kept</th><th>seconds</th></tr>{''.join(rows)}</table>{tokens}{images}"
+            f"<th>out</th><th>dropped</th><th>kept</th><th>seconds</th></tr>{''.join(rows)}</table>{tables}{tokens}{images}"
             f"</body></html>")
+
+
+def contamination_table(step: str, report: dict) -> str:
+    """decontaminate's report: one row per evaluation set, its items found, the training records that
+    hold them, and the items found in the most records."""
+    rows = []
+    for name, found in report["sets"].items():
+        examples = "<br>".join(f"item {e['item']}{' (' + html.escape(str(e['id'])) + ')' if e['id'] is not None else ''}"
+                               f" in {e['records']:,}: {html.escape(e['text'])}" for e in found["examples"])
+        rows.append(f"<tr><td>{html.escape(name)}</td><td>{found['items']:,}</td><td>{found['items_found']:,}</td>"
+                    f"<td>{found['records']:,}</td><td class='examples'>{examples}</td></tr>")
+    rule = report["rule"]
+    return (f"<h2>Evaluation items found by {html.escape(step)} ({html.escape(report['action'])})</h2><p>word "
+            f"{rule['ngram']}-grams (CJK: characters), an item found when a record holds {rule['threshold']:.0%} of its "
+            f"n-grams</p><table class='contamination'><tr><th>evaluation set</th><th>items</th><th>found</th>"
+            f"<th>training records</th><th>examples</th></tr>{''.join(rows)}</table>")
 
 
 def write_report(funnel: dict, directory: Path) -> Path:

@@ -1,0 +1,62 @@
+"""The n-grams decontamination compares: the numba kernel gives the bits of the plain-Python
+reference, and the edits a prompt goes through (case, spacing, punctuation, full-width forms,
+composed or decomposed accents) leave its n-grams as they were."""
+
+import itertools
+
+import pytest
+
+from fuelline.decontaminate.ngrams import ngram_hashes, reference_ngrams, tokens
+from fuelline.io import read_records
+
+from ..conftest import shared_file
+
+TRICKY = [
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",
+    "用 Python 写一个函数，计算两个数的和。",  # mixed: words and characters in one sequence
+    "ＡＢＣ ｄｅｆ café ﬁne Straße",  # full-width letters, a ligature
+    "cafe\u0301 na\u0308ive",  # decomposed accents: normalized whole
+    "हिन्दी भाषा का शब्द",  # combining vowel signs inside words
+    "한국어 텍스트 ᄒᆞᆫ글",  # hangul syllables and conjoining jamo
+    "㎏ ½ ① … “quoted” ΣΑΣ",
+    "a\x00b c",  # a NUL inside a text is a space
+    "",
+]
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_the_kernel_gives_the_reference_bits(n):
+    texts = TRICKY + [t.upper() for t in TRICKY[:3]]
+    hashes, offsets = ngram_hashes(texts, n)
+    for i, text in enumerate(texts):
+        assert hashes[offsets[i]:offsets[i + 1]].tolist() == reference_ngrams(text, n), text
+
+
+def test_the_kernel_gives_the_reference_bits_on_real_chat_text():
+    texts = [r["conversations"][0]["value"] for r in itertools.islice(
+        read_records(shared_file("chat/sharegpt_zh_1K.jsonl.zst")), 300)]
+    hashes, offsets = ngram_hashes(texts, 8)
+    for i, text in enumerate(texts):
+        assert hashes[offsets[i]:offsets[i + 1]].tolist() == reference_ngrams(text, 8)
+
+
+def test_words_and_cjk_characters_are_the_tokens():
+    assert tokens("用 Python 写一个函数，计算 2 个数") == ["用", "python", "写", "一", "个", "函", "数", "计", "算", "2",
+                                                     "个", "数"]
+    assert tokens("Hello,world! It's 3.14") == ["hello", "world", "it", "s", "3", "14"]
+
+
+@pytest.mark.parametrize("edited", [
+    "natalia  SOLD clips to 48 of her friends\nin april; and then she sold half as many clips in may!!",
+    "Ｎａｔａｌｉａ sold clips to ４８ of her friends in April, and then she sold half as many clips in May.",
+])
+def test_case_spacing_punctuation_and_full_width_forms_change_no_ngram(edited):
+    original = TRICKY[0]
+    assert reference_ngrams(edited, 8) == reference_ngrams(original, 8)
+    hashes, offsets = ngram_hashes([original, edited], 8)
+    assert hashes[:offsets[1]].tolist() == hashes[offsets[1]:].tolist()
+
+
+def test_a_text_shorter_than_n_tokens_has_no_ngram():
+    hashes, offsets = ngram_hashes(["one two three", "one two three four"], 4)
+    assert offsets.tolist() == [0, 0, 1] and len(hashes) == 1
