@@ -20,6 +20,7 @@ TRICKY = [
     "한국어 텍스트 ᄒᆞᆫ글",  # hangul syllables and conjoining jamo
     "㎏ ½ ① … “quoted” ΣΑΣ",
     "a\x00b c",  # a NUL inside a text is a space
+    "Don't stop: it's the teacher's 'quoted' word, rock ’n’ roll, o'", "'' a' 'b x'y'z",  # apostrophes
     "",
 ]
 
@@ -43,12 +44,15 @@ def test_the_kernel_gives_the_reference_bits_on_real_chat_text():
 def test_words_and_cjk_characters_are_the_tokens():
     assert tokens("用 Python 写一个函数，计算 2 个数") == ["用", "python", "写", "一", "个", "函", "数", "计", "算", "2",
                                                      "个", "数"]
-    assert tokens("Hello,world! It's 3.14") == ["hello", "world", "it", "s", "3", "14"]
+    assert tokens("Hello,world! It's 3.14") == ["hello", "world", "its", "3", "14"]
+    # an apostrophe inside a word joins it; at a word's edge it separates, as other punctuation does
+    assert tokens("don’t 'quoted' rock 'n' roll o'") == ["dont", "quoted", "rock", "n", "roll", "o"]
 
 
 @pytest.mark.parametrize("edited", [
     "natalia  SOLD clips to 48 of her friends\nin april; and then she sold half as many clips in may!!",
     "Ｎａｔａｌｉａ sold clips to ４８ of her friends in April, and then she sold half as many clips in May.",
+    "Natalia sold clips to 48 of her friend's in April, and then she sold half as many clip’s in May.",
 ])
 def test_case_spacing_punctuation_and_full_width_forms_change_no_ngram(edited):
     original = TRICKY[0]

@@ -2,8 +2,8 @@
 
 A text is NFKC-normalized and case-folded, then cut into tokens: a run of letters and digits of a
 script written with spaces is a word, and every Han, kana or hangul character is a token of its
-own (those scripts put no spaces between words); everything else (spaces, newlines, punctuation,
-symbols) only separates tokens. So "Natalia sold clips to 48 of her friends" and "natalia  sold
+own (those scripts put no spaces between words); an apostrophe between two letters is dropped
+("don't" is "dont"); everything else (spaces, newlines, punctuation, symbols) only separates tokens. So "Natalia sold clips to 48 of her friends" and "natalia  sold
 CLIPS, to 48 of her friends!" give the same tokens, and mixed text ("用 Python 写一个函数") is one
 sequence of words and characters. An n-gram is n tokens in a row, hashed to 64 bits.
 
@@ -28,7 +28,8 @@ from fuelline.dedup.minhash import FNV_OFFSET, FNV_PRIME, MASK64, finish, mix64,
 from fuelline.text import cjk_characters
 
 NGRAM_BASE = 0x9E3779B97F4A7C15  # odd: the n-gram polynomial's base, mod 2**64
-UNKNOWN, SEPARATOR, WORD, CJK, BOUNDARY = 0, 1, 2, 3, 4  # a character's class; UNKNOWN: not looked up yet
+UNKNOWN, SEPARATOR, WORD, CJK, BOUNDARY, APOSTROPHE = 0, 1, 2, 3, 4, 5  # a character's class; UNKNOWN: not yet
+APOSTROPHES = "'\u2019\u02bc"  # inside a word they join its two halves; elsewhere they separate
 NEEDS_NFKC, KIND = 8, 7  # a flag on the class: the text must be NFKC-normalized whole; the class without it
 
 
@@ -46,7 +47,10 @@ def fold(text: str) -> str:
 
 
 def char_class(c: str) -> int:
-    """SEPARATOR, WORD (a letter, digit or combining mark) or CJK, of a character as `fold` leaves it."""
+    """SEPARATOR, WORD (a letter, digit or combining mark), CJK or APOSTROPHE, of a character as `fold`
+    leaves it."""
+    if c in APOSTROPHES:
+        return APOSTROPHE
     if cjk_characters(np.array([ord(c)], dtype=np.uint32))[0]:
         return CJK
     return WORD if c.isalnum() or unicodedata.category(c)[0] == "M" else SEPARATOR
@@ -62,7 +66,7 @@ def _entry(c: str) -> tuple[int, int]:
         or 0x1100 <= ord(c) <= 0x11FF or 0xA960 <= ord(c) <= 0xA97F or 0xD7B0 <= ord(c) <= 0xD7FF
     if len(normal) == 1 and not combining:
         return char_class(normal), ord(lower(normal))
-    if not combining and not any(char_class(x) != SEPARATOR for x in normal):
+    if not combining and not any(char_class(x) not in (SEPARATOR, APOSTROPHE) for x in normal):
         return SEPARATOR, ord(c)
     return char_class(c) | NEEDS_NFKC, ord(lower(c))
 
@@ -94,11 +98,13 @@ def _fill_tables(code_points: np.ndarray, classes: np.ndarray, folded: np.ndarra
 
 
 @njit(cache=True, inline="always")
-def _hash_token(code_points, folded, start, length):
-    """`shingle_hash` of a token's characters, folded."""
+def _hash_token(code_points, table, folded, start, length):
+    """`shingle_hash` of a token's characters, folded, its apostrophes left out."""
     h = np.uint64(FNV_OFFSET)
     for j in range(length):
-        h = (h ^ np.uint64(folded[code_points[start + j]])) * np.uint64(FNV_PRIME)
+        c = code_points[start + j]
+        if table[c] & KIND != APOSTROPHE:
+            h = (h ^ np.uint64(folded[c])) * np.uint64(FNV_PRIME)
     return finish(h)
 
 
@@ -141,18 +147,21 @@ def _ngram_kernel(code_points, table, folded, n, normalized, tokens, out, out_of
             count = 0
             i += 1
             continue
-        if kind == SEPARATOR:
+        if kind == SEPARATOR or kind == APOSTROPHE:
             i += 1
             continue
         j = i + 1
         while kind == WORD and j < end:
             entry = table[code_points[j]]
+            if entry & KIND == APOSTROPHE and j + 1 < end and table[code_points[j + 1]] & KIND == WORD:
+                j += 1  # "don't": the word goes on after it
+                continue
             if entry & KIND != WORD:
                 break
             if entry & NEEDS_NFKC and normalized[d] == 0:
                 normalized[d] = 2
             j += 1
-        tokens[count] = _hash_token(code_points, folded, i, j - i)
+        tokens[count] = _hash_token(code_points, table, folded, i, j - i)
         count += 1
         i = j
     return 1
@@ -194,8 +203,11 @@ def ngram_hashes(texts: list[str], n: int) -> tuple[np.ndarray, np.ndarray]:
 def tokens(text: str) -> list[str]:
     """The tokens of one text, the plain way (for tests and messages): words and CJK characters."""
     found, word = [], []
-    for c in fold(text):
+    folded = fold(text)
+    for k, c in enumerate(folded):
         kind = char_class(c)
+        if kind == APOSTROPHE and word and k + 1 < len(folded) and char_class(folded[k + 1]) == WORD:
+            continue  # inside a word: left out, the word goes on
         if kind != WORD and word:
             found.append("".join(word))
             word = []
