@@ -187,7 +187,7 @@ def build_index(sets: list[EvalSet], rule: Rule) -> EvalIndex:
                           "items": len(eval_set.items),
                           "parts_too_short": int((raw[mine] == 0).sum()) if len(mine) else 0,
                           "parts_only_common": int(((raw[mine] > 0) & (totals[mine] == 0)).sum()) if len(mine) else 0,
-                          "texts": [[item.id, list(item.parts)] for item in eval_set.items]})
+                          "texts": [[item.id, list(item.parts), item.number] for item in eval_set.items]})
     items = {"rule": vars(rule), "sets": described, "parts": parts, "common_ngrams": int(len(common)),
              "ngrams": int(len(table_keys))}
     return EvalIndex(arrays, items)

@@ -144,13 +144,14 @@ class DecontaminateStage(Stage):
                            orjson.dumps({"items": found_items, "records": set_records}))
 
     def _detail(self, index: EvalIndex, items: dict[str, tuple[int, int]]) -> str:
-        """The reject's detail: each item found, as SET item N (id ID): K of M n-grams."""
+        """The reject's detail: each item found, as SET item N (its line or position in its file) (id ID): K of
+        M n-grams."""
         sets, n = index.items["sets"], index.ngram
         said = []
         for key, (count, total) in sorted(items.items(), key=lambda kv: -kv[1][0] / kv[1][1]):
             s, i = map(int, key.split("/"))
-            item_id = sets[s]["texts"][i][0]
-            said.append(f"{sets[s]['name']} item {i + 1}" + (f" (id {item_id})" if item_id is not None else "")
+            item_id, _, number = sets[s]["texts"][i]
+            said.append(f"{sets[s]['name']} item {number}" + (f" (id {item_id})" if item_id is not None else "")
                         + f": {count} of {total} {n}-grams")
         return "; ".join(said)
 
@@ -182,9 +183,9 @@ def decontamination_report(described: dict, totals: dict[str, list], records: di
                        if key.split("/")[0] == str(s)), key=lambda x: (-x[1], x[0]))
         examples = []
         for i, count, ids in mine[:EXAMPLES]:
-            item_id, texts = eval_set["texts"][i]
+            item_id, texts, number = eval_set["texts"][i]
             text = " / ".join(texts)
-            examples.append({"item": i + 1, "id": item_id, "text": text[:PREVIEW] + ("…" if len(text) > PREVIEW else ""),
+            examples.append({"item": number, "id": item_id, "text": text[:PREVIEW] + ("…" if len(text) > PREVIEW else ""),
                              "records": count, "record_ids": ids})
         sets[eval_set["name"]] = {
             "file": eval_set["file"], "field": eval_set["field"], "items": eval_set["items"],
