@@ -27,11 +27,11 @@ bf16 and in an fp8 cache (the same values quantized, with per-token scales).
    project's venv) the rows come from the reader rule's pyarrow restatement, and the run says so.
 5. Reading every sample in a shuffled order, as its trainer's items: `SpeculatorsDataset` on the
    cache in place, against its reader rule on the exported sample files and on the Arrow layout
-   (rows from `datasets`), each item's two state tensors copied once (what its collator's
-   torch.cat does with them; a view of the cache is read then), page cache warm, the readers
-   taking turns `--repeats` times (best of each): samples/s and GB/s of the bf16 states
-   delivered, from the bf16 cache and from the fp8 cache (widened as it is read; the exports
-   hold bf16).
+   (rows from `datasets`, each indexed twice as its reader does), each item's two state tensors
+   copied once (what its collator's torch.cat does with them; a view of the cache is read then),
+   page cache warm, the readers taking turns `--repeats` times (best of each): samples/s and GB/s
+   of the bf16 states delivered, from the bf16 cache and from the fp8 cache (widened as it is
+   read; the exports hold bf16).
 
     benchmarks/.venv/bin/python benchmarks/bench_speculators.py [--export-samples 600] [--repeats 2]
 """
@@ -149,9 +149,14 @@ def bench_reading(cache: Path, work: Path, rows, repeats: int) -> dict:
     files, arrow = find_sample_files(work / "export-files"), work / "export-arrow"
     order = list(range(len(bridge)))
     random.Random(0).shuffle(order)
+
+    def arrow_item(i: int) -> dict:
+        """Its `ArrowDataset` item: it indexes the table twice, for the ids' check and for the loss mask."""
+        return dataset_item({**load_arrow_sample(arrow, i, rows[i]), "loss_mask": rows[i]["loss_mask"]})
+
     readers = {"SpeculatorsDataset on the cache": bridge.__getitem__,
                "its reader rule on the sample files": lambda i: dataset_item(load_sample_file(files[i])),
-               "its reader rule on the Arrow layout": lambda i: dataset_item(load_arrow_sample(arrow, i, rows[i]))}
+               "its reader rule on the Arrow layout": arrow_item}
     state_bytes = sum(bridge[i][key].nbytes for i in order for key in STATES)
 
     def read_all(read) -> None:
