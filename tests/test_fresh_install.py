@@ -66,8 +66,10 @@ def environment_of(distributions: set[str], where: Path) -> Path:
         for entry in dist.entry_points.select(group="console_scripts"):
             module, _, attribute = entry.value.partition(":")
             script = where / "bin" / entry.name
+            # guarded as pip writes them: a process spawned by multiprocessing (transformers serve's model
+            # process, since transformers 5.25) runs this file again as its main module
             script.write_text(f"#!{python}\nimport sys\nfrom {module} import {attribute.split('.')[0]}\n"
-                              f"sys.exit({attribute}())\n")
+                              f"if __name__ == '__main__':\n    sys.exit({attribute}())\n")
             script.chmod(0o755)
     return where / "bin"
 
