@@ -15,7 +15,7 @@ import click
 from fuelline import __version__
 from fuelline.io.remote import filesystem, is_url, refuse_url
 from fuelline.pipeline.registry import STAGES, step_class
-from fuelline.pipeline.stats import dominant_drop, require_kept
+from fuelline.pipeline.stats import dominant_drop, dropped_text, require_kept
 from fuelline.report.funnel import contamination_lines
 from fuelline.pipeline.workers import RunOptions
 from fuelline.cache.cli import cache as cache_group, cache_numbers
@@ -102,7 +102,7 @@ def _print_stats(all_stats: list[dict], outputs: list[Path | str | None] | None 
         if "report" in stats:
             click.echo(f"report     {stats['report']}")
             continue
-        dropped = ", ".join(f"{reason} {n:,}" for reason, n in stats["dropped"].items()) or "none"
+        dropped = dropped_text(stats["dropped"])
         resumed = f", {stats['resumed_shards']} shard(s) resumed" if stats.get("resumed_shards") else ""
         if stats.get("resumed"):  # a finished step found again
             resumed = f", resumed: done in an earlier run in {stats['original_wall_seconds']:.1f}s"
@@ -331,7 +331,7 @@ def regenerate_command(inputs, output, resume, restart, quiet, **values):
         require_kept(stats)
         return
     c = stats["counters"]
-    dropped = ", ".join(f"{k} {v:,}" for k, v in stats["dropped"].items()) or "none"
+    dropped = dropped_text(stats["dropped"])
     click.echo(f"regenerate in {stats['records_in']:,}  out {stats['records_out']:,} ({c['resumed']:,} resumed)  "
                f"dropped: {dropped}  requests {c['requests']:,} (retried {c['retried']:,}), "
                f"{c['tokens_generated']:,} tokens in {stats['wall_seconds']:.1f}s"
@@ -361,7 +361,7 @@ def pack(inputs, output, **values):
     for split, numbers in stats["splits"].items():
         click.echo(f"{split:<6} {_split_summary(numbers, step.config.template, 9)}")
     if stats["dropped"] or any(stats["counters"].values()):
-        click.echo("dropped: " + (", ".join(f"{k} {v:,}" for k, v in stats["dropped"].items()) or "none") +
+        click.echo("dropped: " + dropped_text(stats["dropped"]) +
                    "".join(f"; {k} {v:,}" for k, v in stats["counters"].items()) + _rejects_note(stats, output))
     click.echo(f"{stats['dtype']}, vocabulary {stats['vocab_size']:,}; wrote {output}")
     _warn(stats)

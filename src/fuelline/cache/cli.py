@@ -11,6 +11,7 @@ from fuelline.cache.export_speculators import SpeculatorsExportConfig
 from fuelline.cache.plan import CacheConfig
 from fuelline.cache.stream import StreamConfig
 from fuelline.cache.vocab_map import VocabMapConfig
+from fuelline.pipeline.stats import dropped_text
 from fuelline.cli_options import (at_least, config_params, given, old_progress_option, quiet_option, restart_option,
                                    workers_option)
 
@@ -66,7 +67,7 @@ def stream(inputs, output, restart, quiet, **values):
     from fuelline.cache.estimate import human_bytes
 
     s = stats["stream"]
-    dropped = ", ".join(f"{k} {v:,}" for k, v in stats["dropped"].items()) or "none"
+    dropped = dropped_text(stats["dropped"])
     click.echo(f"stream     in {stats['records_in']:>10,}  out {stats['records_out']:>10,}  dropped: {dropped}"
                f"{'  (already streamed)' if stats.get('resumed') else ''}\n"
                f"           {s['partitions']} partition(s) over {s['epochs']} epoch(s), every one acknowledged and "
@@ -78,7 +79,7 @@ def stream(inputs, output, restart, quiet, **values):
 
 def summary(stats: dict, output) -> str:
     """What a build did, in three lines (also printed by the chat demo)."""
-    dropped = ", ".join(f"{k} {v:,}" for k, v in stats["dropped"].items()) or "none"
+    dropped = dropped_text(stats["dropped"])
     from fuelline.io.stage_layout import REJECTS_DIR
 
     rejects = Path(output) / REJECTS_DIR
@@ -132,7 +133,7 @@ def estimate(model, hidden_size, inputs, tokens, samples, tokens_per_second, **v
         if not model or not Path(model).is_dir():
             raise click.UsageError("--input needs --model as a directory with the tokenizer")
         estimates, counts = estimate_from_inputs(model, list(inputs), config, hidden_size)
-        dropped = ", ".join(f"{k} {v:,}" for k, v in counts["dropped"].items()) or "none"
+        dropped = dropped_text(counts["dropped"])
         click.echo(f"{counts['samples']:,} of {counts['records_in']:,} conversations kept (dropped: {dropped}), "
                    f"{counts['tokens']:,} tokens")
     elif tokens:

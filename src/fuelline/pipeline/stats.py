@@ -53,6 +53,11 @@ class StepStats:
         return stats
 
 
+def dropped_text(dropped: dict[str, int]) -> str:
+    """A step's drops as the CLI prints them: "reason 1,234, other 5", or "none"."""
+    return ", ".join(f"{reason} {n:,}" for reason, n in dropped.items()) or "none"
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """A step's bookkeeping file (stats.json, a plan or shard marker), atomically, keys sorted."""
     write_bytes_atomic(path, orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
