@@ -20,21 +20,11 @@ from fuelline.cache.fp8 import error_bound
 from fuelline.cache.speculators import (SpeculatorsDataset, speculators_arrow_row, speculators_arrow_tensors,
                                         speculators_record)
 from fuelline.cache.trainer_states import NonFiniteState
-from fuelline.formats.target_cache import BF16, DEEPSPEC_V2, FP8, FUELLINE
+from fuelline.formats.target_cache import BF16, FP8, FUELLINE
 
 from . import speculators_reader as reader
 from .synthetic import write_cache
-from .test_specforge import nan_bytes, poke, widened
-
-KINDS = [(FUELLINE, BF16), (FUELLINE, FP8), (DEEPSPEC_V2, BF16)]
-LAYERS, HIDDEN = 3, 8
-
-
-@pytest.fixture(scope="module", params=KINDS, ids=lambda k: f"{k[0]}-{k[1]}")
-def cache(request, tmp_path_factory):
-    fmt, dtype = request.param
-    path = tmp_path_factory.mktemp(f"{fmt}-{dtype}")
-    return path, fmt, dtype, write_cache(path, fmt=fmt, hidden_dtype=dtype, num_samples=12, num_shards=3)
+from .test_specforge import HIDDEN, KINDS, LAYERS, cache, nan_bytes, poke, widened  # noqa: F401 (cache: the fixture)
 
 
 def write_sample_files(cache, out: Path):

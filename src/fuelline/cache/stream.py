@@ -37,7 +37,7 @@ from fuelline.cache.ranks import Ranks
 from fuelline.cache.writer import shard_done
 from fuelline.formats.target_cache import MANIFEST
 from fuelline.formats.target_stream import (BUILDER, HEARTBEAT_SECONDS, STREAM_FORMAT, STREAM_MANIFEST,
-                                            STREAM_VERSION, StreamError, acknowledged, partition_name,
+                                            STREAM_VERSION, StreamError, acknowledged, epoch_name, partition_name,
                                             read_stream_manifest, write_heartbeat, write_stream_manifest)
 from fuelline.model_source import resolve_model
 from fuelline.pipeline.options import identity_history, option
@@ -90,7 +90,7 @@ def cut_epoch(batches: list[list[int]], config: StreamConfig, epoch: int) -> lis
     return partitions + [current] if current else partitions
 
 
-def partition_plan(plan: Plan, batches: list[list[int]], numbers: list[int], sizes: np.ndarray,
+def partition_plan(plan: Plan, batches: list[list[int]], numbers: list[int], lengths: np.ndarray, sizes: np.ndarray,
                    config: CacheConfig, directory: Path) -> Plan:
     """The plan of one partition: its batches dealt round-robin to the fewest shards (at least
     `min_shards`, so ranks share it) that keep each under `max_shard_bytes`; tokens read from the
@@ -101,14 +101,13 @@ def partition_plan(plan: Plan, batches: list[list[int]], numbers: list[int], siz
         if all(sum(int(sizes[batches[n]].sum()) for n in m) <= config.max_shard_bytes for m in members):
             break
         count += 1
-    samples, _, _ = plan.tokens()
     shards, first = [], 0
     for shard_id, member in enumerate(members):
         rows, starts, cost = [], [], 0
         for n in member:
             starts.append(len(rows))
             rows += batches[n]
-            cost += len(batches[n]) * int(samples["length"][batches[n]].max())
+            cost += len(batches[n]) * int(lengths[batches[n]].max())
         shards.append(Shard(shard_id, rows, starts, first, int(sizes[rows].sum()), cost))
         first += len(rows)
     return Plan(directory, plan.identity, plan.hidden_size, first, {}, 0, plan.record_ids, shards,
@@ -134,7 +133,8 @@ class Partitions:
 
     def plan_of(self, epoch: int, index: int) -> Plan:
         directory = self.plan.directory / partition_name(epoch, index)
-        return partition_plan(self.plan, self.batches, self.epochs[epoch][index], self.sizes, self.config, directory)
+        return partition_plan(self.plan, self.batches, self.epochs[epoch][index], self.lengths, self.sizes,
+                              self.config, directory)
 
 
 def stream_cache(model: str | os.PathLike, inputs: list[str], output: str | os.PathLike, config: StreamConfig,
@@ -328,7 +328,7 @@ class StreamBuilder:
             if waiting_for is not None and self._room_for(waiting_for):
                 break
             self._wait(waiting_for)
-        count, nbytes = self._on_disk()
+        _, nbytes = self._on_disk()
         self.manifest["high_water_bytes"] = max(self.manifest["high_water_bytes"], nbytes + waiting_for["bytes"])
         waiting_for["state"] = "building"
         self._save()
@@ -391,7 +391,7 @@ class StreamBuilder:
             "largest_partition_bytes": max((p["bytes"] for p in manifest["partitions"]), default=0)}}
         samples = len(plan.record_ids)
         for epoch in range(self.config.epochs):  # every partition is deleted: their directories are empty
-            shutil.rmtree(self.path / partition_name(epoch, 0).split("/")[0], ignore_errors=True)
+            shutil.rmtree(self.path / epoch_name(epoch), ignore_errors=True)
         stats = self.step_dir.finish(StepStats("cache", plan.records_in, samples, dict(plan.dropped),
                                                dict(plan.drop_examples), counters={"truncated": plan.truncated},
                                                details=details))

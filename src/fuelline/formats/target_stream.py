@@ -45,9 +45,14 @@ class StreamError(FormatError):
     wait that ended: the message names the file or partition and what to do."""
 
 
+def epoch_name(epoch: int) -> str:
+    """The directory of an epoch's partitions under the stream (`epoch-0000`)."""
+    return f"epoch-{epoch:04d}"
+
+
 def partition_name(epoch: int, index: int) -> str:
     """The partition's directory under the stream, and its name in messages (`epoch-0000/part-00003`)."""
-    return f"epoch-{epoch:04d}/part-{index:05d}"
+    return f"{epoch_name(epoch)}/part-{index:05d}"
 
 
 def write_stream_manifest(directory: Path, manifest: dict[str, Any]) -> None:
