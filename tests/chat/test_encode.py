@@ -358,9 +358,13 @@ def test_auto_with_qwen3s_own_template_supervises_each_answer_never_a_header(qwe
                                                                          "m<|im_end|>", "t<|im_end|>"]
     assert [r.input_ids.tolist() for r in auto] == [r.input_ids.tolist() for r in named]
     assert [r.loss_mask.tolist() for r in auto] == [r.loss_mask.tolist() for r in named]
-    # Qwen3 strips the final answer's leading newlines: its span would be a guess, so it is refused
-    with pytest.raises(ValueError, match="^conversation 1: turn 1: the Jinja chat template of 'auto' transforms"):
-        encode_chats([POEM, EDGES[0]], own, "auto")
+    # Qwen3 strips the final answer's leading newlines: rendered turn by turn, what it writes is supervised
+    stripped = encode_chats([EDGES[0]], own, "auto")[0]
+    assert decode(qwen, stripped.input_ids[stripped.loss_mask]) == "starts on a newline<|im_end|>"
+    # an earlier turn keeps them but loses the think block of the last turn: marks locate the answers there
+    earlier = encode_chats([[*EDGES[0], *EDGES[1]]], own, "auto")[0]
+    # (the header's "\n" and the answer's are one token, which overlaps the answer: supervised, as in transformers)
+    assert decode(qwen, earlier.input_ids[earlier.loss_mask]) == "\n\nstarts on a newline<|im_end|>👨‍👩‍👧‍👦🇨🇳 ok<|im_end|>"
 
 
 def test_truncation_under_jinja_templates_equals_the_named_template(qwen):

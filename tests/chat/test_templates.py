@@ -244,19 +244,27 @@ def test_a_content_that_occurs_in_a_header_is_located_where_it_is_rendered(answe
     ("\n", "transforms this assistant content"),
     ("Because <think>x</think>so", "does not render this assistant content verbatim"),
 ])
-def test_qwen3_jinja_contents_it_rewrites_are_refused_naming_template_and_turn(answer, problem):
+def test_qwen3_jinja_contents_it_rewrites(answer, problem):
+    """One exchange is rendered turn by turn: the turn is what the template writes after the generation prompt
+    and the empty think block, rewritten or not. Where earlier turns change once later ones follow (the think block), marks locate the
+    contents, and refuse those the template rewrites, naming template and turn."""
     from fuelline.models import QWEN3_CHAT_TEMPLATE
 
     chat = [{"role": "user", "content": "Why?"}, {"role": "assistant", "content": answer}]
-    with pytest.raises(ValueError, match=f"^turn 1: the Jinja chat template of 'q' {problem}"):
-        render(chat, ChatTemplate("q", jinja=QWEN3_CHAT_TEMPLATE))
+    if "</think>" in answer:  # the template takes the text before </think> as reasoning: not the content it was
+        with pytest.raises(ValueError, match=f"^turn 1: the Jinja chat template of 'q' {problem}"):
+            render(chat, ChatTemplate("q", jinja=QWEN3_CHAT_TEMPLATE))
+    else:
+        assert supervised_text(render(chat, ChatTemplate("q", jinja=QWEN3_CHAT_TEMPLATE))) == \
+            [answer.lstrip("\n") + "<|im_end|>"]  # after the empty think block, as the named qwen3
     # an earlier answer keeps its leading newlines there, but still loses its thinking
-    earlier = [*chat, {"role": "user", "content": "Ok"}]
+    earlier = [*chat, {"role": "user", "content": "Ok"}, {"role": "assistant", "content": "Fine"}]
     if "</think>" in answer:
         with pytest.raises(ValueError, match=f"^turn 1: the Jinja chat template of 'q' {problem}"):
             render(earlier, ChatTemplate("q", jinja=QWEN3_CHAT_TEMPLATE))
     else:
-        assert supervised_text(render(earlier, ChatTemplate("q", jinja=QWEN3_CHAT_TEMPLATE))) == [answer + "<|im_end|>"]
+        assert supervised_text(render(earlier, ChatTemplate("q", jinja=QWEN3_CHAT_TEMPLATE))) == \
+            [answer + "<|im_end|>", "Fine<|im_end|>"]
 
 
 MORE = [*CHAT, {"role": "user", "content": "More"}]

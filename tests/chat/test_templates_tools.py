@@ -205,13 +205,21 @@ def test_refusals_name_the_template_turn_and_way_out(qwen):
 
 
 def test_jinja_without_generation_blocks_refuses_what_it_cannot_locate(qwen):
+    """Qwen3's template rewrites earlier turns (an assistant turn gets an empty think block only while it is
+    the last message), so a turn's text cannot be found by rendering turn by turn: marks are the fallback,
+    and they cannot locate tool calls or reasoning."""
     plain = ChatTemplate("qwen3-plain", jinja=QWEN3_TEMPLATE)
-    with pytest.raises(ValueError, match="^turn 1: the Jinja chat template of 'qwen3-plain' has no {% generation %} "
-                                         "blocks, and this turn's tool calls would be rendered outside its content"):
+    with pytest.raises(ValueError, match="^turn 1: the Jinja chat template of 'qwen3-plain' writes turn 1 otherwise "
+                                         "once later turns follow it: at character [0-9]+, '.*<think>.*' becomes "
+                                         "'.*<tool_call>.*'.* turn 1's tool calls are written outside its content"):
         render(SINGLE, plain, tools=TOOLS)
-    with pytest.raises(ValueError, match="^turn 1: the Jinja chat template of 'qwen3-plain' .* this turn's reasoning "
-                                         ".*or reasoning='drop'"):
-        render(THOUGHTFUL, plain)
+    two_rounds = [*THOUGHTFUL, user("Again"), assistant("Hello again.", reasoning="Once more.")]
+    with pytest.raises(ValueError, match="^turn 1: the Jinja chat template of 'qwen3-plain' writes turn 1 otherwise "
+                                         ".* turn 1's reasoning .*or reasoning='drop'"):
+        render(two_rounds, plain, reasoning="keep")
+    # one round is rendered turn by turn: the reasoning block is the model's, after the generation prompt
+    thoughtful = render(THOUGHTFUL, plain)
+    assert [thoughtful.text[a:b] for a, b in thoughtful.spans] == ["<think>\nGreet back.\n</think>\n\nHello." + END]
     # tool results and schemas are never trained on, so a conversation whose answers are plain contents is fine
     chat = [user("Weather?"), assistant("Sunny, said the forecast."), user("Sure?"), assistant("Yes.")]
     got = encode_chat(chat, qwen, plain, tools=TOOLS)
