@@ -21,6 +21,7 @@ from fuelline.chat.template_registry import ChatTemplate
 # Unicode noncharacters, reserved for a program's internal use, around a generation block's output.
 GENERATION_OPEN, GENERATION_CLOSE = "\ufdd0", "\ufdd1"
 _GENERATION_TAG = re.compile(r"{%-?\s*generation\s*-?%}")
+_DICT_ATTRIBUTES = frozenset(dir(dict))  # `d.items` is the method, as in Jinja, even where d has an "items" key
 
 
 def tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None,
@@ -80,8 +81,18 @@ def _compile_jinja(source: str):
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[Generation, "jinja2.ext.loopcontrols"])
+    class Environment(ImmutableSandboxedEnvironment):
+        def getattr(self, obj, attribute):
+            """`message.role` of a plain dict: its item, as the sandbox finds it, without the AttributeError the
+            sandbox raises and catches first (half of a tool template's rendering time went there)."""
+            if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+                try:
+                    return obj[attribute]
+                except KeyError:
+                    return self.undefined(obj=obj, name=attribute)
+            return super().getattr(obj, attribute)
+
+    env = Environment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, "jinja2.ext.loopcontrols"])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
