@@ -73,9 +73,10 @@ class Rendering:
 
     `turn_ends[i]` is where turn i's text ends, so `text[:turn_ends[i]]` is the rendering of
     the first i+1 turns for a template that only appends. For a Jinja template it is where the
-    span of the last assistant turn up to turn i ends (0 before the first; with generation
-    blocks, the end of the k-th block for the k-th assistant turn when there is one block per
-    assistant turn, else 0): an estimate used to pick a cut, which is then rendered and checked.
+    last assistant turn up to turn i ends (0 before the first): its text, rendered turn by turn;
+    else its span (with generation blocks, the k-th block for the k-th assistant turn when there is
+    one block per assistant turn, else 0): an estimate used to pick a cut, which is then rendered
+    and checked.
     """
 
     text: str
