@@ -353,8 +353,12 @@ def test_rewritten_turns_with_calls_or_reasoning_are_refused_naming_turn_and_cau
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_plain_conversations_keep_their_masks(references, name):
-    """No tools, no reasoning: the spans today's marks give (where they locate every turn) are the rule's.
-    Qwen3 is the exception: the rule also supervises the last message's empty think block."""
+    """No tools, no reasoning: where today's marks locate every answer, the rule gives the same mask.
+
+    Two exceptions, by the rule's words, left out or failing here until the implementation lands:
+    Qwen3's last message (the rule also supervises its empty think block), and mistral's answer
+    right after a user turn without a system message when it starts with a digit (the rule's
+    text starts at the " " before it, a token of its own: `digits`, by hand)."""
     ref = references(name)
     batch = [{"id": chat, "conversations": turns} for chat, turns in PLAIN.items()]
     for record, got in zip(batch, encode_chats(batch, ref.directory, "auto")):
@@ -374,7 +378,7 @@ def check_variant(ref: Reference, record: dict) -> None:
     expected = rule(ref, turns, tools)
     assert ref.render(turns, tools, template=ref.family.variant) == expected.text
     if not expected.refused:
-        ids, mask = ref.variant(turns, tools)
+        _, mask = ref.variant(turns, tools)
         assert mask == ref.mask(expected.text, expected.spans)
 
 
