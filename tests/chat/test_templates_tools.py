@@ -209,13 +209,13 @@ def test_jinja_without_generation_blocks_refuses_what_it_cannot_locate(qwen):
     the last message), so a turn's text cannot be found by rendering turn by turn: marks are the fallback,
     and they cannot locate tool calls or reasoning."""
     plain = ChatTemplate("qwen3-plain", jinja=QWEN3_TEMPLATE)
-    with pytest.raises(ValueError, match="^turn 1: the Jinja chat template of 'qwen3-plain' writes turn 1 otherwise "
-                                         "once later turns follow it: at character [0-9]+, '.*<think>.*' becomes "
-                                         "'.*<tool_call>.*'.* turn 1's tool calls are written outside its content"):
+    with pytest.raises(ValueError, match="^turn 1: the Jinja chat template of 'qwen3-plain' rewrites turn 1 once "
+                                         "later turns follow it: at character [0-9]+, '.*<think>.*' becomes "
+                                         "'.*<tool_call>.*'.* its tool calls are written outside its content"):
         render(SINGLE, plain, tools=TOOLS)
     two_rounds = [*THOUGHTFUL, user("Again"), assistant("Hello again.", reasoning="Once more.")]
-    with pytest.raises(ValueError, match="^turn 1: the Jinja chat template of 'qwen3-plain' writes turn 1 otherwise "
-                                         ".* turn 1's reasoning .*or reasoning='drop'"):
+    with pytest.raises(ValueError, match="^turn 1: the Jinja chat template of 'qwen3-plain' rewrites turn 1 "
+                                         ".* its reasoning .*or reasoning='drop'"):
         render(two_rounds, plain, reasoning="keep")
     # one round is rendered turn by turn: the reasoning block is the model's, after the generation prompt
     thoughtful = render(THOUGHTFUL, plain)

@@ -90,7 +90,7 @@ def references(dirs):
 def rule(ref: Reference, turns: list[dict], tools) -> Expected:
     """What the rule makes of a conversation on `ref`'s served template.
 
-    Each assistant turn is located by incremental rendering (or the probe) and kept when its
+    Each assistant turn is located by the probe (or incremental rendering) and kept when its
     text stays a prefix of every later rendering; otherwise a turn without tool calls and
     reasoning falls back to its content's marks, and one with either is refused. A rewritten
     turn whose reasoning the template leaves out of the text anyway (Qwen3's before the last
@@ -133,18 +133,15 @@ class Expected:
 
 
 def _located(ref: Reference, turns: list[dict], tools, i: int, rendered: str) -> int | None:
-    """Where turn i's text starts in `rendered` (its rendering through turn i), or None."""
-    prompt = ref.render(turns[:i], tools, generation_prompt=True)
-    if rendered.startswith(prompt):
-        return len(prompt)
-    before = ref.render(turns[:i], tools)
+    """Where turn i's text starts in `rendered` (its rendering through turn i), or None: where the content of
+    an assistant probe turn after turns[:i] starts, if the text before it is a prefix of `rendered` (what the
+    template writes before every answer, whatever it says); else where rendering turns[:i] with the
+    generation prompt ends, if that is a prefix of it."""
     probed = ref.render(turns[:i] + [{"role": "assistant", "content": PROBE}], tools)
-    if not prompt.startswith(before) or probed.count(PROBE) != 1:
-        return None
-    start = probed.index(PROBE)
-    if rendered.startswith(probed[:start]) and probed[:start].endswith(prompt[len(before):]):
-        return start
-    return None
+    if probed.count(PROBE) == 1 and rendered.startswith(probed[:probed.index(PROBE)]):
+        return probed.index(PROBE)
+    prompt = ref.render(turns[:i], tools, generation_prompt=True)
+    return len(prompt) if rendered.startswith(prompt) else None
 
 
 def _supervised_length(text: str, end_of_turn: tuple[str, ...]) -> int:
@@ -279,23 +276,26 @@ BY_HAND = {
     ("llama3.1", "error"): [llama_call(*ATLANTIS), ANSWERS["error"] + "<|eot_id|>"],
     ("llama3.1", "rounds"): [llama_call(*PARIS), llama_call(*TOKYO), "Tokyo, by 6 °C.<|eot_id|>", llama_call(*TIME),
                              "It is 21:04 in Tokyo.<|eot_id|>"],
-    # the " " before an answer is the template's, after the (empty) generation prompt
+    # the " " before an answer is the template's (the probe's content starts after it), but the token " It"
+    # overlaps the answer; a " " before a digit is a token of its own, left out
     ("mistral", "single"): [mistral_calls((*PARIS, 1)), " " + ANSWERS["single"] + "</s>"],
     ("mistral", "parallel"): [mistral_calls((*PARIS, 1), (*TOKYO, 2), (*TIME, 3)), " " + ANSWERS["parallel"] + "</s>"],
-    ("mistral", "digits"): [" 18 °C.</s>"],
+    ("mistral", "digits"): ["18 °C.</s>"],
     # a system message: the first answer after each user turn is located by the probe, after the " "
     ("mistral", "numbers"): ["18 °C.</s>", "24 °C.</s>"],
     ("qwen2.5", "parallel"): ["Let me check.\n" + "\n".join(hermes_call(*c) for c in (PARIS, TOKYO, TIME)) + END,
                               ANSWERS["parallel"] + END],
     ("qwen2.5", "error"): [hermes_call(*ATLANTIS) + END, ANSWERS["error"] + END],
-    ("deepseek-r1", "think"): ["No divisor but 1 and 7.\n</think>\n\nYes." + EOS],
+    # the probe's content starts right after <｜Assistant｜>: the last message's think block is its text
+    ("deepseek-r1", "think"): ["<think>\nNo divisor but 1 and 7.\n</think>\n\nYes." + EOS],
     ("deepseek-r1", "poem"): ["疑是地上霜。🙂 Then: 举头望明月" + EOS, "You're welcome." + EOS],
     ("qwen3", "thinking-round"): [
         "<think>\nI need both temperatures; Paris first.\n</think>\n\n" + hermes_call(*PARIS) + END,
         "<think>\nParis is 18. Now Tokyo.\n</think>\n\n" + hermes_call(*TOKYO) + END,
         "<think>\n24 > 18, by 6.\n</think>\n\nTokyo, by 6 °C." + END],
-    # the last message's empty think block is in its text; the earlier answer, rewritten, by its marks
-    ("qwen3", "poem"): ["疑是地上霜。🙂 Then: 举头望明月" + END, "<think>\n\n</think>\n\nYou're welcome." + END],
+    # the last message's empty think block is written before every last answer: the prompt's, as in `qwen3`;
+    # the earlier answer, rewritten, by its marks
+    ("qwen3", "poem"): ["疑是地上霜。🙂 Then: 举头望明月" + END, "You're welcome." + END],
 }
 
 
@@ -306,8 +306,10 @@ def test_the_variants_mask_decodes_to_the_strings_written_by_hand(references, na
     tools = tools_of(ref.family, turns)
     ids, mask = ref.variant(turns, tools)
     assert [ref.decode(ids[a:b]) for a, b in runs(np.array(mask))] == BY_HAND[name, chat]
-    expected = rule(ref, turns, tools)
-    assert not expected.refused and [expected.text[a:b] for a, b in expected.spans] == BY_HAND[name, chat]
+    expected = rule(ref, turns, tools)  # its spans, through transformers' overlap rule, mark the same tokens
+    assert not expected.refused
+    rule_mask = np.array(ref.mask(expected.text, expected.spans))
+    assert [ref.decode(ids[a:b]) for a, b in runs(rule_mask)] == BY_HAND[name, chat]
 
 
 # ---------------------------------------------------------------------------------------- the check
@@ -353,12 +355,8 @@ def test_rewritten_turns_with_calls_or_reasoning_are_refused_naming_turn_and_cau
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_plain_conversations_keep_their_masks(references, name):
-    """No tools, no reasoning: where today's marks locate every answer, the rule gives the same mask.
-
-    Two exceptions, by the rule's words, left out or failing here until the implementation lands:
-    Qwen3's last message (the rule also supervises its empty think block), and mistral's answer
-    right after a user turn without a system message when it starts with a digit (the rule's
-    text starts at the " " before it, a token of its own: `digits`, by hand)."""
+    """No tools, no reasoning: where today's marks locate every answer, the rule gives the same mask (Qwen3's
+    empty think block before the last answer and Mistral's " " before each are the template's, as today)."""
     ref = references(name)
     batch = [{"id": chat, "conversations": turns} for chat, turns in PLAIN.items()]
     for record, got in zip(batch, encode_chats(batch, ref.directory, "auto")):

@@ -84,11 +84,13 @@ _QWEN3_CALLS = """            {%- for tool_call in message.tool_calls %}
                 {{- '}\\n</tool_call>' }}
             {%- endfor %}"""
 
-# The assistant branch with the think block, content, tool calls and <|im_end|> in one generation block.
+# The assistant branch with the think block, content, tool calls and <|im_end|> in one generation block
+# (`shown`: the content as written; the calls' leading newline tests the content as given, as Qwen3's does).
 _GENERATION_ASSISTANT = """        {%- set think = '' %}
+        {%- set shown = content %}
         {%- if loop.index0 > ns.last_query_index and (loop.last or reasoning_content) %}
             {%- set think = '<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' %}
-            {%- set content = content.lstrip('\\n') %}
+            {%- set shown = content.lstrip('\\n') %}
         {%- endif %}
         {{- '<|im_start|>' + message.role + '\\n' }}
         {%- if think == '<think>\\n\\n</think>\\n\\n' %}
@@ -96,7 +98,7 @@ _GENERATION_ASSISTANT = """        {%- set think = '' %}
             {%- set think = '' %}
         {%- endif %}
         {%- generation %}
-        {{- think + content }}
+        {{- think + shown }}
         {%- if message.tool_calls %}
 @CALLS@
         {%- endif %}

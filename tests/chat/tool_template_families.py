@@ -2,15 +2,15 @@
 that has `{% generation %}` blocks placed by the incremental rule, and tokenizer directories for them.
 
 None of these templates has generation blocks as served, so the model's own template can only be
-used for tool-call data if the assistant spans are found by rendering incrementally: for
-assistant turn i, P_i = render(turns[:i], add_generation_prompt=True) and A_i =
-render(turns[:i + 1]); where P_i is a prefix of A_i and every A_i is a prefix of the later
-renderings, the turn's text is A_i[len(P_i):], supervised up to and including its last
-end-of-turn token. Where P_i is not a prefix of A_i, a plain assistant probe turn after
-turns[:i] gives the start (where the probe's content starts), if the text before it is a prefix
-of A_i and ends with the generation prompt. A turn that neither locates, or whose text a later
-turn rewrites, falls back to the content marks (its content verbatim, then an end-of-turn
-token), and such a turn with tool calls or reasoning is refused.
+used for tool-call data if the assistant spans are found by rendering turn by turn
+(`fuelline.chat.incremental_spans`): turn i's text in A_i = render(turns[:i + 1]) starts where the
+content of an empty assistant probe turn after turns[:i] starts, when the text before it is a
+prefix of A_i (what the template writes before every answer, whatever it says); else where P_i =
+render(turns[:i], add_generation_prompt=True) ends, when P_i is a prefix of A_i. Where every A_i
+is a prefix of the later renderings, it is supervised up to and including its last end-of-turn
+token. A turn that neither locates, or whose text a later turn rewrites, falls back to the
+content marks (its content verbatim, then an end-of-turn token), and such a turn with tool calls
+or reasoning is refused.
 
 Each family is the template as served (`plain`) and a `variant` that renders the same text with
 one `{% generation %}` block per assistant turn where that rule puts the turn's span; the
@@ -31,8 +31,8 @@ prompts, tool instructions) is shortened; every structural behaviour is kept:
   (found by equality, so the generator keeps user contents distinct); the system message
   prepended to a user message only when that user message is the conversation's last message
   (so it is never in a conversation that ends with an answer, and P_i holds it where A_i does
-  not: the first answer after a user turn is located by the probe, after the " " the answer
-  starts with, and a tool-call turn there is refused); answers ` {content|trim}</s>`; calls
+  not: a tool-call turn right after a user turn, which has no " " before it as a plain answer
+  has, is refused); answers ` {content|trim}</s>`; calls
   `[TOOL_CALLS] [{"name", "arguments", "id"}]</s>` with 9-alphanumeric ids (else it raises);
   results `[TOOL_RESULTS] {"content": ..., "call_id": ...}[/TOOL_RESULTS]`; no generation
   prompt; user and assistant alternation checked, tool turns and tool-call turns exempt. With
@@ -43,15 +43,15 @@ prompts, tool instructions) is shortened; every structural behaviour is kept:
 - deepseek-r1 (DeepSeek-R1-Distill's form, no tools): bos and the system content, `<｜User｜>`,
   answers `<｜Assistant｜>{content}<｜end▁of▁sentence｜>`, reasoning read from the content
   (`<think>\\n…\\n</think>\\n\\n` at its start, not `reasoning_content`) and cut from every turn but
-  the last message (content.split('</think>')[-1]), generation prompt `<｜Assistant｜><think>\\n`. A
-  plain answer is located by the marks (the generation prompt's `<think>\\n` is not in it), the last
-  message's reasoning by the incremental rule. (The published template cuts the last message's
+  the last message (content.split('</think>')[-1]), generation prompt `<｜Assistant｜><think>\\n`. An
+  answer starts right after `<｜Assistant｜>`, where the probe's content does, the last message's
+  think block included. (The published template cuts the last message's
   reasoning too, as far as its text shows; then no reasoning is ever rendered, and a reasoning
   conversation is refused by the marks.)
 - qwen3: `tool_conversations.QWEN3_TEMPLATE` (Qwen3's own), which rewrites earlier turns: the last
   message's (possibly empty) think block goes when a turn follows, and reasoning before the last
-  user message goes. Its variant supervises the last message's think block, even an empty one,
-  as the rule does (the named template `qwen3` and QWEN3_GENERATION_TEMPLATE do not).
+  user message goes. Its variant is QWEN3_GENERATION_TEMPLATE: the empty think block before the
+  last answer is written before every last answer, so it is the prompt's, as in the named `qwen3`.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .tool_conversations import _QWEN3_CALLS, _QWEN3_HEAD, _QWEN3_TAIL, QWEN3_TEMPLATE
+from .tool_conversations import QWEN3_GENERATION_TEMPLATE, QWEN3_TEMPLATE
 
 # ---------------------------------------------------------------------------------------------- hermes
 
@@ -233,16 +233,10 @@ _MISTRAL_ASSISTANT = r"""        {{- calls.text }}
     {%- elif message.role == 'assistant' %}
         {{- ' ' + message.content | trim + eos_token }}
 """
-# a turn after the last user message (tools do not move past it) and not right after a user turn that
-# P_i gave the system message to: the span holds the " " before the answer; otherwise, where the
-# probe or the marks locate it, it starts at the answer
+# the " " before a plain answer is written before every answer: the template's (where the probe starts)
 _MISTRAL_ASSISTANT_GEN = r"""        {%- generation %}{{ calls.text }}{% endgeneration %}
     {%- elif message.role == 'assistant' %}
-        {%- if (tools is not none and loop.index0 < ns.last_user) or (system_message is defined and loop.previtem.role == 'user') %}
-            {{- ' ' }}{% generation %}{{ message.content | trim + eos_token }}{% endgeneration %}
-        {%- else %}
-            {%- generation %}{{ ' ' + message.content | trim + eos_token }}{% endgeneration %}
-        {%- endif %}
+        {{- ' ' }}{% generation %}{{ message.content | trim + eos_token }}{% endgeneration %}
 """
 _MISTRAL_TAIL = r"""    {%- elif message.role == 'tool' %}
         {%- if message.tool_call_id is not defined or message.tool_call_id | length != 9 %}
@@ -320,14 +314,8 @@ _DEEPSEEK_HEAD = r"""{%- set ns = namespace(system='') %}
 """
 _DEEPSEEK_ASSISTANT = r"""        {{- '<｜Assistant｜>' + content + '<｜end▁of▁sentence｜>' }}
 """
-# the generation prompt ends with "<think>\n": a turn whose rendering starts so is located by the
-# incremental rule, after it; any other answer by the marks, at its content
-_DEEPSEEK_ASSISTANT_GEN = r"""        {{- '<｜Assistant｜>' }}
-        {%- if content.startswith('<think>\n') %}
-            {{- '<think>\n' }}{% generation %}{{ content[8:] + '<｜end▁of▁sentence｜>' }}{% endgeneration %}
-        {%- else %}
-            {%- generation %}{{ content + '<｜end▁of▁sentence｜>' }}{% endgeneration %}
-        {%- endif %}
+# an answer starts right after <｜Assistant｜>, where the probe's content does (its think block included)
+_DEEPSEEK_ASSISTANT_GEN = r"""        {{- '<｜Assistant｜>' }}{% generation %}{{ content + '<｜end▁of▁sentence｜>' }}{% endgeneration %}
 """
 _DEEPSEEK_TAIL = r"""    {%- elif message.role == 'tool' %}
         {{- raise_exception('This template renders no tool results.') }}
@@ -340,27 +328,9 @@ DEEPSEEK_R1_GENERATION = _DEEPSEEK_HEAD + _DEEPSEEK_ASSISTANT_GEN + _DEEPSEEK_TA
 
 # --------------------------------------------------------------------------------------------- qwen3
 
-# Everything after "<|im_start|>assistant\n" up to <|im_end|>, the think block included (an empty
-# one too): the last message's text by the incremental rule; for a turn before it, the same as its
-# marks (a turn that keeps its think block has reasoning, so it is refused if rewritten).
-_QWEN3_RULE_ASSISTANT = """        {%- set think = '' %}
-        {%- set shown = content %}
-        {%- if loop.index0 > ns.last_query_index and (loop.last or reasoning_content) %}
-            {%- set think = '<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' %}
-            {%- set shown = content.lstrip('\\n') %}
-        {%- endif %}
-        {{- '<|im_start|>' + message.role + '\\n' }}
-        {%- generation %}
-        {{- think + shown }}
-        {%- if message.tool_calls %}
-@CALLS@
-        {%- endif %}
-        {{- '<|im_end|>' }}
-        {%- endgeneration %}
-        {{- '\\n' }}
-"""
 QWEN3 = QWEN3_TEMPLATE
-QWEN3_GENERATION = _QWEN3_HEAD + _QWEN3_RULE_ASSISTANT.replace("@CALLS@", _QWEN3_CALLS) + _QWEN3_TAIL
+# the empty think block before the last answer is the prompt's, as in tool_conversations' own variant
+QWEN3_GENERATION = QWEN3_GENERATION_TEMPLATE
 
 
 @dataclass(frozen=True)

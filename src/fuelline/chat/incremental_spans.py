@@ -13,9 +13,9 @@ Used where the template is consistent with itself, proven per conversation: each
 of the full rendering, each turn's text starts where the previous one has ended, and it holds what
 the turn says (the name of each tool call, else its content, stripped: a template that writes a
 turn only once another follows, or ignores `tool_calls`, is caught so). So every piece is where
-the full text has it. Anything else raises `NotIncremental`, naming the turn and what moved
-(Qwen3's template drops the think block of earlier turns, Mistral's moves the tools before the
-last user message).
+the full text has it. A turn that is not so is given a `NotIncremental`, naming the turn and
+what moved (Qwen3's template drops the think block of earlier turns, Mistral's moves the tools
+before the last user message); the caller locates that turn by other means or refuses it.
 
 Supervised of a turn's text: up to and including its last end-of-turn token; what follows
 (ChatML's "\n") the template writes, not the model. Cost: two renderings per assistant turn,
@@ -40,21 +40,32 @@ class NotIncremental(ValueError):
 
 
 def incremental_spans(turns: list[dict], assistant: list[int], text: str, generation_prompt: bool, render: Render,
-                      ends_of_turn: tuple[str, ...]) -> tuple[list[tuple[int, int]], list[int]]:
-    """The supervised span of each assistant turn in `text` (the full rendering), and where each turn's text ends."""
-    spans, ends, previous_end = [], [], 0
+                      ends_of_turn: tuple[str, ...]) -> list[tuple[tuple[int, int], int] | NotIncremental]:
+    """For each assistant turn, its supervised span in `text` (the full rendering) and where its text ends, or
+    the `NotIncremental` that says why it cannot be found so (the caller falls back to marks for that turn)."""
+    found, previous_end = [], 0
     for i in assistant:
-        through = text if i == len(turns) - 1 and not generation_prompt else render(turns[:i + 1], False)
-        if not text.startswith(through):
-            raise NotIncremental(i, f"writes turn {i} otherwise once later turns follow it{_where(through, text)}")
-        start = _start(turns, i, through, render)
-        if start < previous_end:
-            raise NotIncremental(i, f"ends the generation prompt of turn {i} before the previous assistant turn "
-                                    f"ends (character {start}, not {previous_end})")
-        _require_said(turns[i], i, text[start:len(through)])
-        spans.append((start, _end_of_turn(text, start, len(through), ends_of_turn)))
-        ends.append(previous_end := len(through))
-    return spans, ends
+        try:
+            span, end = _turn(turns, i, text, generation_prompt, render, ends_of_turn, previous_end)
+        except NotIncremental as moved:
+            found.append(moved)
+            continue
+        found.append((span, end))
+        previous_end = end
+    return found
+
+
+def _turn(turns: list[dict], i: int, text: str, generation_prompt: bool, render: Render,
+          ends_of_turn: tuple[str, ...], previous_end: int) -> tuple[tuple[int, int], int]:
+    through = text if i == len(turns) - 1 and not generation_prompt else render(turns[:i + 1], False)
+    if not text.startswith(through):
+        raise NotIncremental(i, f"rewrites turn {i} once later turns follow it{_where(through, text)}")
+    start = _start(turns, i, through, render)
+    if start < previous_end:
+        raise NotIncremental(i, f"ends the generation prompt of turn {i} before the previous assistant turn ends "
+                                f"(character {start}, not {previous_end})")
+    _require_said(turns[i], i, text[start:len(through)])
+    return (start, _end_of_turn(text, start, len(through), ends_of_turn)), len(through)
 
 
 def _start(turns: list[dict], i: int, through: str, render: Render) -> int:
@@ -68,7 +79,7 @@ def _start(turns: list[dict], i: int, through: str, render: Render) -> int:
         return marks[0].start()
     prompt = render(turns[:i], True)
     if not through.startswith(prompt):
-        raise NotIncremental(i, f"writes the turns before turn {i} otherwise once turn {i} follows them"
+        raise NotIncremental(i, f"rewrites the turns before turn {i} once turn {i} follows them"
                                 f"{_where(prompt, through)}")
     return len(prompt)
 
@@ -83,7 +94,7 @@ def _require_said(turn: dict, i: int, written: str) -> None:
             for j, call in enumerate(calls)] or [("content", turn["content"].strip())]
     for what, value in said:
         if value not in written:
-            raise NotIncremental(i, f"writes for turn {i} a text without its {what}")
+            raise NotIncremental(i, f"writes a text for turn {i} that lacks its {what}")
 
 
 def _end_of_turn(text: str, start: int, end: int, ends_of_turn: tuple[str, ...]) -> int:

@@ -49,32 +49,42 @@ def render_jinja(turns: list[dict], tools: list[dict] | None, t: ChatTemplate, a
         return run_jinja(t, part, tools, generation_prompt, variables)
 
     ends_of_turn = (t.end_of_turn,) if t.end_of_turn else (variables.get("eos_token") or "", *END_OF_TURN_TOKENS)
-    try:
-        spans, ends = incremental_spans(turns, assistant, text, add_generation_prompt, render, ends_of_turn)
-    except NotIncremental as moved:
-        spans = _marked_spans(turns, assistant, t, text, lambda marked: render(marked, add_generation_prompt),
-                              ends_of_turn, moved)
-        ends = [end for _, end in spans]
-    return Rendering(text, tuple(spans), _turn_ends(turns, ends))
+    found = dict(zip(assistant, incremental_spans(turns, assistant, text, add_generation_prompt, render,
+                                                  ends_of_turn)))
+    moved = {i: result for i, result in found.items() if isinstance(result, NotIncremental)}
+    if moved:
+        marked = _marked_spans(turns, list(moved), t, text, lambda part: render(part, add_generation_prompt),
+                               ends_of_turn, moved)
+        found.update({i: (span, span[1]) for i, span in zip(moved, marked)})
+    spans = [found[i][0] for i in assistant]
+    for i, before, after in zip(assistant[1:], spans, spans[1:]):
+        if after[0] < before[1]:
+            raise ValueError(f"turn {i}: the Jinja chat template of {t.name!r} writes this turn's span before the "
+                             f"previous assistant turn's ends, so its loss span is unknown; {_remedy()}")
+    return Rendering(text, tuple(spans), _turn_ends(turns, [found[i][1] for i in assistant]))
 
 
-def _marked_spans(turns: list[dict], assistant: list[int], t: ChatTemplate, text: str, render_marked,
-                  ends_of_turn: tuple[str, ...], moved: NotIncremental) -> list[tuple[int, int]]:
-    """The spans by content marks: each assistant content and the end-of-turn token after it."""
-    remedy = (f"put {{% generation %}}…{{% endgeneration %}} around what the template writes of an assistant "
-              f"turn, or use a named template ({', '.join(n for n, _ in registered() if n != 'auto')})")
-    for i in assistant:
+def _remedy() -> str:
+    return (f"put {{% generation %}}…{{% endgeneration %}} around what the template writes of an assistant turn, "
+            f"or use a named template ({', '.join(n for n, _ in registered() if n != 'auto')})")
+
+
+def _marked_spans(turns: list[dict], which: list[int], t: ChatTemplate, text: str, render_marked,
+                  ends_of_turn: tuple[str, ...], moved: dict[int, NotIncremental]) -> list[tuple[int, int]]:
+    """The spans of turns `which` by content marks: each content and the end-of-turn token after it."""
+    for i in which:
         for key, what in (("tool_calls", "tool calls"), ("reasoning_content", "reasoning")):
             if turns[i].get(key):
-                raise ValueError(f"turn {moved.turn}: the Jinja chat template of {t.name!r} {moved.moved}, so the "
-                                 f"assistant turns cannot be found by rendering the conversation turn by turn; and "
-                                 f"turn {i}'s {what} are written outside its content, where no mark can locate "
-                                 f"them; {remedy}" + (", or reasoning='drop'" if key == "reasoning_content" else ""))
+                raise ValueError(f"turn {i}: the Jinja chat template of {t.name!r} {moved[i].moved}, so this turn "
+                                 f"cannot be found by rendering the conversation turn by turn, and its {what} are "
+                                 f"written outside its content, where no mark can locate them; {_remedy()}"
+                                 + (", or reasoning='drop'" if key == "reasoning_content" else ""))
     try:
-        located = content_spans(turns, assistant, text, render_marked)
+        located = content_spans(turns, which, text, render_marked)
     except Unlocated as e:
         raise ValueError(f"turn {e.turn}: the Jinja chat template of {t.name!r} {e.problem}, so its loss span is "
-                         f"unknown (and it {moved.moved}, so rendering turn by turn cannot find it); {remedy}") from None
+                         f"unknown (and it {moved[e.turn].moved}, so rendering turn by turn cannot find it either); "
+                         f"{_remedy()}") from None
     return [(start, end + len(next((e for e in ends_of_turn if e and text.startswith(e, end)), "")))
             for start, end in located]
 
