@@ -47,14 +47,14 @@ DROP_REASONS = {EXACT: "exact_duplicate", NEAR: "near_duplicate"}
 AUDIT_FILE = "clusters.jsonl.zst"
 
 
-def compared_text(record: dict, compare: str, where: str) -> str | None:
+def compared_text(record: dict, compare: str, source: str, line: int) -> str | None:
     """The text dedup compares: a document's text (None for a record without one), or a chat record's
     user turns joined by newlines (a record that breaks the contract of `fuelline.formats.chat_record`,
-    another kind of record included, is a `ChatRecordError` located at `where`, FILE:LINE)."""
+    another kind of record included, is a `ChatRecordError` located at SOURCE:LINE)."""
     if compare == "text":
         text = record.get("text")
         return text if isinstance(text, str) else None
-    chat_record.require(record, where)
+    chat_record.require(record, f"{source}:{line}")
     return "\n".join(user_turns(record["conversations"]))
 
 
@@ -67,12 +67,13 @@ def hash_shard(shard: InputShard, config: DedupConfig, workdir: Path) -> int:
 
     def work() -> dict:
         ids, texts, lengths = [], [], []
+        # FILE:LINE strings only where needed: one per record for nothing cost ~10 ms of a 50,000-poem shard.
         for line, record in iter_file_records(shard.source, start=shard.start, stop=shard.stop, on_error="skip"):
-            text = compared_text(record, config.compare, f"{shard.source}:{line}")
+            text = compared_text(record, config.compare, shard.source, line)
             if text is None:
                 raise RecordError(shard.source, line, 'no string field "text": dedup reads document records '
                                                       '(compare = user_turns reads chat records)')
-            ids.append(str(record.get("id", f"{shard.source}:{line}")))
+            ids.append(str(record["id"]) if "id" in record else f"{shard.source}:{line}")
             texts.append(text)
             lengths.append(len(text))
         normalize = config.normalizer()
