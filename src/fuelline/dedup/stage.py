@@ -151,8 +151,10 @@ class DedupStage(Stage):
         for shard, begin, end in zip(ctx.shards, starts[:-1], starts[1:]):
             save_array(ctx.workdir / "decisions" / f"{shard.part_name}.npy", shard_codes(decision, begin, end))
         write_bytes_atomic(ctx.workdir / "summary.json", orjson.dumps({**decision.summary, "seconds": laps.laps}))
-        for name in ("shards", *PHASE_DIRS):  # decided: the phases' files are no longer needed
-            shutil.rmtree(ctx.workdir / name)
+        # Decided: the phases' files are no longer needed. Removed by the workers, a directory a task:
+        # the poetry corpus's 226 MB took ~95 ms to unlink in this process, with every worker waiting.
+        ctx.map(shutil.rmtree, [*shards.dirs, *(ctx.workdir / name for name in PHASE_DIRS)], "dedup: cleanup")
+        (ctx.workdir / "shards").rmdir()
 
     def process(self, records: Iterable[tuple[Location, dict]], ctx: ShardContext) -> Iterator[dict]:
         codes = np.load(self._workdir / "decisions" / f"part-{ctx.shard_id:05d}.npy")
