@@ -2,11 +2,14 @@
 exit code and the same stdout and stderr, without a Python start each); a real `python -m
 fuelline.cli` runs the demo and shows a traceback under --debug."""
 
+import multiprocessing.spawn
 import subprocess
 import sys
+import types
 
 import click
 import orjson
+import pytest
 import zstandard
 
 from fuelline.cli import main
@@ -125,6 +128,23 @@ def test_ctrl_c_says_how_to_resume_and_exits_130(monkeypatch):
     result = fuelline("sleepy")
     assert result.exit_code == 130
     assert result.stderr.strip() == "interrupted: run the same command again to resume"
+
+
+@pytest.mark.parametrize("script_names, spawn_runs_it", [({"sys", "main"}, False), ({"sys", "main", "MyStage"}, True)])
+def test_workers_spawned_under_the_console_script_do_not_run_it_again(monkeypatch, script_names, spawn_runs_it):
+    """The script pip writes only imports the CLI, which a worker does not need (~0.15 s each); a
+    script of the user's own may define what its workers unpickle, so it runs in them as before."""
+    script = types.ModuleType("__main__")
+    script.__file__ = "/venv/bin/fuelline"
+    script.__spec__ = None
+    for name in script_names:
+        setattr(script, name, main if name == "main" else object())
+    monkeypatch.setitem(sys.modules, "__main__", script)
+    assert fuelline("dedup", "--help").exit_code == 0
+    preparation = multiprocessing.spawn.get_preparation_data("worker")
+    assert ("init_main_from_path" in preparation) == spawn_runs_it
+    if not spawn_runs_it:
+        assert preparation["init_main_from_name"] == "fuelline.__main__"  # as under python -m fuelline: not run
 
 
 def test_a_mislabelled_compressed_file_is_an_error_not_a_traceback(tmp_path):

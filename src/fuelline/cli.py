@@ -7,6 +7,8 @@ one help text, for the CLI and for pipeline files alike. Heavy imports happen in
 from __future__ import annotations
 
 import functools
+import importlib.util
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -94,6 +96,28 @@ class FuellineGroup(click.Group):
 @click.option("--debug", is_flag=True, help="show the traceback of an error instead of a one-line message")
 def main(debug: bool) -> None:
     """Turn raw text and chat corpora into training-ready data for LLMs."""
+    _spawn_without_the_script()
+
+
+# What the console script pip (or setuptools) writes defines besides its dunders: `from fuelline.cli
+# import main`, sys, and in older templates re.
+CONSOLE_SCRIPT_NAMES = {"main", "sys", "re"}
+
+
+def _spawn_without_the_script() -> None:
+    """Spare the processes multiprocessing spawns (a stage's workers) from running the console script.
+
+    A spawned process first runs its parent's main script again (`multiprocessing.spawn`), unless
+    the main module is a package's `__main__`, as under `python -m fuelline`. For the `fuelline`
+    script that is `from fuelline.cli import main`: every command's imports (click, the cache,
+    chat, serve and pack modules), ~0.15 s in each worker before its first task, for nothing a
+    worker uses. So when the main module is that script and nothing else, it takes the spec of
+    `fuelline.__main__`, the module it stands for; a script of the user's own is left alone."""
+    script = sys.modules["__main__"]
+    names = {name for name in vars(script) if not name.startswith("__")}
+    if getattr(script, "__spec__", None) is None and getattr(script, "main", None) is main \
+            and names <= CONSOLE_SCRIPT_NAMES:
+        script.__spec__ = importlib.util.find_spec("fuelline.__main__")
 
 
 def _print_stats(all_stats: list[dict], outputs: list[Path | str | None] | None = None) -> None:

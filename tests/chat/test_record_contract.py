@@ -215,7 +215,7 @@ def regenerate_reason(record) -> str | None:
 
 def dedup_reason(record) -> str | None:
     try:
-        text = compared_text(record, "user_turns", "in.jsonl:1")
+        text = compared_text(record, "user_turns", "in.jsonl", 1)
     except ChatRecordError as e:
         assert e.where == "in.jsonl:1"
         return e.reason

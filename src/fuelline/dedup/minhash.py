@@ -144,7 +144,9 @@ class MinHasher:
         """All documents' symbols back to back (uint64), and the offsets where each starts.
 
         The batch's code points come from one encode, and "auto" decides on all of them at once
-        (`cjk_shares`); only documents shingled by words are looked at one by one.
+        (`cjk_shares`); only documents shingled by words are looked at one by one, and the runs of
+        code points between them are copied whole: a slice per document of a 50,000-poem shard
+        holding a few word-shingled ones (176 empty poems) took ~55 ms, the runs take ~5.
         """
         lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
         offsets = np.zeros(len(texts) + 1, dtype=np.int64)
@@ -154,11 +156,15 @@ class MinHasher:
                     else np.full(len(texts), self.shingle == "char"))
         if by_chars.all():
             return code_points.astype(np.uint64), offsets
-        per_doc = [code_points[offsets[i]:offsets[i + 1]].astype(np.uint64) if chars
-                   else np.array([xxhash.xxh3_64_intdigest(w.encode()) for w in words(text)], dtype=np.uint64)
-                   for i, (text, chars) in enumerate(zip(texts, by_chars.tolist()))]
-        np.cumsum([len(s) for s in per_doc], out=offsets[1:])
-        return np.concatenate(per_doc), offsets
+        pieces, run_start = [], 0  # the code points since the last document shingled by words
+        for i in np.flatnonzero(~by_chars).tolist():
+            pieces.append(code_points[offsets[run_start]:offsets[i]])
+            pieces.append(np.array([xxhash.xxh3_64_intdigest(w.encode()) for w in words(texts[i])], dtype=np.uint64))
+            lengths[i] = len(pieces[-1])
+            run_start = i + 1
+        pieces.append(code_points[offsets[run_start]:])
+        np.cumsum(lengths, out=offsets[1:])
+        return np.concatenate(pieces, dtype=np.uint64), offsets
 
     def signatures_and_shingles(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(signatures uint32 [n, num_perm], shingle hashes uint64, their per-document offsets).

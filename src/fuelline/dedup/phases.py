@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import mmap
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -270,16 +271,16 @@ def shard_codes(decision: Decision, begin: int, end: int) -> np.ndarray:
 
 
 def document_ids(shards: HashedShards, docs: np.ndarray) -> list[str]:
-    """The ids of `docs`: a shard's id file is read whole when many of its ids are wanted, else
-    only the wanted ones, from its memory map."""
+    """The ids of `docs`, sliced from each shard's id file mapped into memory, so that only the pages
+    holding wanted ids are read. A slice of a Python `mmap` is bytes at once (~0.1 µs); one of a numpy
+    memmap took ~1.5 µs: ~20 ms of the ~90 ms that the poetry corpus's 46,000 audit rows took, as one task."""
     ids: list[str | None] = [None] * len(docs)
     for k, where, local in shards.by_shard(docs):
         offsets = np.load(shards.dirs[k] / "id_offsets.npy", mmap_mode="r")
-        path = shards.dirs[k] / "ids.bin"
-        many = 8 * len(local) > len(offsets) or not offsets[-1]
-        data = path.read_bytes() if many else np.memmap(path, dtype=np.uint8, mode="r")
+        with open(shards.dirs[k] / "ids.bin", "rb") as f:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if offsets[-1] else b""  # none of an empty file
         for position, begin, end in zip(where.tolist(), offsets[local].tolist(), offsets[local + 1].tolist()):
-            ids[position] = (data[begin:end] if many else data[begin:end].tobytes()).decode("utf-8")
+            ids[position] = data[begin:end].decode("utf-8")
     return ids
 
 

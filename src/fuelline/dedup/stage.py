@@ -47,14 +47,14 @@ DROP_REASONS = {EXACT: "exact_duplicate", NEAR: "near_duplicate"}
 AUDIT_FILE = "clusters.jsonl.zst"
 
 
-def compared_text(record: dict, compare: str, where: str) -> str | None:
+def compared_text(record: dict, compare: str, source: str, line: int) -> str | None:
     """The text dedup compares: a document's text (None for a record without one), or a chat record's
     user turns joined by newlines (a record that breaks the contract of `fuelline.formats.chat_record`,
-    another kind of record included, is a `ChatRecordError` located at `where`, FILE:LINE)."""
+    another kind of record included, is a `ChatRecordError` located at SOURCE:LINE)."""
     if compare == "text":
         text = record.get("text")
         return text if isinstance(text, str) else None
-    chat_record.require(record, where)
+    chat_record.require(record, f"{source}:{line}")
     return "\n".join(user_turns(record["conversations"]))
 
 
@@ -67,12 +67,13 @@ def hash_shard(shard: InputShard, config: DedupConfig, workdir: Path) -> int:
 
     def work() -> dict:
         ids, texts, lengths = [], [], []
+        # FILE:LINE strings only where needed: one per record for nothing cost ~10 ms of a 50,000-poem shard.
         for line, record in iter_file_records(shard.source, start=shard.start, stop=shard.stop, on_error="skip"):
-            text = compared_text(record, config.compare, f"{shard.source}:{line}")
+            text = compared_text(record, config.compare, shard.source, line)
             if text is None:
                 raise RecordError(shard.source, line, 'no string field "text": dedup reads document records '
                                                       '(compare = user_turns reads chat records)')
-            ids.append(str(record.get("id", f"{shard.source}:{line}")))
+            ids.append(str(record["id"]) if "id" in record else f"{shard.source}:{line}")
             texts.append(text)
             lengths.append(len(text))
         normalize = config.normalizer()
@@ -150,8 +151,10 @@ class DedupStage(Stage):
         for shard, begin, end in zip(ctx.shards, starts[:-1], starts[1:]):
             save_array(ctx.workdir / "decisions" / f"{shard.part_name}.npy", shard_codes(decision, begin, end))
         write_bytes_atomic(ctx.workdir / "summary.json", orjson.dumps({**decision.summary, "seconds": laps.laps}))
-        for name in ("shards", *PHASE_DIRS):  # decided: the phases' files are no longer needed
-            shutil.rmtree(ctx.workdir / name)
+        # Decided: the phases' files are no longer needed. Removed by the workers, a directory a task:
+        # the poetry corpus's 226 MB took ~95 ms to unlink in this process, with every worker waiting.
+        ctx.map(shutil.rmtree, [*shards.dirs, *(ctx.workdir / name for name in PHASE_DIRS)], "dedup: cleanup")
+        (ctx.workdir / "shards").rmdir()
 
     def process(self, records: Iterable[tuple[Location, dict]], ctx: ShardContext) -> Iterator[dict]:
         codes = np.load(self._workdir / "decisions" / f"part-{ctx.shard_id:05d}.npy")
