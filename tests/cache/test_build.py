@@ -487,3 +487,35 @@ def test_skip_drops_unrenderable_records_into_rejects_and_a_changed_policy_is_re
     assert verify_cache(out) == [] and len(CacheDataset(out)) == 2
     again = invoke_build(*args)
     assert again.exit_code == 2 and "different config.on_error" in again.stderr
+
+
+def test_tool_records_on_the_models_own_template_without_generation_blocks(qwen4_dir, tmp_path):
+    """Issue 38: a model whose own template (Hermes', no generation blocks) renders tool calls: every
+    tool-call record is cached, ids and mask those `encode_chats` gives (checked against transformers'
+    masks in tests/chat/test_tool_template_families.py), the calls supervised."""
+    import shutil
+
+    from fuelline.chat.encode import encode_chats, load_tokenizer
+
+    from ..chat.tool_conversations import CONVERSATIONS, TOOLS
+    from ..chat.tool_template_families import HERMES
+
+    model = tmp_path / "model"
+    shutil.copytree(qwen4_dir, model)
+    (model / "chat_template.jinja").unlink(missing_ok=True)
+    settings = json.loads((model / "tokenizer_config.json").read_text(encoding="utf-8"))
+    (model / "tokenizer_config.json").write_text(json.dumps({**settings, "chat_template": HERMES}), encoding="utf-8")
+    records = {name: {"id": name, "conversations": turns, "tools": TOOLS} for name, turns in CONVERSATIONS.items()}
+    source = tmp_path / "tools.jsonl"
+    source.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records.values()), encoding="utf-8")
+    stats = build_cache(model, [source], tmp_path / "cache", config(), progress=False)
+    assert stats["records_out"] == len(records)
+    dataset = CacheDataset(tmp_path / "cache")
+    tokenizer = load_tokenizer(model).tokenizer
+    for i in range(len(dataset)):
+        sample = dataset[i]
+        encoded = encode_chats([records[sample["record_id"]]], model, "auto")[0]
+        assert np.array_equal(sample["input_ids"].numpy(), encoded.input_ids)
+        assert np.array_equal(sample["loss_mask"].numpy(), encoded.loss_mask.astype(np.uint8))
+        supervised = tokenizer.decode(sample["input_ids"][sample["loss_mask"].bool()].tolist(), skip_special_tokens=False)
+        assert "<tool_call>" in supervised and "<tool_response>" not in supervised

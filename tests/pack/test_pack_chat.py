@@ -154,3 +154,31 @@ def test_tool_records_pack_with_their_tools_and_the_supervision_options(qwen_dir
     text = load_tokenizer(qwen_dir).tokenizer.decode(packed[0][0].tolist(), skip_special_tokens=False)
     assert "<tools>" in text and '"get_weather"' in text
     assert any(not np.array_equal(m, d.loss_mask) for (_, m), d in zip(packed, default))  # the options changed it
+
+
+def test_tool_records_on_a_served_template_without_generation_blocks(qwen_dir, tmp_path):
+    """Issue 38: tool-call records packed with the model's own template (Hermes', no generation blocks,
+    `--chat-template auto`): every conversation kept, each masked as transformers masks the template's
+    twin with `{% generation %}` blocks."""
+    import transformers
+
+    from ..chat.tool_conversations import CONVERSATIONS, TOOLS
+    from ..chat.tool_template_families import FAMILIES, family_dirs
+
+    hermes = family_dirs(qwen_dir, tmp_path / "families")["hermes"]
+    records = [{"id": name, "conversations": turns, "tools": TOOLS} for name, turns in CONVERSATIONS.items()]
+    source = tmp_path / "tools.jsonl"
+    source.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    result = CliRunner().invoke(main, ["pack", "-i", str(source), "--tokenizer", str(hermes), "-o", str(tmp_path / "out"),
+                                       "--template", "chat", "--chat-template", "auto", "--val-fraction", "0",
+                                       "--reasoning", "keep", "-q", "-w", "1"])
+    assert result.exit_code == 0, result.output
+    packed = documents(tmp_path / "out" / "train")
+    assert len(packed) == len(records)
+    hf = transformers.AutoTokenizer.from_pretrained(hermes, local_files_only=True)
+    twins = {tuple(out["input_ids"]): out["assistant_masks"] for out in (
+        hf.apply_chat_template(r["conversations"], tools=TOOLS, chat_template=FAMILIES["hermes"].variant,
+                               tokenize=True, return_dict=True, return_assistant_tokens_mask=True) for r in records)}
+    for ids, mask in packed:  # the pack's order is its own: each document is matched by its ids
+        assert mask.astype(int).tolist() == twins[tuple(ids.tolist())]
+    assert sum(int(m.sum()) for _, m in packed) > 0
