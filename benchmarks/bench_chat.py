@@ -13,7 +13,11 @@
    Agent and reasoning data too: GSM8K turned into calculator-tool trajectories (each `<<a*b=c>>`
    of an answer a tool call and its result, the answer's reasoning as `reasoning_content`),
    through `qwen3` with tools against transformers with Qwen3's template with generation blocks
-   (tests/chat/tool_conversations.py).
+   (tests/chat/tool_conversations.py); and through served templates without generation blocks
+   (Hermes', Llama 3.1's, Qwen2.5's, reconstructed in tests/chat/tool_template_families.py), the
+   assistant turns found by rendering turn by turn, against transformers on each template's twin
+   with blocks. Their cost is set beside what one rendering with blocks costs (`encode_chats` on
+   the twin) and beside the marks path's (that plus one more rendering of the conversation).
 2. `chat prepare` (the stage through the local executor) on the three files repeated
    `--copies` times (each copy a distinct file, so ids differ), 1 and 2 workers: conversations/s.
 
@@ -149,6 +153,7 @@ def bench_encode(tokenizer_dir: Path, repeats: int, limit: int | None) -> dict:
         print(f"{name:<28} {len(convs):>6,} chats {tokens:>10,} tokens  transformers {hf_seconds:6.2f} s  "
               f"fuelline {our_seconds:6.2f} s  {hf_seconds / our_seconds:5.2f}x")
     rows["gsm8k tool trajectories (qwen3)"] = bench_tools(tokenizer_dir, repeats, limit)
+    rows.update(bench_served_templates(tokenizer_dir, repeats, limit))
     total_hf = sum(r["transformers_seconds"] for n, r in rows.items() if n in FILES)
     total_ours = sum(r["fuelline_seconds"] for n, r in rows.items() if n in FILES)
     print(f"{'all':<28} transformers {total_hf:6.2f} s  fuelline {total_ours:6.2f} s  {total_hf / total_ours:5.2f}x")
@@ -180,6 +185,67 @@ def bench_tools(tokenizer_dir: Path, repeats: int, limit: int | None) -> dict:
             "supervised_share": round(sum(int(r.loss_mask.sum()) for r in ours) / tokens, 4),
             "transformers_seconds": round(hf_seconds, 3), "fuelline_seconds": round(our_seconds, 3),
             "speedup": round(hf_seconds / our_seconds, 2)}
+
+
+def bench_served_templates(tokenizer_dir: Path, repeats: int, limit: int | None) -> dict:
+    """Templates without generation blocks, rendered turn by turn: the tool trajectories on three served
+    templates, GSM8K on ChatML; each against transformers on the twin with blocks (ids and masks checked)."""
+    from transformers import AutoTokenizer
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.chat.tool_template_families import FAMILIES, family_dirs
+
+    from fuelline.chat.encode import load_tokenizer
+    from fuelline.chat.jinja_sandbox import run_jinja
+    from fuelline.chat.templates import ChatTemplate
+
+    dirs = family_dirs(tokenizer_dir, tokenizer_dir.parent / "families")
+    plain_chatml = GENERATION_CHATML.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+    cases = [(f"gsm8k tool trajectories ({name}, no generation blocks)", dirs[name], FAMILIES[name].plain,
+              FAMILIES[name].variant, tool_trajectories()[:limit]) for name in ("hermes", "llama3.1", "qwen2.5")]
+    cases.append(("gsm8k (ChatML, no generation blocks)", dirs["qwen2.5"], plain_chatml, GENERATION_CHATML,
+                  [{"id": str(k), "conversations": c} for k, c in enumerate(conversations(FILES[2])[:limit])]))
+    rows = {}
+    for label, directory, plain, variant, records in cases:
+        served, twin = (_with_template(directory, source, tag) for source, tag in ((plain, "served"), (variant, "twin")))
+        hf = AutoTokenizer.from_pretrained(twin, local_files_only=True)
+        tools = "tools" in records[0]
+        ours = fuelline_batches(served, records, "auto", reasoning="keep")
+        check_identical(ours, hf_loop(hf, records if tools else [r["conversations"] for r in records], tools=tools))
+        fuelline_batches(twin, records[:8], "auto")  # the twin's tokenizer loaded and its encoder built, untimed
+        variables = load_tokenizer(served).special_tokens
+        once = ChatTemplate("served", jinja=plain)
+        hf_seconds, _ = best_of(lambda: hf_loop(hf, records if tools else [r["conversations"] for r in records],
+                                                tools=tools), repeats)
+        turn_by_turn, _ = best_of(lambda: fuelline_batches(served, records, "auto", reasoning="keep"), repeats)
+        blocks, _ = best_of(lambda: fuelline_batches(twin, records, "auto", reasoning="keep"), repeats)
+        rendering, _ = best_of(lambda: [run_jinja(once, r["conversations"], r.get("tools"), False, variables)
+                                        for r in records], repeats)
+        marks = blocks + rendering  # the marks path: the blocks' one rendering, and one more with marks
+        rows[label] = {
+            "conversations": len(records), "tokens": sum(len(r.input_ids) for r in ours),
+            "assistant_turns_per_conversation": round(sum(t["role"] == "assistant" for r in records
+                                                          for t in r["conversations"]) / len(records), 2),
+            "transformers_seconds": round(hf_seconds, 3), "fuelline_seconds": round(turn_by_turn, 3),
+            "with_blocks_seconds": round(blocks, 3), "one_rendering_seconds": round(rendering, 3),
+            "marks_path_seconds": round(marks, 3), "speedup": round(hf_seconds / turn_by_turn, 2),
+            "versus_blocks": round(turn_by_turn / blocks, 2), "versus_marks_path": round(turn_by_turn / marks, 2)}
+        print(f"{label:<52} transformers {hf_seconds:6.2f} s  turn by turn {turn_by_turn:6.2f} s "
+              f"({hf_seconds / turn_by_turn:5.2f}x; {turn_by_turn / blocks:4.2f}x with blocks, "
+              f"{turn_by_turn / marks:4.2f}x the marks path)")
+    return rows
+
+
+def _with_template(directory: Path, source: str, tag: str) -> Path:
+    """A copy of a tokenizer directory whose chat template is `source`."""
+    import json
+
+    out = directory.parent / f"{directory.name}-{tag}-{abs(hash(source)) % 10**8}"
+    if not out.exists():
+        shutil.copytree(directory, out)
+        config = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+        (out / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": source}), encoding="utf-8")
+    return out
 
 
 def _tokenizer(tokenizer_dir: Path):
