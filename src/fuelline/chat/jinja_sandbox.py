@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import re
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime
 from functools import lru_cache
 from typing import Any, Mapping
@@ -28,7 +30,30 @@ _STR_FORMAT = frozenset({"format", "format_map"})  # the sandbox wraps these
 def tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None,
            sort_keys: bool = False) -> str:
     """JSON as the `tojson` filter of transformers' chat templates writes it (", " and ": ", not ASCII-escaped)."""
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    memo = _JSON_MEMO.get()
+    if memo is None or not isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    key = (id(value), ensure_ascii, indent, None if separators is None else tuple(separators), sort_keys)
+    known = memo.get(key)
+    if known is None or known[0] is not value:  # the object is held, so its id is not another's while the memo lives
+        known = memo[key] = (value, json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                                               sort_keys=sort_keys))
+    return known[1]
+
+
+_JSON_MEMO: ContextVar[dict | None] = ContextVar("fuelline_json_memo", default=None)
+
+
+@contextmanager
+def one_conversation():
+    """Within the block, each object's JSON is written once: the renderings of one conversation (about eight
+    for an agent trajectory of four rounds, rendered turn by turn) write the same tool schemas and arguments
+    each time, ~15% of their cost. Nothing changes the conversation while it renders."""
+    token = _JSON_MEMO.set({})
+    try:
+        yield
+    finally:
+        _JSON_MEMO.reset(token)
 
 
 @lru_cache(maxsize=16)

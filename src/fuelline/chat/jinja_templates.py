@@ -27,7 +27,8 @@ from typing import Any, Mapping
 
 from fuelline.chat.content_marks import Unlocated, content_spans, refuse_reserved
 from fuelline.chat.incremental_spans import NotIncremental, incremental_spans
-from fuelline.chat.jinja_sandbox import GENERATION_CLOSE, GENERATION_OPEN, has_generation_blocks, run_jinja
+from fuelline.chat.jinja_sandbox import (GENERATION_CLOSE, GENERATION_OPEN, has_generation_blocks, one_conversation,
+                                         run_jinja)
 from fuelline.chat.template_registry import ChatTemplate, Rendering, registered
 
 # Tried, after the tokenizer's eos token, as the end-of-turn token of a Jinja template.
@@ -37,6 +38,12 @@ _GENERATION_MARKS = re.compile(f"[{GENERATION_OPEN}{GENERATION_CLOSE}]")
 
 def render_jinja(turns: list[dict], tools: list[dict] | None, t: ChatTemplate, add_generation_prompt: bool,
                  variables: Mapping[str, Any]) -> Rendering:
+    with one_conversation():
+        return _render(turns, tools, t, add_generation_prompt, variables)
+
+
+def _render(turns: list[dict], tools: list[dict] | None, t: ChatTemplate, add_generation_prompt: bool,
+            variables: Mapping[str, Any]) -> Rendering:
     refuse_reserved(turns, tools)
     assistant = [i for i, turn in enumerate(turns) if turn["role"] == "assistant"]
     text, blocks = _remove_generation_marks(run_jinja(t, turns, tools, add_generation_prompt, variables))
