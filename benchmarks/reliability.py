@@ -59,6 +59,11 @@ resumed with other options, damaged partitions and manifest, odd values (window 
 partitions, a disk bound below a partition), its builder and trainer ranks SIGKILLed: every
 sample once per epoch, byte-equal to the offline build's, or a clear error.
 
+Issue 38 adds (o) tool-call and reasoning conversations on served templates without generation
+blocks (Hermes', Llama 3.1's, Mistral's, Qwen2.5's, DeepSeek-R1's, Qwen3's), against transformers
+on each template's twin with blocks, and on two broken templates (one ignores `tool_calls`, one
+writes a turn only once another follows) that must refuse them (reliability_tool_templates.py).
+
 Outcomes of a trial are those of benchmarks/trials.py (ok, clear_error, silent_wrong, crash, hang,
 leftover).
 
@@ -100,6 +105,7 @@ import reliability_servers  # noqa: E402
 import reliability_stalls  # noqa: E402
 import reliability_stream  # noqa: E402
 import reliability_templates  # noqa: E402
+import reliability_tool_templates  # noqa: E402
 from trials import OUTCOMES, Tally, cli, damage_file, failure_outcome, free_port, isolated, judged, kill_after, run, table  # noqa: E402
 
 BOOKKEEPING = {"stats.json", "_plan.json", "summary.json", "training_report.json"}  # they hold seconds
@@ -533,6 +539,8 @@ FAMILIES = [
     ("(m) the streaming target cache: resumed with other options, damaged, odd values, killed", reliability_stream),
     ("(n) decontaminate: bad evaluation sets, odd values, an evaluation set edited between runs",
      reliability_decontaminate),
+    ("(o) tool-call conversations on served templates without generation blocks, and on broken ones",
+     reliability_tool_templates),
 ]
 ALL_SECTIONS = "abcd" + "".join(title[1] for title, _ in FAMILIES)
 
