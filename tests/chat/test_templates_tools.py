@@ -231,6 +231,22 @@ def test_jinja_without_generation_blocks_refuses_what_it_cannot_locate(qwen):
                tools=[{"type": "function", "function": {"name": "f\ufdd0"}}])
 
 
+def test_turns_not_trained_on_are_never_refused_for_where_they_are(qwen):
+    """Qwen3's template rewrites the tool-call turns of earlier rounds, so they cannot be located; under
+    `train_turns="last"` or with weight 0 they are not trained on, so the conversation is kept, and the
+    trained turn is masked as the named `qwen3` masks it."""
+    plain = ChatTemplate("qwen3-plain", jinja=QWEN3_TEMPLATE)
+    with pytest.raises(ValueError, match="^turn 2: .* rewrites turn 2 once later turns follow it"):
+        render(ROUNDS, plain, tools=TOOLS)
+    last = render(ROUNDS, plain, tools=TOOLS, train_turns="last")
+    assert [last.text[a:b] for a, b in last.spans] == ["It is 21:04 in Tokyo." + END]
+    got, named = (encode_chat(ROUNDS, qwen, template, tools=TOOLS, train_turns="last") for template in (plain, "qwen3"))
+    assert got.input_ids.tolist() == named.input_ids.tolist() and np.array_equal(got.loss_mask, named.loss_mask)
+    weighted = [{**turn, "weight": 0} if turn.get("tool_calls") else turn for turn in SINGLE]
+    kept = render(weighted, plain, tools=TOOLS)
+    assert [kept.text[a:b] for a, b in kept.spans] == ["It is 18 °C and cloudy in Paris." + END]
+
+
 def test_plain_chats_render_as_before_under_every_reasoning_and_tools_setting(qwen):
     chat = [user("Hi"), assistant("Hello!")]
     base = encode_chat(chat, qwen, "qwen3")

@@ -91,9 +91,16 @@ def render_checked(turns: list[dict], tools: list[dict] | None, template: str | 
         raise ValueError(f"chat template {template.name!r} renders with a tokenizer's own Jinja template; "
                          f"encode_chat finds it, or pass the Jinja source as ChatTemplate(jinja=...)")
     else:
-        rendering = render_jinja(turns, tools, template, add_generation_prompt, variables or {})
+        rendering = render_jinja(turns, tools, template, add_generation_prompt, variables or {},
+                                 _trained_turns(turns, train_turns))
     spans = _supervised_spans(rendering.spans, turns, template, train_turns)
     return rendering if spans == rendering.spans else dataclasses.replace(rendering, spans=spans)
+
+
+def _trained_turns(turns: list[dict], train_turns: str) -> list[int]:
+    """The assistant turns `train_turns` and the weights leave to train on."""
+    assistant = [i for i, turn in enumerate(turns) if turn["role"] == "assistant"]
+    return [i for i in (assistant[-1:] if train_turns == "last" else assistant) if turns[i].get("weight", 1)]
 
 
 def _supervised_spans(spans: tuple[tuple[int, int], ...], turns: list[dict], t: ChatTemplate,
