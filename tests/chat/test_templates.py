@@ -284,3 +284,14 @@ def test_jinja_templates_whose_assistant_contents_cannot_be_located_are_refused(
     with pytest.raises(ValueError) as error:
         render(chat, ChatTemplate("odd", jinja=source))
     assert str(error.value).startswith(problem) and "{% generation %}" in str(error.value)
+
+
+def test_a_template_whose_own_python_fails_on_a_conversation_is_refused_naming_it():
+    """A served template's expressions may fail on data it was not written for (DeepSeek-R1's concatenates a
+    tool call's arguments as a string): a ValueError naming the template, never a traceback."""
+    source = ("{% for m in messages %}{{ m.role + m.content }}{% if m.tool_calls is defined %}"
+              "{{ '```json' + m.tool_calls[0].function.arguments }}{% endif %}{% endfor %}")
+    chat = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]}]
+    with pytest.raises(ValueError, match="^the Jinja chat template of 'r1-like' failed on this conversation: TypeError"):
+        render(chat, ChatTemplate("r1-like", jinja=source))

@@ -72,6 +72,9 @@ def run_jinja(t: ChatTemplate, turns: list[dict], tools: list[dict] | None, add_
                                add_generation_prompt=add_generation_prompt, **variables)
     except jinja2.TemplateError as e:
         raise ValueError(f"the Jinja chat template of {t.name!r} failed: {e}") from None
+    except (TypeError, LookupError, AttributeError, ValueError) as e:  # the template's own Python, on this data
+        raise ValueError(f"the Jinja chat template of {t.name!r} failed on this conversation: "
+                         f"{type(e).__name__}: {e}") from None
 
 
 def _template_messages(turns: list[dict]) -> list[dict]:
