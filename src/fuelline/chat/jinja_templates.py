@@ -37,15 +37,15 @@ _GENERATION_MARKS = re.compile(f"[{GENERATION_OPEN}{GENERATION_CLOSE}]")
 
 
 def render_jinja(turns: list[dict], tools: list[dict] | None, t: ChatTemplate, add_generation_prompt: bool,
-                 variables: Mapping[str, Any], trained: Collection[int] | None = None) -> Rendering:
-    """`trained`: the assistant turns whose spans are used (all when None). The others get an empty span, so a
-    turn that is not trained on (`train_turns="last"`, weight 0) is never refused for where it is."""
+                 variables: Mapping[str, Any], trained: Collection[int]) -> Rendering:
+    """`trained`: the assistant turns whose spans are used. The others get an empty span, so a turn that is
+    not trained on (`train_turns="last"`, weight 0) is never refused for where it is."""
     with one_conversation():
         return _render(turns, tools, t, add_generation_prompt, variables, trained)
 
 
 def _render(turns: list[dict], tools: list[dict] | None, t: ChatTemplate, add_generation_prompt: bool,
-            variables: Mapping[str, Any], trained: Collection[int] | None) -> Rendering:
+            variables: Mapping[str, Any], trained: Collection[int]) -> Rendering:
     refuse_reserved(turns, tools)
     assistant = [i for i, turn in enumerate(turns) if turn["role"] == "assistant"]
     text, blocks = _remove_generation_marks(run_jinja(t, turns, tools, add_generation_prompt, variables))
@@ -58,16 +58,16 @@ def _render(turns: list[dict], tools: list[dict] | None, t: ChatTemplate, add_ge
         return run_jinja(t, part, tools, generation_prompt, variables)
 
     ends_of_turn = (t.end_of_turn,) if t.end_of_turn else (variables.get("eos_token") or "", *END_OF_TURN_TOKENS)
-    located = [i for i in assistant if trained is None or i in trained]
+    located = [i for i in assistant if i in trained]
     found = dict(zip(located, incremental_spans(turns, located, text, add_generation_prompt, render, ends_of_turn)))
     moved = {i: result for i, result in found.items() if isinstance(result, NotIncremental)}
     if moved:
         marked = _marked_spans(turns, list(moved), t, text, lambda part: render(part, add_generation_prompt),
                                ends_of_turn, moved)
         found.update({i: (span, span[1]) for i, span in zip(moved, marked)})
-    for i, before, after in zip(located[1:], located, located[1:]):
+    for before, after in zip(located, located[1:]):
         if found[after][0][0] < found[before][0][1]:
-            raise ValueError(f"turn {i}: the Jinja chat template of {t.name!r} writes this turn's span before the "
+            raise ValueError(f"turn {after}: the Jinja chat template of {t.name!r} writes this turn's span before the "
                              f"previous assistant turn's ends, so its loss span is unknown; {_remedy()}")
     untrained = ((0, 0), 0)  # an empty span, and 0 for its end: a lower bound, as a truncation's estimate needs
     return Rendering(text, tuple(found.get(i, untrained)[0] for i in assistant),

@@ -85,15 +85,15 @@ def render_checked(turns: list[dict], tools: list[dict] | None, template: str | 
         turns = _reasoning_kept(turns, reasoning)
     if isinstance(template, str):
         template = get_template(template)
+    trained = _trained_turns(turns, train_turns)
     if template.jinja is None:
         rendering = render_fields(turns, tools, template, add_generation_prompt)
     elif not template.jinja:
         raise ValueError(f"chat template {template.name!r} renders with a tokenizer's own Jinja template; "
                          f"encode_chat finds it, or pass the Jinja source as ChatTemplate(jinja=...)")
     else:
-        rendering = render_jinja(turns, tools, template, add_generation_prompt, variables or {},
-                                 _trained_turns(turns, train_turns))
-    spans = _supervised_spans(rendering.spans, turns, template, train_turns)
+        rendering = render_jinja(turns, tools, template, add_generation_prompt, variables or {}, trained)
+    spans = _supervised_spans(rendering.spans, turns, template, train_turns, trained)
     return rendering if spans == rendering.spans else dataclasses.replace(rendering, spans=spans)
 
 
@@ -103,19 +103,18 @@ def _trained_turns(turns: list[dict], train_turns: str) -> list[int]:
     return [i for i in (assistant[-1:] if train_turns == "last" else assistant) if turns[i].get("weight", 1)]
 
 
-def _supervised_spans(spans: tuple[tuple[int, int], ...], turns: list[dict], t: ChatTemplate,
-                      train_turns: str) -> tuple[tuple[int, int], ...]:
-    """The spans left by `train_turns` and the turns' weights (a weight-0 assistant turn's span goes)."""
-    weights = [turn.get("weight", 1) for turn in turns if turn["role"] == "assistant"]
-    if 0 not in weights:
+def _supervised_spans(spans: tuple[tuple[int, int], ...], turns: list[dict], t: ChatTemplate, train_turns: str,
+                      trained: list[int]) -> tuple[tuple[int, int], ...]:
+    """The spans of the `trained` turns. Without a weight-0 turn a span need not be a turn's (a Jinja template's
+    generation blocks may not be one per assistant turn), so `train_turns="last"` keeps the last span."""
+    assistant = [i for i, turn in enumerate(turns) if turn["role"] == "assistant"]
+    if all(turns[i].get("weight", 1) for i in assistant):
         return spans[-1:] if train_turns == "last" else spans
-    if len(spans) != len(weights):
+    if len(spans) != len(assistant):
         raise ValueError(f"turn {next(i for i, turn in enumerate(turns) if turn.get('weight') == 0)}: weight 0, but "
                          f"the Jinja chat template of {t.name!r} has {len(spans)} {{% generation %}} block(s) for "
-                         f"{len(weights)} assistant turn(s), so which tokens are this turn's is unknown")
-    if train_turns == "last":
-        spans, weights = spans[-1:], weights[-1:]
-    return tuple(span for span, weight in zip(spans, weights) if weight)
+                         f"{len(assistant)} assistant turn(s), so which tokens are this turn's is unknown")
+    return tuple(span for i, span in zip(assistant, spans) if i in trained)
 
 
 def _reasoning_kept(turns: list[dict], reasoning: str) -> list[dict]:
