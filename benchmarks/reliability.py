@@ -64,6 +64,10 @@ blocks (Hermes', Llama 3.1's, Mistral's, Qwen2.5's, DeepSeek-R1's, Qwen3's), aga
 on each template's twin with blocks, and on two broken templates (one ignores `tool_calls`, one
 writes a turn only once another follows) that must refuse them (reliability_tool_templates.py).
 
+It adds (p) outputs that are, hold or lie inside an input, or another output, for every command
+that writes (absolute, through symlinks and `..`, with and without --restart), and empty and
+repeated inputs (reliability_paths.py): refused in one line with the tree byte for byte unchanged.
+
 Outcomes of a trial are those of benchmarks/trials.py (ok, clear_error, silent_wrong, crash, hang,
 leftover).
 
@@ -100,6 +104,7 @@ import reliability_chat_records  # noqa: E402
 import reliability_cli  # noqa: E402
 import reliability_decontaminate  # noqa: E402
 import reliability_exports  # noqa: E402
+import reliability_paths  # noqa: E402
 import reliability_resume  # noqa: E402
 import reliability_servers  # noqa: E402
 import reliability_stalls  # noqa: E402
@@ -541,6 +546,7 @@ FAMILIES = [
      reliability_decontaminate),
     ("(o) tool-call conversations on served templates without generation blocks, and on broken ones",
      reliability_tool_templates),
+    ("(p) outputs overlapping inputs or each other, empty and repeated inputs, for every command", reliability_paths),
 ]
 ALL_SECTIONS = "abcd" + "".join(title[1] for title, _ in FAMILIES)
 

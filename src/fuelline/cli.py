@@ -242,7 +242,7 @@ def _build_step(name: str, values: dict, where: str, config_file: str | None = N
 
 
 def _run_from_cli(name: str, inputs, output, *, config_file, where=None, explain=None, output_locations=None,
-                  **values) -> dict | None:
+                  copies=(), **values) -> dict | None:
     """Build the stage (TOML file, then options given) and run it, printing its stats; None after --explain."""
     from fuelline.pipeline.executor import run_stage
 
@@ -251,7 +251,7 @@ def _run_from_cli(name: str, inputs, output, *, config_file, where=None, explain
     if explain:
         click.echo(stage.explain_report(list(inputs), stage.config, explain))
         return None
-    stats = run_stage(stage, list(inputs), output, options, output_locations)
+    stats = run_stage(stage, list(inputs), output, options, output_locations, copies)
     _print_stats([stats], [output])
     require_kept(stats)
     return stats
@@ -304,7 +304,7 @@ def _chat_prepare_command() -> click.Command:
             stage_dir = train if "train" not in single else Path(work_dir or train.with_name(train.name + ".parts"))
         locations = {} if "eval" in single else {"eval": eval_output}
         stats = _run_from_cli("chat-prepare", inputs, stage_dir, where="fuelline chat prepare",
-                              output_locations=locations, **values)
+                              output_locations=locations, copies=list(single.values()), **values)
         if stats is None:
             return
         for name, path in single.items():

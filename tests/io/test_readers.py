@@ -122,6 +122,7 @@ def test_directories_and_globs_expand_in_sorted_order_skipping_hidden_and_temp_f
     (tmp_path / "sub").mkdir()
     for name in ["b.jsonl", "a.jsonl.gz", "sub/c.parquet", ".hidden.jsonl", ".a.jsonl.tmp-1-ab", "notes.txt"]:
         (tmp_path / name).write_bytes(b"")
+    (tmp_path / "b.jsonl").write_bytes(b'{"text": "x"}\n')  # a source of empty files only is refused
     assert [p.relative_to(tmp_path).as_posix() for p in expand_inputs(tmp_path)] == [
         "a.jsonl.gz", "b.jsonl", "sub/c.parquet"]
     assert [p.name for p in expand_inputs(str(tmp_path / "*.jsonl*"))] == ["a.jsonl.gz", "b.jsonl"]
@@ -233,3 +234,21 @@ def test_max_record_bytes_must_be_positive(tmp_path):
     (tmp_path / "a.jsonl").write_bytes(b'{"a": 1}\n')
     with pytest.raises(ValueError, match="max_record_bytes must be at least 1"):
         list(iter_file_records(tmp_path / "a.jsonl", max_record_bytes=0))
+
+
+def test_a_source_of_no_records_and_a_file_found_twice_are_refused_naming_them(tmp_path):
+    import zstandard
+
+    (tmp_path / "a.jsonl").write_bytes(b'{"text": "x"}\n')
+    (tmp_path / "blank.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(b" \n\n"))
+    (tmp_path / "none.json").write_bytes(b"[ ]\n")
+    for empty in ("blank.jsonl.zst", "none.json"):
+        with pytest.raises(ValueError, match=f"{empty}: empty"):
+            expand_inputs(tmp_path / empty)
+    assert expand_inputs(tmp_path / "blank.jsonl.zst", empty_ok=True) == [tmp_path / "blank.jsonl.zst"]
+    assert len(expand_inputs(tmp_path)) == 3  # a directory with one file of records is read whole
+    (tmp_path / "link.jsonl").symlink_to("a.jsonl")
+    for twice in ([tmp_path / "a.jsonl", tmp_path / "a.jsonl"], [tmp_path, tmp_path / "none.json"],
+                  [tmp_path / "a.jsonl", tmp_path / "link.jsonl"], [str(tmp_path / "*.jsonl"), str(tmp_path / "a*")]):
+        with pytest.raises(ValueError, match="among the inputs twice"):
+            expand_inputs(twice)

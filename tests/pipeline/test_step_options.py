@@ -225,4 +225,4 @@ def test_an_output_made_before_a_rename_or_a_moved_option_is_found_again_and_a_c
     chat = {"config": identity_values(PackConfig(template="chat"))}
     StepStats("pack", 1, 1, identity={"config": {**chat["config"], "chat_template": "chatml"}}).write(tmp_path / "sft")
     with pytest.raises(StepOutputMismatch, match=r"different config\.chat_template; pass --restart"):
-        WorkDir(tmp_path / "sft", chat, **identity_history(PackConfig)).finished()
+        WorkDir(tmp_path / "sft", chat, **identity_history(PackConfig), reads=[]).finished()

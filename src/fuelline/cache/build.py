@@ -53,7 +53,8 @@ def build_cache(model: str | os.PathLike, inputs: list[str], output: str | os.Pa
     output = Path(output)
     try:
         if ranks.rank == 0:
-            step_dir = WorkDir(output, build_identity(model, inputs, config, name), **identity_history(CacheConfig))
+            step_dir = WorkDir(output, build_identity(model, inputs, config, name), **identity_history(CacheConfig),
+                               reads=[*inputs, model])
             with step_dir.lock():
                 if restart:
                     step_dir.restart()

@@ -129,7 +129,7 @@ def export_cache(cache: str | os.PathLike, output: str | os.PathLike, target: Ex
         raise ValueError(f"workers must be at least 1, not {workers}")
     dataset = CacheDataset(cache)  # every check that reads no record: a non-cache fails here
     identity = {"task": step, "config": identity_values(target.config), "cache": cache_identity(dataset)}
-    step_dir = WorkDir(output, identity, **identity_history(type(target.config)))
+    step_dir = WorkDir(output, identity, **identity_history(type(target.config)), reads=[cache])
     with step_dir.lock():
         if restart:
             step_dir.restart()

@@ -148,7 +148,8 @@ def stream_cache(model: str | os.PathLike, inputs: list[str], output: str | os.P
     try:
         builder = None
         if ranks.rank == 0:
-            step_dir = WorkDir(output, build_identity(model, inputs, config, name), **identity_history(StreamConfig))
+            step_dir = WorkDir(output, build_identity(model, inputs, config, name), **identity_history(StreamConfig),
+                               reads=[*inputs, model])
             with step_dir.lock():
                 if restart:
                     step_dir.restart()

@@ -366,7 +366,7 @@ class VocabMapStep(Step):
         trainer = self.config.trainer
         beside = [path for key, path in companion_paths(output, trainer).items() if key in ("counts", "t2d")]
         step_dir = WorkDir(output, identity, beside=beside if single_file else None,
-                           defaults={"trainer": "specforge"})  # outputs made before --for
+                           defaults={"trainer": "specforge"}, reads=[source])  # defaults: outputs made before --for
         mapping = output if single_file else output / self.MAPPINGS[trainer]
 
         def work() -> StepStats:

@@ -48,7 +48,7 @@ class RegenerateStep(Step):
         paths = OutputPaths.of(output)
         if paths.records == Path(output):  # OUT.jsonl, with its errors and stats beside it
             return WorkDir(output, step_dir.identity, defaults=step_dir.defaults, renamed=step_dir.renamed,
-                           beside=[paths.errors])
+                           beside=[paths.errors], reads=inputs)
         return step_dir
 
     def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fuelline.io.paths import split_suffixes
+from fuelline.io.suffixes import split_suffixes
 from fuelline.io.readers import RecordError, iter_file_records
 
 # The fields of the common evaluation sets, as their files come (the first that a record has is used).

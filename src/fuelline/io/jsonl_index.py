@@ -35,7 +35,7 @@ import xxhash
 
 from fuelline.io import json_exact
 from fuelline.io.atomic import atomic_write
-from fuelline.io.paths import split_suffixes
+from fuelline.io.suffixes import split_suffixes
 from fuelline.io.remote import cache_root
 
 SCAN_BLOCK = 8 << 20

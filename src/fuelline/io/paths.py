@@ -17,21 +17,8 @@ from typing import Iterable
 from fuelline.io.atomic import is_temp_name
 from fuelline.io.remote import filesystem, is_url
 from fuelline.io.stage_layout import BOOKKEEPING_FILES, DONE_DIR, STAGE_PART_PREFIX
-
-COMPRESSIONS = (".gz", ".zst", ".zstd", ".bz2", ".xz")
-LINE_FORMATS = (".jsonl", ".ndjson")
-DATA_SUFFIXES = LINE_FORMATS + (".json", ".parquet")
-
-
-def split_suffixes(path: str | os.PathLike) -> tuple[str, str | None]:
-    """Return (data format suffix, compression suffix or None), e.g. ('.jsonl', '.zst')."""
-    name = Path(path).name.lower()
-    compression = next((c for c in COMPRESSIONS if name.endswith(c)), None)
-    if compression:
-        name = name[: -len(compression)]
-    fmt = next((s for s in DATA_SUFFIXES if name.endswith(s)), "")
-    return fmt, compression
-
+from fuelline.io.streams import blocks, decompression_errors, head_without_bom, open_binary
+from fuelline.io.suffixes import COMPRESSIONS, DATA_SUFFIXES, split_suffixes
 
 def is_data_file(path: str | os.PathLike) -> bool:
     name = Path(path).name
@@ -116,20 +103,59 @@ def _check_data_file(name: str | os.PathLike) -> None:
         )
 
 
-def expand_inputs(sources: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path | str]:
+def as_sources(sources: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str | os.PathLike]:
+    """One source, or several, as a list."""
+    return [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
+
+
+def expand_inputs(sources: str | os.PathLike | Iterable[str | os.PathLike], *, empty_ok: bool = False
+                  ) -> list[Path | str]:
     """Files for `sources`, in the order given; directories and globs expand in sorted order.
 
     A file named explicitly must exist and have a supported suffix; a glob or directory that
-    matches nothing is an error, so a typo never turns into an empty run. A local file is a
-    `Path`; a file at a URL is its URL.
+    matches nothing is an error, so a typo never turns into an empty run, and so is a source whose
+    local files hold no records (`_holds_records`): an empty run would only fail steps later. A
+    file found twice (`-i a.jsonl -i a.jsonl`, a file and its directory, a symlink and its
+    target, two globs) is refused: read twice it would double its records. A local file is a
+    `Path`; a file at a URL is its URL. `empty_ok`: for what reads a step's own output back, which
+    may hold no records, not an input a user named.
     """
-    if isinstance(sources, (str, os.PathLike)):
-        sources = [sources]
-    files: list[Path | str] = []
-    for source in sources:
+    files: dict[str, tuple[Path | str, str]] = {}  # {where it is: (the file, the source that named it)}
+    for source in as_sources(sources):
         text = os.fspath(source)
         matched = _url_files(text) if is_url(text) else _local_files(text)
         if not matched:
             raise FileNotFoundError(f"{text}: matched no data files")
-        files.extend(matched)
-    return files
+        local = [f for f in matched if isinstance(f, Path)]
+        if local and not empty_ok and not any(map(_holds_records, local)):
+            raise ValueError(f"{text}: empty, no records to read" if local == [Path(text)] else
+                             f"{text}: its {len(local)} data file(s) are empty, no records to read")
+        for file in matched:
+            where = file if isinstance(file, str) else os.path.realpath(file)
+            if where in files:
+                raise ValueError(f"{file} is among the inputs twice (from {files[where][1]} and from {text}); "
+                                 "name each input once")
+            files[where] = (file, text)
+    return [file for file, _ in files.values()]
+
+
+def _holds_records(path: Path) -> bool:
+    """Whether a local data file has anything to read: rows (Parquet), or more than whitespace and
+    an empty JSON array once decompressed (a damaged file is the reader's to name)."""
+    if path.stat().st_size == 0:
+        return False
+    if split_suffixes(path)[0] == ".parquet":
+        import pyarrow
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_metadata(path).num_rows > 0
+        except pyarrow.ArrowInvalid as e:
+            raise ValueError(f"{path}: not a readable Parquet file ({e})") from None
+    seen = b""
+    with decompression_errors(path), open_binary(path) as stream:
+        for block in blocks(stream, head_without_bom(stream)):
+            seen += block.translate(None, b" \t\r\n")
+            if len(seen) > 2:
+                return True
+    return seen not in (b"", b"[]")

@@ -16,7 +16,8 @@ from typing import Iterable, Iterator
 from fuelline.io.bad_records import MAX_RECORD_BYTES, READ_ERROR_REASONS, BadRecords, OnError, RecordError, RejectSink
 from fuelline.io.json_array import json_array_records
 from fuelline.io.jsonl_reader import count_lines, jsonl_records
-from fuelline.io.paths import LINE_FORMATS, expand_inputs, split_suffixes
+from fuelline.io.paths import expand_inputs
+from fuelline.io.suffixes import LINE_FORMATS, split_suffixes
 from fuelline.io.remote import is_url, local_copy
 from fuelline.io.streams import decompression_errors, head_without_bom, open_binary
 
@@ -75,14 +76,15 @@ def iter_file_records(path: str | os.PathLike, *, start: int = 0, stop: int | No
 
 
 def read_records(sources: str | os.PathLike | Iterable[str | os.PathLike], *, on_error: OnError = "raise",
-                 rejects: RejectSink | None = None, max_record_bytes: int = MAX_RECORD_BYTES) -> Iterator[dict]:
+                 rejects: RejectSink | None = None, max_record_bytes: int = MAX_RECORD_BYTES,
+                 empty_ok: bool = False) -> Iterator[dict]:
     """Stream the records (dicts) of files, directories or globs, in order.
 
     A malformed record raises `RecordError` ("FILE:LINE: what is wrong"); with `on_error="skip"`
     it is counted in `rejects.counts` under one of READ_ERROR_REASONS and written to the rejects
-    file, if `rejects` has a path.
+    file, if `rejects` has a path. `empty_ok`: as `expand_inputs`'.
     """
-    for path in expand_inputs(sources):
+    for path in expand_inputs(sources, empty_ok=empty_ok):
         for _, record in iter_file_records(path, on_error=on_error, rejects=rejects,
                                            max_record_bytes=max_record_bytes):
             yield record

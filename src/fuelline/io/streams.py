@@ -15,7 +15,7 @@ from typing import IO, Iterator
 
 import zstandard
 
-from fuelline.io.paths import split_suffixes
+from fuelline.io.suffixes import split_suffixes
 
 CHUNK_BYTES = 256 << 10  # small blocks stay in cache while split and parsed: ~10% faster than 4 MiB
 UTF8_BOM = b"\xef\xbb\xbf"

@@ -105,13 +105,14 @@ def open_writer(path_without_suffix: str | os.PathLike, output_format: str = "js
 def write_jsonl_file(sources, path: str | os.PathLike) -> int:
     """Concatenate the records of `sources` (files, directories) into one plain JSONL file, atomically.
 
-    For tools that expect a single `.jsonl`; returns the number of records written.
+    For tools that expect a single `.jsonl`; returns the number of records written. A step's
+    output of no records (an eval split of `--test-size 0`) is copied as an empty file.
     """
     from fuelline.io.readers import read_records
 
     count = 0
     with atomic_write(path) as f:
-        for record in read_records(sources):
+        for record in read_records(sources, empty_ok=True):
             f.write(json_exact.dumps(record) + b"\n")
             count += 1
     return count

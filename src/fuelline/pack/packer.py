@@ -30,7 +30,7 @@ import orjson
 from fuelline.fingerprints import tokenizer_fingerprint
 from fuelline.formats.tokens import DTYPES, TokenDatasetWriter, check_dtype, dtype_for
 from fuelline.io.atomic import remove_temp_files, write_bytes_atomic
-from fuelline.io.paths import expand_inputs
+from fuelline.io.paths import as_sources, expand_inputs
 from fuelline.io.readers import RecordError, iter_file_records
 from fuelline.io.rejects import Rejects
 from fuelline.io.remote import refuse_url
@@ -240,7 +240,8 @@ def pack(inputs, tokenizer_dir: str | os.PathLike, output: str | os.PathLike, co
     # refuses a tokenizer without the template's special tokens, before anything is written
     boundary = TEMPLATES[config.template](tokenizer, **config.template_options(tokenizer_dir)).boundary_ids()
     files = expand_inputs(inputs)
-    step_dir = WorkDir(output, _identity(files, tokenizer_dir, config), **identity_history(PackConfig))
+    step_dir = WorkDir(output, _identity(files, tokenizer_dir, config), **identity_history(PackConfig),
+                       reads=[*as_sources(inputs), tokenizer_dir])
     with step_dir.lock():
         return _pack(files, tokenizer, tokenizer_dir, step_dir, config, (dtype, *boundary), options)
 

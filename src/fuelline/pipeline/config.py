@@ -32,6 +32,7 @@ import orjson
 
 from fuelline.io.atomic import write_bytes_atomic
 from fuelline.io.lock import exclusive_output
+from fuelline.io.overlap import check_outputs
 from fuelline.io.paths import expand_inputs
 from fuelline.io.remote import refuse_url
 from fuelline.io.stage_layout import PIPELINE_FILE
@@ -178,6 +179,7 @@ def run_pipeline(steps: list[PipelineStep], run_dir: str | os.PathLike, *, input
     first_inputs = list(input or []) or [i for i in (steps[0].input if steps else []) if not i.startswith("@")]
     if first_inputs:
         expand_inputs(first_inputs)  # a missing input stops the run before it creates anything
+    check_outputs([run_dir], first_inputs)  # it holds every step's output; each step checks its own inputs too
     given = {"workers": workers, "executor": executor, "ray_address": ray_address}
     overrides = {key: value for key, value in given.items() if value is not None}
     if executor == "local":

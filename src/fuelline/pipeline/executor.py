@@ -16,12 +16,12 @@ import time
 from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import orjson
 
 from fuelline.io.atomic import remove_temp_files
-from fuelline.io.paths import expand_inputs
+from fuelline.io.paths import as_sources, expand_inputs
 from fuelline.io.readers import READ_ERROR_REASONS, iter_file_records
 from fuelline.io.rejects import Rejects
 from fuelline.io.stage_layout import DONE_DIR, PREPARE_DIR, REJECTS_DIR, STAGE_PART_PREFIX, PLAN_FILE
@@ -145,9 +145,10 @@ class _StageDir(WorkDir):
     """A stage's output directory in its store (a URL's staging directory), with the parts it
     wrote into other directories (`targets` outside it)."""
 
-    def __init__(self, store: OutputStore, identity: dict, history: dict, outside: list[Path]):
-        """`history`: `identity_history` of the stage's Config."""
-        super().__init__(store.directory, identity, name=str(store), **history)
+    def __init__(self, store: OutputStore, identity: dict, history: dict, outside: list[Path], *,
+                 reads: list, also: list):
+        """`history`: `identity_history` of the stage's Config; `reads`, `also`: for the overlap rule."""
+        super().__init__(store.directory, identity, name=str(store), **history, reads=reads, also=also)
         self.store, self.outside = store, outside
 
     def lock(self):
@@ -236,20 +237,25 @@ class RecordStep(Step):
 
 
 def run_stage(stage: Stage, inputs, output_dir: str | os.PathLike, options: RunOptions | None = None,
-              output_locations: dict[str, str | os.PathLike] | None = None) -> dict:
+              output_locations: dict[str, str | os.PathLike] | None = None, copies: Sequence[Path] = ()) -> dict:
     """Run `stage` over `inputs` (files, directories, globs) into `output_dir`; return its stats.
 
     Inputs and `output_dir` may be local paths or fsspec URLs (`s3://…`, `memory://…`). Finished
     shards of an earlier, interrupted run with the same options are kept. For a stage with
-    several outputs, `output_locations` may put the outputs after the first elsewhere.
+    several outputs, `output_locations` may put the outputs after the first elsewhere. `copies`:
+    files the caller writes from the outputs once the stage is done (chat prepare's `.jsonl`
+    outputs), outputs of the command too.
     """
     options = options or RunOptions()  # its output_format checked where it was built
     store = open_output(output_dir)
     files = expand_inputs(inputs)
     targets = output_targets(stage, store.directory, store.locations(output_locations))
     outside = [d for d in targets.values() if not d.resolve().is_relative_to(store.directory.resolve())]
+    # a further output is the stage's own at its default place, OUT/NAME; put elsewhere, it must lie apart
+    moved = [d for name, d in list(targets.items())[1:] if d != store.directory / name]
     step_dir = _StageDir(store, _identity(stage, files, options, targets, store.directory),
-                         identity_history(type(stage.config)), outside)
+                         identity_history(type(stage.config)), outside, reads=as_sources(inputs),
+                         also=[*moved, *copies])
     with step_dir.lock():
         return _run_locked(stage, files, step_dir, options, targets)
 

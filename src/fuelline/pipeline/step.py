@@ -48,7 +48,7 @@ class Step:
 
     def work_dir(self, output: Path, inputs: list[str]) -> WorkDir:
         """The step's output directory with this run's identity (`fuelline.pipeline.workdir`)."""
-        return WorkDir(output, self.identity(inputs), **identity_history(self.Config))
+        return WorkDir(output, self.identity(inputs), **identity_history(self.Config), reads=inputs)
 
     def check(self) -> None:
         """Raise on what is known to be wrong before anything runs (a model that does not exist), so

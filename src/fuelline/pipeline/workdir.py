@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from fuelline.io.lock import exclusive_output
+from fuelline.io.overlap import check_outputs
 from fuelline.io.stage_layout import PLAN_FILE, STATS_FILE
 from fuelline.pipeline.stats import StepStats, read_stats, resumed, write_json
 
@@ -65,11 +66,16 @@ def not_a_step_output(where: str | os.PathLike) -> StepOutputMismatch:
 
 class WorkDir:
     """The output of one step run with one identity: a directory, or (`beside` given) the file
-    `path` with the files beside it that belong to it (`OUT.jsonl.errors`)."""
+    `path` with the files beside it that belong to it (`OUT.jsonl.errors`).
+
+    Made before anything is locked, created or deleted, it refuses an output that overlaps what the
+    step reads (`reads`: its inputs as given, files, directories or globs, and what else it reads)
+    or the step's other outputs (`also`), by the one rule of `fuelline.io.overlap`."""
 
     def __init__(self, path: str | os.PathLike, identity: dict[str, Any], name: str | None = None,
                  defaults: dict[str, Any] | None = None, renamed: dict[str, str] | None = None,
-                 beside: Sequence[Path] | None = None):
+                 beside: Sequence[Path] | None = None, *, reads: Sequence[str | os.PathLike],
+                 also: Sequence[str | os.PathLike] = ()):
         self.path = Path(path)
         self.identity = identity
         self.defaults = defaults or {}  # identity["config"] values an older output's identity may lack
@@ -83,6 +89,7 @@ class WorkDir:
             self.members = [self.path, *beside, self.stats_path, self.plan_path]
         else:
             self.plan_path, self.stats_path = self.path / PLAN_FILE, self.path / STATS_FILE
+        check_outputs([self.name, *(self.members[1:] if self.is_file else ()), *also], reads)
         self.resumed = False  # set by `begin`: the plan found was this run's
 
     def lock(self):

@@ -58,4 +58,4 @@ def report_run(run_dir: Path, restart: bool = False) -> dict:
         return StepStats(ReportStep.name, 0, 0, details={"report": str(directory / "report.html"),
                                                           "steps": len(funnel["steps"])})
 
-    return WorkDir(directory, identity).run_once(work, restart=restart, derived=True)
+    return WorkDir(directory, identity, reads=stats_files).run_once(work, restart=restart, derived=True)
