@@ -29,7 +29,9 @@ from fuelline.serve.cli import serve_command
 # Exceptions that mean a mistake in what the user gave (a path, an option, a file's content) and
 # whose message says so: the one place that decides what is a message and what is a traceback.
 # RecordError and TokenFormatError are ValueErrors, OutputBusy and a failed server start RuntimeErrors.
-USER_ERRORS = (ValueError, RuntimeError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
+# An OSError that says the place cannot be written (full, read-only, not permitted) is one too
+# (`fuelline.io.atomic.write_refusal`).
+USER_ERRORS = (ValueError, RuntimeError, FileNotFoundError, IsADirectoryError, NotADirectoryError)
 RESUME_HINT = "run the same command again to resume"
 SUMMARY_KEYS = ("dedup", "tokenizer", "outputs", "schemas", "forms", "encoder", "export")
 CHAT_PREFIX = "chat-"
@@ -41,7 +43,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 class FuellineGroup(click.Group):
-    """`fuelline`: an expected mistake (USER_ERRORS, a full disk) is one line and exit 2, Ctrl-C says how to
+    """`fuelline`: an expected mistake (USER_ERRORS, a full disk, a read-only output) is one line and exit 2, Ctrl-C says how to
     resume and exits 130 (the shell's code for SIGINT); a bug, or any error under `--debug`, keeps its traceback."""
 
     def __init__(self, *args, **kwargs):
@@ -74,12 +76,11 @@ class FuellineGroup(click.Group):
             for note in getattr(e, "__notes__", ()):  # e.g. the shard a Ray task failed on
                 click.echo(f"  {note}", err=True)
             ctx.exit(2)
-        except OSError as e:  # a full disk is no bug: say which file, and that a rerun resumes
-            from fuelline.io.atomic import DiskFull, is_disk_full
+        except OSError as e:  # a full disk, a read-only place: no bug; say which file
+            from fuelline.io.atomic import write_refusal
 
-            if debug or not is_disk_full(e):
+            if debug or (message := write_refusal(e)) is None:
                 raise
-            message = str(e) if isinstance(e, DiskFull) else DiskFull(e.filename or "the output").strerror
             click.echo(f"error: {message}", err=True)
             ctx.exit(2)
         except KeyboardInterrupt as e:

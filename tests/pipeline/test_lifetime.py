@@ -199,3 +199,44 @@ def test_a_second_run_into_the_same_directory_is_refused_and_the_first_finishes(
         first.kill()  # a no-op once it has ended
         first.wait()
     assert data_files(out) == data_files(reference)
+
+
+def interrupt_mid_run(command: list[str], progress: Path | None) -> subprocess.CompletedProcess:
+    """Start `command` in a process group of its own, SIGINT on; once it has two workers and a file
+    matches `progress` (None: at once, while they start), send SIGINT to the whole group, as Ctrl-C
+    in a terminal does."""
+    def as_in_a_terminal():
+        os.setpgid(0, 0)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # this process may have been started with it ignored
+
+    proc = subprocess.Popen(command, preexec_fn=as_in_a_terminal, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 100
+        while len(descendants(proc.pid)) < 2 or (progress is not None and not glob.glob(str(progress))):
+            assert proc.poll() is None, f"the run ended before Ctrl-C: {proc.stderr.read().decode()}"
+            assert time.monotonic() < deadline, f"no progress ({progress}) with two workers"
+            time.sleep(0.02)
+        if progress is None:
+            time.sleep(0.3)  # the workers are importing what they run
+        family = descendants(proc.pid)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    assert_all_gone(family)
+    return subprocess.CompletedProcess(command, proc.returncode, out.decode(), err.decode())
+
+
+@pytest.mark.parametrize(("name", "when"), [("clean", "starting"), ("clean", "working"), ("dedup", "working")])
+def test_ctrl_c_of_a_run_with_workers_is_one_line_and_the_same_command_resumes(name, when, corpus, tokenizer_dir,
+                                                                               tmp_path):
+    out = tmp_path / "out"
+    command, progress = stage_command(name, corpus, tokenizer_dir, out)
+    interrupted = interrupt_mid_run(command, progress if when == "working" else None)
+    assert (interrupted.returncode, interrupted.stderr) == (130, "interrupted: run the same command again to resume\n")
+    if name == "clean":
+        invoke(command)
+        assert data_files(out) == data_files(corpus[1])

@@ -51,6 +51,28 @@ def is_disk_full(error: BaseException) -> bool:
     return error.errno is None and bool(_SHORT_WRITE.fullmatch(str(error)))
 
 
+# OS errors that mean "nothing can be written there", in words; a full disk (or quota) is `DiskFull`'s.
+CANNOT_WRITE = {errno.EROFS: "read-only file system: choose an output location that can be written",
+                errno.EACCES: "permission denied", errno.EPERM: "operation not permitted"}
+
+
+def write_refusal(error: BaseException) -> str | None:
+    """The one-line message of an OS error that says the place cannot be written (full, over quota,
+    read-only, not permitted), naming the path; None for any other error (a bug keeps its traceback)."""
+    if not isinstance(error, OSError):
+        return None
+    path = error.filename or "the output"
+    if isinstance(error, DiskFull):
+        return str(error)
+    if is_disk_full(error):
+        return DiskFull(path).strerror
+    if error.errno == errno.EDQUOT:
+        return f"disk quota exceeded while writing {path}; free space and re-run the same command to resume"
+    if error.errno in CANNOT_WRITE:
+        return f"{path}: {CANNOT_WRITE[error.errno]}"
+    return None
+
+
 def reraise_naming(error: BaseException, path: str | os.PathLike) -> NoReturn:
     """Raise `error` again, as `DiskFull(path)` if it says the disk is full and names no file yet.
 

@@ -40,7 +40,7 @@ from fuelline.pipeline.options import build_config, option_fields, option_proble
 from fuelline.pipeline.ray_executor import RayExecutor
 from fuelline.pipeline.registry import make_step, step_class
 from fuelline.pipeline.step import Step, resolve_step
-from fuelline.pipeline.workdir import StepOutputMismatch
+from fuelline.pipeline.workdir import Checked, StepOutputMismatch, checking
 from fuelline.pipeline.workers import RunOptions
 
 RUN_OPTION_KEYS = {f.name for f, _ in option_fields(RunOptions)}  # restart and progress are the command line's
@@ -191,9 +191,13 @@ def run_pipeline(steps: list[PipelineStep], run_dir: str | os.PathLike, *, input
     first_restarted = 0 if restart else names.index(restart_from) if restart_from is not None else len(steps)
     options = [dataclasses.replace(step.run_options, restart=i >= first_restarted, progress=progress, **overrides)
                for i, step in enumerate(steps)]  # a contradiction (a Ray address for local) stops the run here
-    with exclusive_output(run_dir), _one_ray_instance(steps, options):
-        run_dir.mkdir(parents=True, exist_ok=True)
-        return _run_steps(steps, options, run_dir, input)
+    with exclusive_output(run_dir):
+        planned = _plan_steps(steps, run_dir, input)
+        _check_outputs(planned, options)  # a refusal here leaves the run directory as it was
+        with _one_ray_instance(steps, options):
+            run_dir.mkdir(parents=True, exist_ok=True)
+            _write_layout(run_dir, planned)
+            return _run_steps(planned, options)
 
 
 def _one_ray_instance(steps: list[PipelineStep], step_options: list[RunOptions]):
@@ -205,12 +209,21 @@ def _one_ray_instance(steps: list[PipelineStep], step_options: list[RunOptions])
     return RayExecutor(None, max(o.resolved_workers(1 << 30) for o in on_ray))
 
 
-def _run_steps(steps: list[PipelineStep], step_options: list[RunOptions], run_dir: Path,
-               input: list[str] | None) -> list[dict]:
+@dataclass
+class PlannedStep:
+    """A step of a run with where it reads and writes: `steps`, the earlier steps' outputs by name."""
+    step: PipelineStep
+    inputs: list[str]
+    output: Path
+    steps: dict[str, Path]
+
+
+def _plan_steps(steps: list[PipelineStep], run_dir: Path, input: list[str] | None) -> list[PlannedStep]:
+    """Each step's inputs and output directory, known before any step runs: RUN/NN-NAME."""
     outputs: dict[str, Path] = {}
     last_records: list[str] = []
-    all_stats, layout = [], []
-    for i, (step, options) in enumerate(zip(steps, step_options), start=1):
+    planned = []
+    for i, step in enumerate(steps, start=1):
         if i == 1 and input:
             inputs = list(input)
         elif step.input:
@@ -220,15 +233,46 @@ def _run_steps(steps: list[PipelineStep], step_options: list[RunOptions], run_di
         if not inputs and step.step.needs_input:
             raise ValueError(f"step {step.name!r} has no input: give --input or set 'input' in the pipeline file")
         out = run_dir / f"{i:02d}-{step.name}"
-        layout.append({"name": step.name, "stage": step.step.name, "dir": out.name})
-        write_bytes_atomic(run_dir / PIPELINE_FILE,
-                           orjson.dumps({"stages": layout}, option=orjson.OPT_INDENT_2) + b"\n")
-        try:
-            stats = step.step.run(inputs, out, options, outputs)
-        except StepOutputMismatch as e:
-            raise e.in_pipeline(step.name) from None
-        all_stats.append(stats)
+        planned.append(PlannedStep(step, inputs, out, dict(outputs)))
         outputs[step.name] = out
         if step.step.produces_records:
             last_records = [os.fspath(out)]
+    return planned
+
+
+def _check_outputs(planned: list[PlannedStep], step_options: list[RunOptions]) -> None:
+    """Refuse the run, before it writes anything, when a step's output holds another identity's work:
+    every step is run only as far as its output's state (`workdir.checking`). A step after one that
+    will write may not be checkable yet (its input is not there): its own run decides."""
+    writes = False
+    for planned_step, options in zip(planned, step_options):
+        try:
+            with checking():
+                planned_step.step.step.run(planned_step.inputs, planned_step.output, options, planned_step.steps)
+        except Checked as e:
+            writes = writes or e.writes
+        except StepOutputMismatch as e:
+            raise e.in_pipeline(planned_step.step.name) from None
+        except Exception:
+            if not writes:  # the run would stop here too, with nothing written before it
+                raise
+
+
+def _write_layout(run_dir: Path, planned: list[PlannedStep]) -> None:
+    """RUN/pipeline.json, the steps in order (the report's), written only when it changed."""
+    layout = [{"name": p.step.name, "stage": p.step.step.name, "dir": p.output.name} for p in planned]
+    data = orjson.dumps({"stages": layout}, option=orjson.OPT_INDENT_2) + b"\n"
+    path = run_dir / PIPELINE_FILE
+    if not path.is_file() or path.read_bytes() != data:
+        write_bytes_atomic(path, data)
+
+
+def _run_steps(planned: list[PlannedStep], step_options: list[RunOptions]) -> list[dict]:
+    all_stats = []
+    for planned_step, options in zip(planned, step_options):
+        step = planned_step.step
+        try:
+            all_stats.append(step.step.run(planned_step.inputs, planned_step.output, options, planned_step.steps))
+        except StepOutputMismatch as e:
+            raise e.in_pipeline(step.name) from None
     return all_stats

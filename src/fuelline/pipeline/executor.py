@@ -166,9 +166,6 @@ def _prepare_output(step_dir: _StageDir, inputs: list[Path | str], options: RunO
     """Make or find the plan (`WorkDir.begin`); return the shards of this run."""
     store = step_dir.store
     output_dir = store.directory
-    store.pull()
-    if options.restart:
-        step_dir.restart()
 
     def new_plan() -> dict:
         for directory in step_dir.outside:
@@ -184,6 +181,18 @@ def _prepare_output(step_dir: _StageDir, inputs: list[Path | str], options: RunO
     if not step_dir.resumed:
         store.publish([PLAN_FILE])
     return [InputShard(**s) for s in plan["shards"]]
+
+
+def _found_finished(step_dir: _StageDir) -> dict | None:
+    """The stats of this identity's finished output, as they are, when every shard of its plan is still
+    whole: a rerun that has nothing to do writes nothing. A damaged shard is redone by the run instead."""
+    if (done := step_dir.finished()) is None or (plan := step_dir.read_plan()) is None:
+        return None
+    shards = [InputShard(**s) for s in plan["shards"]]
+    sizes = step_dir.store.sizes()
+    if any(_finished_marker(step_dir.store.directory, s, sizes) is None for s in shards):
+        return None
+    return {**done, "resumed_shards": len(shards)}
 
 
 def _identity(stage: Stage, inputs: list[Path | str], options: RunOptions, targets: dict[str, Path],
@@ -264,6 +273,11 @@ def _run_locked(stage: Stage, files: list[Path | str], step_dir: _StageDir, opti
                 targets: dict[str, Path]) -> dict:
     store = step_dir.store
     output_dir = store.directory
+    store.pull()
+    if options.restart:
+        step_dir.restart()
+    if (done := _found_finished(step_dir)) is not None:
+        return done
     shards = _prepare_output(step_dir, files, options)
     finished = store.sizes()
     pending = [s for s in shards if _finished_marker(output_dir, s, finished) is None]

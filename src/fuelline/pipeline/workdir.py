@@ -12,6 +12,8 @@ option does not orphan it.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import shutil
 import time
@@ -27,6 +29,36 @@ RESTART_HINT = "pass --restart to delete it and run again, or choose another out
 # The plan markers of outputs that an earlier fuelline left unfinished: pack's shards under `_work/`,
 # a cache build's `.build/`, the identity of a step done in one go (tokenizer, export, vocab-map).
 EARLIER_MARKERS = ("_work/plan.json", ".build/plan.json", "_started.json")
+
+
+_CHECKING = contextvars.ContextVar("fuelline_checking_outputs", default=False)
+
+
+class Checked(BaseException):
+    """Raised, under `checking()`, where a step's run would go on past reading its output: `writes`
+    False when the output is finished with this identity, True when the run would write or delete.
+    A BaseException, so that no step's own `except Exception` takes it for a failure."""
+
+    def __init__(self, writes: bool):
+        super().__init__("writes" if writes else "finished")
+        self.writes = writes
+
+
+@contextlib.contextmanager
+def checking():
+    """Run a step only as far as its output's state: refused (StepOutputMismatch), finished or would
+    write (`Checked`). A pipeline checks every step this way before it writes anything, so that a
+    refusal of its fourth step leaves the first three as they were."""
+    token = _CHECKING.set(True)
+    try:
+        yield
+    finally:
+        _CHECKING.reset(token)
+
+
+def _would_write() -> None:
+    if _CHECKING.get():
+        raise Checked(writes=True)
 
 
 class StepOutputMismatch(RuntimeError):
@@ -98,6 +130,7 @@ class WorkDir:
 
     def discard(self) -> None:
         """Delete the output (`--restart`, or another identity's unfinished work); a failure says so."""
+        _would_write()
         try:
             if not self.is_file:
                 if self.path.exists():
@@ -135,6 +168,8 @@ class WorkDir:
         existing = self._completed(stats.get("identity") or {})
         if existing != self.identity:
             raise mismatch(self.name, existing, self.identity)
+        if _CHECKING.get():
+            raise Checked(writes=False)
         return resumed(stats, self.started)
 
     def _completed(self, existing: dict[str, Any]) -> dict[str, Any]:
@@ -164,6 +199,7 @@ class WorkDir:
         existing = self.read_plan()
         if existing is not None:
             if (found := self._completed(existing["identity"])) == self.identity:
+                _would_write()  # the run goes on with the work left
                 self.resumed = True
                 return existing
             if anything_finished():
@@ -174,6 +210,7 @@ class WorkDir:
                                      f"there, no {PLAN_FILE}) and cannot be resumed; {RESTART_HINT}")
         elif not self.is_empty():
             raise not_a_step_output(self.name)
+        _would_write()
         new = {"identity": self.identity, **(plan() if plan is not None else {})}
         write_json(self.plan_path, new)
         self.resumed = False
@@ -181,6 +218,7 @@ class WorkDir:
 
     def finish(self, stats: StepStats) -> dict[str, Any]:
         """Write stats.json, the run's last write, with the identity and the wall time; return it."""
+        _would_write()
         stats.identity = self.identity
         stats.wall_seconds = time.perf_counter() - self.started
         return stats.write(self.stats_path.parent, self.stats_path.name)

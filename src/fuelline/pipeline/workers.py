@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 from tqdm import tqdm
 
 from fuelline.io.bad_records import ON_ERROR
-from fuelline.pipeline.lifetime import die_with_parent
+from fuelline.pipeline.lifetime import die_with_parent, quiet_on_interrupt, spawning_workers
 from fuelline.pipeline.options import Options, option
 from fuelline.pipeline.shards import InputShard
 from fuelline.progress import progress_bar
@@ -116,7 +116,7 @@ class WorkerPool(Executor):
         if self._pool is None:
             ctx = get_context("spawn")
             self._updates = ctx.Queue()
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init_worker,
+            self._pool = _QuietPool(self.workers, mp_context=ctx, initializer=_init_worker,
                                              initargs=(self._updates, os.getpid()))
         return self._pool
 
@@ -152,12 +152,22 @@ class WorkerPool(Executor):
         _drain(self._updates, bar)
 
 
+class _QuietPool(ProcessPoolExecutor):
+    """Its workers start with SIGINT ignored (`spawning_workers` around each start, milliseconds), so
+    that a Ctrl-C while one imports leaves no traceback of it."""
+
+    def _spawn_process(self):
+        with spawning_workers():
+            super()._spawn_process()
+
+
 _worker_updates = None
 
 
 def _init_worker(updates, parent_pid: int) -> None:
     global _worker_updates
     die_with_parent(parent_pid)
+    quiet_on_interrupt()
     _worker_updates = updates
 
 
