@@ -185,6 +185,7 @@ def build_index(sets: list[EvalSet], rule: Rule) -> EvalIndex:
         mine = np.array([p for p, (ps, _, _) in enumerate(parts) if ps == s], dtype=np.int64)
         described.append({"name": eval_set.name, "file": eval_set.path, "field": eval_set.field,
                           "items": len(eval_set.items),
+                          "items_blank": sum(not item.parts for item in eval_set.items),
                           "parts_too_short": int((raw[mine] == 0).sum()) if len(mine) else 0,
                           "parts_only_common": int(((raw[mine] > 0) & (totals[mine] == 0)).sum()) if len(mine) else 0,
                           "texts": [[item.id, list(item.parts), item.number] for item in eval_set.items]})

@@ -189,7 +189,7 @@ def decontamination_report(described: dict, totals: dict[str, list], records: di
                              "records": count, "record_ids": ids})
         sets[eval_set["name"]] = {
             "file": eval_set["file"], "field": eval_set["field"], "items": eval_set["items"],
-            "items_found": len(mine), "records": records.get(str(s), 0),
+            "items_found": len(mine), "records": records.get(str(s), 0), "items_blank": eval_set.get("items_blank", 0),
             "parts_too_short": eval_set["parts_too_short"], "parts_only_common": eval_set["parts_only_common"],
             "examples": examples}
     return {"rule": described["rule"], "action": "report only" if report_only else "dropped",
