@@ -24,6 +24,7 @@ import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import orjson
@@ -105,9 +106,18 @@ class EvalIndex:
         self._seen = self._counts = None
         self._stamp = 0
 
-    def match(self, texts: list[str]) -> list[list[tuple[int, int, int]]]:
-        """Per text, the (part, n-grams found, n-grams of the part) of every part it holds."""
-        hashes, offsets = ngram_hashes(texts, self.ngram)
+    def match(self, texts: Sequence[str | Sequence[str]]) -> list[list[tuple[int, int, int]]]:
+        """Per text, the (part, n-grams found, n-grams of the part) of every part it holds. A text may be a
+        list of texts, their n-grams counted together (`fuelline.decontaminate.texts`), none spanning two."""
+        segments, ends = [], [0]
+        for text in texts:
+            if isinstance(text, str):
+                segments.append(text)
+            else:
+                segments.extend(text)
+            ends.append(len(segments))
+        hashes, offsets = ngram_hashes(segments, self.ngram)
+        offsets = offsets[np.array(ends, dtype=np.int64)]
         a = self.arrays
         if self._seen is None:  # per process: the stamps make clearing them per record unnecessary
             self._seen = np.zeros(len(a["part_offsets"]) - 1, dtype=np.int64)
