@@ -64,6 +64,12 @@ blocks (Hermes', Llama 3.1's, Mistral's, Qwen2.5's, DeepSeek-R1's, Qwen3's), aga
 on each template's twin with blocks, and on two broken templates (one ignores `tool_calls`, one
 writes a turn only once another follows) that must refuse them (reliability_tool_templates.py).
 
+It adds (s) the forms a planted evaluation item takes that `decontaminate` must see through (split
+over turns under each --turns, in tool calls' arguments and tool results, behind invisible
+characters of each kind) and the inputs it must read as meant (blank items, evaluation paths
+holding `=` and `:`, odd records under --on-error skip and raise, a rerun with another --turns)
+(reliability_decontaminate_forms.py).
+
 Outcomes of a trial are those of benchmarks/trials.py (ok, clear_error, silent_wrong, crash, hang,
 leftover).
 
@@ -99,6 +105,7 @@ import reliability_chat_forms  # noqa: E402
 import reliability_chat_records  # noqa: E402
 import reliability_cli  # noqa: E402
 import reliability_decontaminate  # noqa: E402
+import reliability_decontaminate_forms  # noqa: E402
 import reliability_exports  # noqa: E402
 import reliability_resume  # noqa: E402
 import reliability_servers  # noqa: E402
@@ -541,6 +548,8 @@ FAMILIES = [
      reliability_decontaminate),
     ("(o) tool-call conversations on served templates without generation blocks, and on broken ones",
      reliability_tool_templates),
+    ("(s) decontaminate forms: items split over turns, in tool calls and results, behind invisible characters; "
+     "blank items, paths with = and :, odd records", reliability_decontaminate_forms),
 ]
 ALL_SECTIONS = "abcd" + "".join(title[1] for title, _ in FAMILIES)
 

@@ -29,7 +29,12 @@ HALVES = {
                        "stream with a damaged partition or manifest, read whole",
                        "stream with its builder and trainer ranks SIGKILLed at random moments",
                        "decontaminate against a bad evaluation set", "decontaminate with odd values of its options",
-                       "decontaminate rerun after its evaluation set was edited"},
+                       "decontaminate rerun after its evaluation set was edited",
+                       "decontaminate items split over turns", "decontaminate items in tool arguments and tool results",
+                       "decontaminate items hidden by invisible characters", "decontaminate with blank evaluation items",
+                       "decontaminate against evaluation paths holding = and :",
+                       "decontaminate odd records under --on-error skip and raise",
+                       "decontaminate resumed with another --turns"},
 }
 
 

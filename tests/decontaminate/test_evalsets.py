@@ -152,7 +152,8 @@ def test_blank_items_are_counted_and_said_and_a_set_of_only_blank_items_refused(
     """Items whose field is empty, spaces or only invisible characters are not checked: the report
     says how many, on the command line too; a field blank in every item is the wrong field."""
     against = tmp_path / "eval.jsonl"
-    against.write_bytes(b"".join(orjson.dumps({"question": q}) + b"\n" for q in (QUESTION, "", "   \n", "\u200b\u00ad")))
+    blanks = ("", "   \n", "\u200b\u00ad")  # empty, spaces, only characters that render as nothing
+    against.write_bytes(b"".join(orjson.dumps({"question": q}) + b"\n" for q in (QUESTION, *blanks)))
     code, stderr, kept = _found(tmp_path, str(against), tmp_path / "out", tmp_path)
     assert (code, kept) == (0, {"clean"}), stderr
     report = orjson.loads((tmp_path / "out" / "stats.json").read_bytes())["decontaminate"]["sets"]["eval"]

@@ -209,7 +209,8 @@ def prompts():
     zh = [(r["conversations"][0]["value"], r["conversations"][1]["value"]) for r in itertools.islice(
         read_records(shared_file("chat/sharegpt_zh_1K.jsonl.zst")), 400)
           if 16 <= len(r["conversations"][0]["value"]) <= 60 and len(r["conversations"]) > 1]
-    return {name: [(p, a) for p, a in pairs if len(tokens(p)) >= 12][:HELD] for name, pairs in (("code", code), ("zh", zh))}
+    return {name: [(p, a) for p, a in pairs if len(tokens(p)) >= 12][:HELD]
+            for name, pairs in (("code", code), ("zh", zh))}
 
 
 def found_ids(tmp_path, name, records, against, turns, on_error="raise"):

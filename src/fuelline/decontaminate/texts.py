@@ -85,4 +85,5 @@ def checked_texts(record: dict, turns: str) -> list[str] | Drop:
     if isinstance(record.get("text"), str):
         return [record["text"]]
     return Drop(NOT_CHECKABLE, f'expected a document record {{"text"}} or a chat record {{"conversations"}}, found '
-                               f"{record_kind(record)} (`fuelline chat prepare` makes chat records of other chat forms)")
+                               f"{record_kind(record)} (`fuelline chat prepare` makes chat records of other "
+                               "chat forms)")
