@@ -34,7 +34,8 @@ HALVES = {
                        "decontaminate items hidden by invisible characters", "decontaminate with blank evaluation items",
                        "decontaminate against evaluation paths holding = and :",
                        "decontaminate odd records under --on-error skip and raise",
-                       "decontaminate resumed with another --turns"},
+                       "decontaminate resumed with another --turns",
+                       "decontaminate resumed over a damaged evaluation index"},
 }
 
 

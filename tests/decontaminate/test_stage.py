@@ -300,3 +300,26 @@ def test_records_that_cannot_be_checked_are_skipped_by_name_under_skip_and_refus
                             data["against"][0], "-q")
         assert result.exit_code == 2 and result.stderr.startswith(f"error: {train}:2: "), result.stderr
         assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / f"raise-{k}" / "stats.json").exists()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "items"])
+def test_a_damaged_index_is_built_again_on_resume_never_trusted(data, run, tmp_path, damage):
+    """An interrupted run whose evaluation index was damaged on disk (cut short, a byte flipped, its
+    items file cut) resumes with the bytes and report of an undamaged run, not a traceback."""
+    out, stats = run
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    for name in ("_done/part-00001.json", "part-00001.jsonl.zst", "_prepare/found/part-00001.json", "stats.json"):
+        (copy / name).unlink()
+    index = copy / "_prepare" / "index"
+    target = index / ("items.json" if damage == "items" else "ngrams.npz")
+    content = bytearray(target.read_bytes())
+    if damage == "flipped":
+        content[len(content) // 2] ^= 0xFF
+    else:
+        del content[len(content) // 2:]
+    target.write_bytes(bytes(content))
+    resumed = run_stage(DecontaminateStage(DecontaminateConfig(against=data["against"])), data["train"], copy,
+                        RunOptions(workers=1, shard_size=100, progress=False))
+    assert data_files(copy) == data_files(out)
+    assert resumed["decontaminate"] == stats["decontaminate"]

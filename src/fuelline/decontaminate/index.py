@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 import math
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -148,6 +149,16 @@ class EvalIndex:
         with np.load(directory / "ngrams.npz") as data:
             arrays = {name: data[name] for name in ARRAYS}
         return cls(arrays, orjson.loads((directory / "items.json").read_bytes()))
+
+    @classmethod
+    def intact(cls, directory: Path) -> bool:
+        """Whether a saved index reads back whole (every array, its CRC checked, and the items): a damaged
+        one is built again, never trusted; the same sets and rule give the same bytes."""
+        try:
+            index = cls.load(directory)
+        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile):
+            return False
+        return isinstance(index.items.get("parts"), list) and len(index.items["parts"]) == len(index.arrays["totals"])
 
     @property
     def nbytes(self) -> int:

@@ -103,7 +103,7 @@ class DecontaminateStage(Stage):
 
     def prepare(self, ctx: PrepareContext) -> None:
         self._workdir = ctx.workdir
-        if not (ctx.workdir / "index" / "ngrams.npz").exists():
+        if not EvalIndex.intact(ctx.workdir / "index"):
             build_index(load_eval_sets(self.config.against), self.rule()).save(ctx.workdir / "index")
 
     def _loaded(self) -> EvalIndex:
