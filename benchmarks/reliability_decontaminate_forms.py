@@ -23,8 +23,8 @@ Each planted record is a trial: found is ok, missed silent_wrong (a clean record
 - odd records: no text, a mistyped text, an OpenAI `messages` record, ShareGPT's raw form, an
   empty conversation, a turn that is not an object, a tool call whose arguments are a string, an
   orphan tool result, a JSON array line, malformed JSON: under `--on-error skip` each must be in
-  `_rejects/` under a reason with its line and the rest checked (ok, per record); under `raise`
-  one error line naming FILE:LINE (clear_error).
+  `_rejects/` under a reason with its line and the rest checked (ok, per record; a run that stops
+  is a crash); under `raise` one error line naming FILE:LINE (clear_error).
 - resumed with other options: a finished `--turns user` output rerun with `--turns all` is refused
   naming the option (clear_error), and with `--restart` finds what only `all` finds (ok).
 - resumed over a damaged index: an interrupted run's evaluation index cut short or with a byte
@@ -281,8 +281,8 @@ def _odd_records(work: Path, against: Path, items: list[str], full: bool) -> Tal
             out = work / f"odd-skip-{k}"
             code, stderr = _invoke(["decontaminate", "-i", train, "-o", out, "--against", against, "--on-error",
                                     "skip", "-q"])
-            if code != 0:
-                return failure_outcome(code, stderr, str(train))
+            if code != 0:  # a stop where skipping was asked for is no clear error: the run was meant to go on
+                return "crash"
             rejected = {(r["reason"], r["line"]) for r in read_records(out / "_rejects")}
             kept = {r["id"] for r in read_records(out)}
             return "ok" if kept == {"clean"} and len(rejected) == 2 and ("contaminated", 1) in rejected \
