@@ -67,6 +67,11 @@ writes a turn only once another follows) that must refuse them (reliability_tool
 It adds (p) outputs that are, hold or lie inside an input, or another output, for every command
 that writes (absolute, through symlinks and `..`, with and without --restart), and empty and
 repeated inputs (reliability_paths.py): refused in one line with the tree byte for byte unchanged.
+It adds (s) the forms a planted evaluation item takes that `decontaminate` must see through (split
+over turns under each --turns, in tool calls' arguments and tool results, behind invisible
+characters of each kind) and the inputs it must read as meant (blank items, evaluation paths
+holding `=` and `:`, odd records under --on-error skip and raise, a rerun with another --turns)
+(reliability_decontaminate_forms.py).
 
 Outcomes of a trial are those of benchmarks/trials.py (ok, clear_error, silent_wrong, crash, hang,
 leftover).
@@ -103,6 +108,7 @@ import reliability_chat_forms  # noqa: E402
 import reliability_chat_records  # noqa: E402
 import reliability_cli  # noqa: E402
 import reliability_decontaminate  # noqa: E402
+import reliability_decontaminate_forms  # noqa: E402
 import reliability_exports  # noqa: E402
 import reliability_paths  # noqa: E402
 import reliability_resume  # noqa: E402
@@ -547,6 +553,8 @@ FAMILIES = [
     ("(o) tool-call conversations on served templates without generation blocks, and on broken ones",
      reliability_tool_templates),
     ("(p) outputs overlapping inputs or each other, empty and repeated inputs, for every command", reliability_paths),
+    ("(s) decontaminate forms: items split over turns, in tool calls and results, behind invisible characters; "
+     "blank items, paths with = and :, odd records", reliability_decontaminate_forms),
 ]
 ALL_SECTIONS = "abcd" + "".join(title[1] for title, _ in FAMILIES)
 

@@ -31,7 +31,13 @@ HALVES = {
                        "decontaminate against a bad evaluation set", "decontaminate with odd values of its options",
                        "decontaminate rerun after its evaluation set was edited",
                        "outputs overlapping inputs, every command", "empty and repeated inputs",
-                       "outputs apart from their inputs run"},
+                       "outputs apart from their inputs run",
+                       "decontaminate items split over turns", "decontaminate items in tool arguments and tool results",
+                       "decontaminate items hidden by invisible characters", "decontaminate with blank evaluation items",
+                       "decontaminate against evaluation paths holding = and :",
+                       "decontaminate odd records under --on-error skip and raise",
+                       "decontaminate resumed with another --turns",
+                       "decontaminate resumed over a damaged evaluation index"},
 }
 
 

@@ -38,6 +38,29 @@ SPACES = re.compile(r"[^\S\n]+")
 BLANK_LINES = re.compile(r"\n{3,}")
 
 
+# What renders as nothing besides the format characters (category Cf: soft hyphen, zero-width space,
+# non-joiner and joiner, word joiner, byte order mark, bidi controls, tags): the rest of Unicode's
+# default-ignorable code points (DerivedCoreProperties.txt), marks and fillers: the combining grapheme
+# joiner, Hangul fillers, Khmer inherent vowels, Mongolian and other variation selectors.
+INVISIBLE_SPANS = ((0x034F, 0x034F), (0x115F, 0x1160), (0x17B4, 0x17B5), (0x180B, 0x180F), (0x3164, 0x3164),
+                   (0xFE00, 0xFE0F), (0xFFA0, 0xFFA0), (0xE0000, 0xE0FFF))
+
+
+def invisible(c: str) -> bool:
+    """Whether a character renders as nothing: inserted anywhere, it leaves a text looking the same."""
+    return unicodedata.category(c) == "Cf" or any(first <= ord(c) <= last for first, last in INVISIBLE_SPANS)
+
+
+@functools.cache
+def _invisible_table() -> dict[int, None]:
+    return dict.fromkeys(c for c in range(sys.maxunicode + 1) if invisible(chr(c)))  # ~0.2 s, once
+
+
+def without_invisible(text: str) -> str:
+    """`text` less its invisible characters (`invisible`)."""
+    return text.translate(_invisible_table())
+
+
 def han_count(text: str) -> int:
     return len(HAN.findall(text))
 

@@ -10,6 +10,7 @@ import pytest
 import zstandard
 
 from fuelline.decontaminate.evalsets import load_eval_set, load_eval_sets, parse_spec
+from fuelline.io import read_records
 
 from ..conftest import invoke_cli
 
@@ -105,3 +106,61 @@ def test_two_sets_of_one_name_must_be_named(tmp_path):
         load_eval_sets([str(tmp_path / "a" / "test.jsonl"), str(tmp_path / "b" / "test.jsonl")])
     assert [s.name for s in load_eval_sets([f"gsm8k={tmp_path}/a/test.jsonl", str(tmp_path / "b" / "test.jsonl")])] \
         == ["gsm8k", "test"]
+
+
+QUESTION = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May."
+OTHER = "A robe takes 2 bolts of blue fiber and half that much white fiber. How many bolts does it take?"
+
+
+def _found(tmp_path, spec, out, cwd):
+    """Runs decontaminate from `cwd` on a training file holding QUESTION; (exit code, stderr, kept ids)."""
+    train = tmp_path / "train.jsonl"
+    train.write_bytes(orjson.dumps({"id": "copy", "text": QUESTION}) + b"\n"
+                      + orjson.dumps({"id": "clean", "text": "Nothing to see in this record at all."}) + b"\n")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(cwd)
+        result = invoke_cli("decontaminate", "-i", train, "-o", out, "--against", spec, "-q")
+    kept = {r["id"] for r in read_records(out)} if result.exit_code == 0 else None
+    return result.exit_code, result.stderr, kept
+
+
+def test_a_path_holding_equals_and_colon_is_read_as_meant_or_refused_never_another_file(tmp_path):
+    """`split=test/eval.jsonl:question`: the file `split=test/eval.jsonl` with its field question,
+    not a set called split reading test/eval.jsonl; when both files exist, a refusal naming both."""
+    (tmp_path / "split=test").mkdir()
+    (tmp_path / "split=test" / "eval.jsonl").write_bytes(orjson.dumps({"question": QUESTION}) + b"\n")
+    (tmp_path / "dir:v2").mkdir()
+    (tmp_path / "dir:v2" / "eval.jsonl").write_bytes(orjson.dumps({"question": QUESTION}) + b"\n")
+    for k, spec in enumerate(["split=test/eval.jsonl:question", "split=test/eval.jsonl", "dir:v2/eval.jsonl:gsm8k",
+                              "mine=split=test/eval.jsonl:question"]):
+        code, stderr, kept = _found(tmp_path, spec, tmp_path / f"out-{k}", tmp_path)
+        assert (code, kept) == (0, {"clean"}), (spec, stderr)
+    (tmp_path / "test").mkdir()
+    (tmp_path / "test" / "eval.jsonl").write_bytes(orjson.dumps({"question": OTHER}) + b"\n")
+    code, stderr, _ = _found(tmp_path, "split=test/eval.jsonl:question", tmp_path / "out-both", tmp_path)
+    assert code == 2 and stderr.startswith("error: --against split=test/eval.jsonl:question is ambiguous"), stderr
+    assert "the file split=test/eval.jsonl, field question" in stderr and "the file test/eval.jsonl, field question, " \
+        "as the set split" in stderr and len(stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out-both").exists()
+    code, stderr, kept = _found(tmp_path, "split=./test/eval.jsonl:question", tmp_path / "out-other", tmp_path)
+    assert (code, kept) == (0, {"copy", "clean"}), stderr  # the other file, asked for unambiguously
+    code, stderr, _ = _found(tmp_path, "nothing=here.jsonl:question", tmp_path / "out-none", tmp_path)
+    assert code == 2 and "no such file" in stderr and "NAME ends at the first '='" in stderr, stderr
+
+
+def test_blank_items_are_counted_and_said_and_a_set_of_only_blank_items_refused(tmp_path):
+    """Items whose field is empty, spaces or only invisible characters are not checked: the report
+    says how many, on the command line too; a field blank in every item is the wrong field."""
+    against = tmp_path / "eval.jsonl"
+    blanks = ("", "   \n", "\u200b\u00ad")  # empty, spaces, only characters that render as nothing
+    against.write_bytes(b"".join(orjson.dumps({"question": q}) + b"\n" for q in (QUESTION, *blanks)))
+    code, stderr, kept = _found(tmp_path, str(against), tmp_path / "out", tmp_path)
+    assert (code, kept) == (0, {"clean"}), stderr
+    report = orjson.loads((tmp_path / "out" / "stats.json").read_bytes())["decontaminate"]["sets"]["eval"]
+    assert (report["items"], report["items_found"], report["items_blank"]) == (4, 1, 3)
+    shown = invoke_cli("decontaminate", "-i", tmp_path / "train.jsonl", "-o", tmp_path / "out", "--against", against)
+    assert "eval: 1 of 4 items found, in 1 training records (dropped); not checked: 3 blank items" in shown.output
+    blank = tmp_path / "blank.jsonl"
+    blank.write_bytes(b'{"question": ""}\n{"question": " "}\n')
+    code, stderr, _ = _found(tmp_path, str(blank), tmp_path / "out-blank", tmp_path)
+    assert code == 2 and f"error: evaluation set {blank}: field 'question' is blank in all 2 items" in stderr, stderr

@@ -5,6 +5,7 @@ the report, chat records' user turns, --report-only, resume, workers, a pipeline
 report, and the false positives on real chat data held apart against itself."""
 
 import itertools
+import json
 import shutil
 
 import orjson
@@ -13,6 +14,7 @@ import zstandard
 
 from fuelline.decontaminate.evalsets import EvalItem, EvalSet
 from fuelline.decontaminate.index import Rule, build_index
+from fuelline.decontaminate.ngrams import tokens
 from fuelline.decontaminate.stage import DecontaminateConfig, DecontaminateStage
 from fuelline.io import read_records
 from fuelline.pipeline.config import load_pipeline, run_pipeline
@@ -195,3 +197,129 @@ def test_few_false_positives_on_real_chat_data_held_apart_against_itself():
     index = build_index(sets, Rule(config.ngram, config.threshold, config.min_ngrams, config.common))
     flagged = sum(bool(m) for start in range(0, len(train), 512) for m in index.match(train[start:start + 512]))
     assert len(train) > 11_000 and flagged / len(train) < 0.01, flagged
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    """Real prompts with an answer each: codegen instructions with their input (code), and Chinese
+    ShareGPT first turns of 16 to 60 characters (short: a half holds few n-grams of its own); each
+    of at least 12 tokens, long enough to be checked."""
+    code = [(r["instruction"] + "\n" + r["input"], r["response"]) for r in itertools.islice(
+        read_records(shared_file("chat/codegen-instruct.json.zst")), HELD)]
+    zh = [(r["conversations"][0]["value"], r["conversations"][1]["value"]) for r in itertools.islice(
+        read_records(shared_file("chat/sharegpt_zh_1K.jsonl.zst")), 400)
+          if 16 <= len(r["conversations"][0]["value"]) <= 60 and len(r["conversations"]) > 1]
+    return {name: [(p, a) for p, a in pairs if len(tokens(p)) >= 12][:HELD]
+            for name, pairs in (("code", code), ("zh", zh))}
+
+
+def found_ids(tmp_path, name, records, against, turns, on_error="raise"):
+    train = write_jsonl(tmp_path / f"{name}-{turns}.jsonl", records)
+    out = tmp_path / f"{name}-{turns}"
+    stats = run_stage(DecontaminateStage(DecontaminateConfig(against=[str(against)], turns=turns)), train, out,
+                      RunOptions(workers=1, progress=False, on_error=on_error))
+    return {r["record"]["id"] for r in rejects(out) if r["reason"] == "contaminated"}, stats
+
+
+def halves(text):
+    """`text` cut in two near its middle, at a space when it has one (a word stays whole)."""
+    middle = len(text) // 2
+    spaces = [k for k, c in enumerate(text) if c.isspace()]
+    cut = min(spaces, key=lambda k: abs(k - middle)) if spaces else middle
+    return text[:cut], text[cut:]
+
+
+@pytest.mark.parametrize("source", ["code", "zh"])
+def test_every_turn_finds_at_least_what_the_user_turns_find_an_item_split_over_two_user_turns(
+        prompts, tmp_path, source):
+    """Each item's two halves in two user turns, the real answer to it in the assistant turn between:
+    `--turns all` reads the assistant turn too, and must still find every item `--turns user` finds."""
+    items = prompts[source]
+    against = write_jsonl(tmp_path / "eval.jsonl", [{"prompt": prompt} for prompt, _ in items])
+    records = []
+    for k, (prompt, answer) in enumerate(items):
+        first, second = halves(prompt)
+        records.append({"id": f"split-{k}", "conversations": [
+            {"role": "user", "content": first}, {"role": "assistant", "content": answer},
+            {"role": "user", "content": second}, {"role": "assistant", "content": answer}]})
+    by_user, _ = found_ids(tmp_path, source, records, against, "user")
+    by_all, _ = found_ids(tmp_path, source, records, against, "all")
+    assert len(by_user) >= 0.9 * len(items), len(by_user)  # the user turns joined hold the item whole
+    assert by_user <= by_all, sorted(by_user - by_all)
+
+
+def test_tool_call_arguments_and_tool_results_are_checked_with_every_turn(prompts, tmp_path):
+    """Copies of real prompts (code and Chinese) as a tool call's arguments (a string value, nested,
+    a string holding JSON) and as tool results (plain, JSON with escaped newlines and non-ASCII):
+    each found with `--turns all`, none with `--turns user`, which reads the user turns only."""
+    items = prompts["code"][:20] + prompts["zh"][:20]
+    against = write_jsonl(tmp_path / "eval.jsonl", [{"prompt": prompt} for prompt, _ in items])
+    forms = [
+        lambda p: {"arguments": {"prompt": p}},
+        lambda p: {"arguments": {"request": {"messages": [{"role": "user", "text": p}], "n": 1}}},
+        lambda p: {"arguments": {"payload": json.dumps({"query": p})}},
+        lambda p: {"result": p},
+        lambda p: {"result": json.dumps({"output": {"lines": p.splitlines()}, "ok": True})},
+    ]
+    records = []
+    for k, (prompt, _) in enumerate(items):
+        planted = forms[k % len(forms)](prompt)
+        call = {"type": "function", "function": {"name": "lookup", "arguments": planted.get("arguments", {"q": "x"})}}
+        records.append({"id": f"tool-{k}", "conversations": [
+            {"role": "user", "content": "Please look this up for me."},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": planted.get("result", "done")},
+            {"role": "assistant", "content": "Here it is."}]})
+    by_all, _ = found_ids(tmp_path, "tools", records, against, "all")
+    assert by_all == {r["id"] for r in records}, sorted({r["id"] for r in records} - by_all)
+    records.append({"id": "clean", "conversations": [{"role": "user", "content": "Hello there, how are you?"},
+                                                      {"role": "assistant", "content": "Fine."}]})
+    assert found_ids(tmp_path, "tools", records, against, "user")[0] == set()
+
+
+def test_records_that_cannot_be_checked_are_skipped_by_name_under_skip_and_refused_under_raise(data, tmp_path):
+    """A record with no text, an OpenAI `messages` record, an empty conversation, a chat record whose
+    tool call breaks the contract: under --on-error skip each is dropped under its reason, the
+    rest checked; under raise the first stops the run in one line naming its file and line."""
+    question = next(iter(read_records(data["base"] / "gsm8k.jsonl")))["question"]
+    odd = [{"id": "no-text", "body": "a record with no text"},
+           {"id": "openai", "messages": [{"role": "user", "content": question}]},
+           {"id": "empty", "conversations": []},
+           {"id": "bad-call", "conversations": [{"role": "user", "content": "hi"}, {
+               "role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}]}]
+    records = [{"id": "copy", "text": question}, *odd, {"id": "clean", "text": "Nothing of any set in this one."}]
+    found, stats = found_ids(tmp_path, "odd", records, data["against"][0], "all", on_error="skip")
+    assert found == {"copy"}
+    assert stats["dropped"] == {"contaminated": 1, "not_a_document_or_chat_record": 2, "empty_conversation": 1,
+                                "bad_tool_arguments": 1}
+    skipped = {r["record"]["id"]: (r["reason"], r["line"]) for r in rejects(tmp_path / "odd-all")}
+    assert skipped["openai"] == ("not_a_document_or_chat_record", 3) and skipped["empty"] == ("empty_conversation", 4)
+    for k, record in enumerate(odd):
+        train = write_jsonl(tmp_path / f"raise-{k}.jsonl", [{"id": "clean", "text": "Fine text."}, record])
+        result = invoke_cli("decontaminate", "-i", train, "-o", tmp_path / f"raise-{k}", "--against",
+                            data["against"][0], "-q")
+        assert result.exit_code == 2 and result.stderr.startswith(f"error: {train}:2: "), result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / f"raise-{k}" / "stats.json").exists()
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "items"])
+def test_a_damaged_index_is_built_again_on_resume_never_trusted(data, run, tmp_path, damage):
+    """An interrupted run whose evaluation index was damaged on disk (cut short, a byte flipped, its
+    items file cut) resumes with the bytes and report of an undamaged run, not a traceback."""
+    out, stats = run
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    for name in ("_done/part-00001.json", "part-00001.jsonl.zst", "_prepare/found/part-00001.json", "stats.json"):
+        (copy / name).unlink()
+    index = copy / "_prepare" / "index"
+    target = index / ("items.json" if damage == "items" else "ngrams.npz")
+    content = bytearray(target.read_bytes())
+    if damage == "flipped":
+        content[len(content) // 2] ^= 0xFF
+    else:
+        del content[len(content) // 2:]
+    target.write_bytes(bytes(content))
+    resumed = run_stage(DecontaminateStage(DecontaminateConfig(against=data["against"])), data["train"], copy,
+                        RunOptions(workers=1, shard_size=100, progress=False))
+    assert data_files(copy) == data_files(out)
+    assert resumed["decontaminate"] == stats["decontaminate"]

@@ -7,7 +7,13 @@ downloaded. FIELD says where an item's text is: a key, a dotted path into nested
 `{"role", "content"}` in such a list is its content (Arena-Hard's `turns`). FIELD may also be the
 name of a common layout (`LAYOUTS`: `test.jsonl:gsm8k`), and without FIELD the first record's keys
 decide among the layouts' fields, in the order of `DETECTED`. The set is called NAME, else the
-layout's name, else the file's name without its suffixes.
+layout's name, else the file's name without its suffixes. NAME ends at the first "=" and FIELD
+starts after the last ":", but a path holding either is read as meant: of the readings of a spec,
+the one whose file exists is taken, and two that both exist are refused, naming both.
+
+An item whose field is blank (empty, or only spaces and characters that render as nothing) has no
+part: it cannot be checked, and the report counts it (`items_blank`); a set whose items are all
+blank is refused, since the field named is not where its prompts are.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Any
 
 from fuelline.io.suffixes import split_suffixes
 from fuelline.io.readers import RecordError, iter_file_records
+from fuelline.text import without_invisible
 
 # The fields of the common evaluation sets, as their files come (the first that a record has is used).
 LAYOUTS: dict[str, tuple[str, ...]] = {
@@ -38,7 +45,7 @@ ID_KEYS = ("id", "task_id", "question_id", "unique_id", "uid", "idx")
 class EvalItem:
     number: int  # 1-based position in its file
     id: str | None  # the item's own id (task_id, question_id, …), if it has one
-    parts: tuple[str, ...]  # the texts checked: one, or one per string of a list field
+    parts: tuple[str, ...]  # the texts checked: one, or one per string of a list field; none when blank
 
 
 @dataclass(frozen=True)
@@ -49,14 +56,39 @@ class EvalSet:
     items: tuple[EvalItem, ...]
 
 
+SPEC = "[NAME=]FILE[:FIELD]"
+
+
+def _readings(spec: str) -> list[tuple[str | None, str, str | None]]:
+    """Every (name, file, field) `spec` may mean, the grammar's own (a name and a field split off) last."""
+    names = [(None, spec)]
+    if "=" in spec:
+        name, _, rest = spec.partition("=")
+        names.append((name or None, rest))
+    readings = []
+    for name, rest in names:
+        readings.append((name, rest, None))
+        if ":" in rest:
+            path, _, field = rest.rpartition(":")
+            readings.append((name, path, field or None))
+    return readings
+
+
+def _said(reading: tuple[str | None, str, str | None]) -> str:
+    name, path, field = reading
+    return f"the file {path}" + (f", field {field}" if field else "") + (f", as the set {name}" if name else "")
+
+
 def parse_spec(spec: str) -> tuple[str | None, str, str | None]:
-    """(name, file, field) of `[NAME=]FILE[:FIELD]`; a file whose name holds ":" is taken whole when it exists."""
-    name, _, rest = spec.rpartition("=") if "=" in spec and not os.path.exists(spec) else (None, "", spec)
-    name = name or None
-    if os.path.exists(rest) or ":" not in rest:
-        return name, rest, None
-    path, _, field = rest.rpartition(":")
-    return name, path, field or None
+    """(name, file, field) of `[NAME=]FILE[:FIELD]` (see the module doc): the reading whose file exists,
+    else the grammar's; a ValueError when two readings' files exist."""
+    readings = _readings(spec)
+    files = [r for r in readings if os.path.isfile(r[1])]
+    if len(files) > 1:
+        raise ValueError(f"--against {spec} is ambiguous ({SPEC}): it may be " + " or ".join(map(_said, files))
+                         + "; name the set to read a file whose path holds '=' (NAME=FILE[:FIELD]), or write the "
+                           "path another way (./FILE)")
+    return (files or [r for r in readings if os.path.exists(r[1])] or readings[-1:])[0]
 
 
 def require_file(path: str) -> None:
@@ -65,7 +97,8 @@ def require_file(path: str) -> None:
         raise IsADirectoryError(f"evaluation set {path}: a directory; --against takes one file (FILE[:FIELD]), "
                                 "once per set")
     if not Path(path).is_file():
-        raise FileNotFoundError(f"evaluation set {path}: no such file (--against FILE[:FIELD]; nothing is downloaded)")
+        raise FileNotFoundError(f"evaluation set {path}: no such file (--against {SPEC}: NAME ends at the first '=', "
+                                "FIELD starts after the last ':'; nothing is downloaded)")
 
 
 def _set_name(path: str) -> str:
@@ -142,9 +175,12 @@ def load_eval_set(spec: str) -> EvalSet:
         if texts is None:
             raise RecordError(path, line, f"field {chosen!r} holds {type(value).__name__}, not text: a string, or a "
                                           "list of strings or of chat turns {\"content\"}")
-        items.append(EvalItem(line, _item_id(record), tuple(t for t in texts if t.strip())))
+        items.append(EvalItem(line, _item_id(record), tuple(t for t in texts if without_invisible(t).strip())))
     if not items:
         raise ValueError(f"evaluation set {path}: no items")
+    if not any(item.parts for item in items):
+        raise ValueError(f"evaluation set {path}: field {chosen!r} is blank in all {len(items):,} items, nothing to "
+                         f"check; --against {path}:FIELD names the field that holds the prompt")
     return EvalSet(name or layout or _set_name(path), path, chosen, tuple(items))
 
 

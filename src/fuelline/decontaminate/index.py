@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import io
 import math
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import orjson
@@ -105,9 +107,18 @@ class EvalIndex:
         self._seen = self._counts = None
         self._stamp = 0
 
-    def match(self, texts: list[str]) -> list[list[tuple[int, int, int]]]:
-        """Per text, the (part, n-grams found, n-grams of the part) of every part it holds."""
-        hashes, offsets = ngram_hashes(texts, self.ngram)
+    def match(self, texts: Sequence[str | Sequence[str]]) -> list[list[tuple[int, int, int]]]:
+        """Per text, the (part, n-grams found, n-grams of the part) of every part it holds. A text may be a
+        list of texts, their n-grams counted together (`fuelline.decontaminate.texts`), none spanning two."""
+        segments, ends = [], [0]
+        for text in texts:
+            if isinstance(text, str):
+                segments.append(text)
+            else:
+                segments.extend(text)
+            ends.append(len(segments))
+        hashes, offsets = ngram_hashes(segments, self.ngram)
+        offsets = offsets[np.array(ends, dtype=np.int64)]
         a = self.arrays
         if self._seen is None:  # per process: the stamps make clearing them per record unnecessary
             self._seen = np.zeros(len(a["part_offsets"]) - 1, dtype=np.int64)
@@ -138,6 +149,16 @@ class EvalIndex:
         with np.load(directory / "ngrams.npz") as data:
             arrays = {name: data[name] for name in ARRAYS}
         return cls(arrays, orjson.loads((directory / "items.json").read_bytes()))
+
+    @classmethod
+    def intact(cls, directory: Path) -> bool:
+        """Whether a saved index reads back whole (every array, its CRC checked, and the items): a damaged
+        one is built again, never trusted; the same sets and rule give the same bytes."""
+        try:
+            index = cls.load(directory)
+        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile):
+            return False
+        return isinstance(index.items.get("parts"), list) and len(index.items["parts"]) == len(index.arrays["totals"])
 
     @property
     def nbytes(self) -> int:
@@ -185,6 +206,7 @@ def build_index(sets: list[EvalSet], rule: Rule) -> EvalIndex:
         mine = np.array([p for p, (ps, _, _) in enumerate(parts) if ps == s], dtype=np.int64)
         described.append({"name": eval_set.name, "file": eval_set.path, "field": eval_set.field,
                           "items": len(eval_set.items),
+                          "items_blank": sum(not item.parts for item in eval_set.items),
                           "parts_too_short": int((raw[mine] == 0).sum()) if len(mine) else 0,
                           "parts_only_common": int(((raw[mine] > 0) & (totals[mine] == 0)).sum()) if len(mine) else 0,
                           "texts": [[item.id, list(item.parts), item.number] for item in eval_set.items]})

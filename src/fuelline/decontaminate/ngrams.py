@@ -1,6 +1,8 @@
 """The n-grams decontamination compares: what a text may go through and still be "the same prompt".
 
-A text is NFKC-normalized and case-folded, then cut into tokens: a run of letters and digits of a
+A text loses the characters that render as nothing (`fuelline.text.invisible`: soft hyphens,
+zero-width spaces and joiners, byte order marks, variation selectors: scraped text is full of them,
+and one inside a word would cut it in two), is NFKC-normalized and case-folded, then cut into tokens: a run of letters and digits of a
 script written with spaces is a word, and every Han, kana or hangul character is a token of its
 own (those scripts put no spaces between words); an apostrophe between two letters is dropped
 ("don't" is "dont"); everything else (spaces, newlines, punctuation, symbols) only separates tokens. So "Natalia sold clips to 48 of her friends" and "natalia  sold
@@ -25,10 +27,10 @@ import numpy as np
 from numba import njit
 
 from fuelline.dedup.minhash import FNV_OFFSET, FNV_PRIME, MASK64, finish, mix64, shingle_hash
-from fuelline.text import cjk_characters
+from fuelline.text import cjk_characters, invisible, without_invisible
 
 NGRAM_BASE = 0x9E3779B97F4A7C15  # odd: the n-gram polynomial's base, mod 2**64
-UNKNOWN, SEPARATOR, WORD, CJK, BOUNDARY, APOSTROPHE = 0, 1, 2, 3, 4, 5  # a character's class; UNKNOWN: not yet
+UNKNOWN, SEPARATOR, WORD, CJK, BOUNDARY, APOSTROPHE, INVISIBLE = range(7)  # a character's class; UNKNOWN: not yet
 APOSTROPHES = "'\u2019\u02bc"  # inside a word they join its two halves; elsewhere they separate
 NEEDS_NFKC, KIND = 8, 7  # a flag on the class: the text must be NFKC-normalized whole; the class without it
 
@@ -39,11 +41,16 @@ def lower(c: str) -> str:
     return lowered if len(lowered) == 1 else c
 
 
+def normal(text: str) -> str:
+    """`text` without its invisible characters, then NFKC (full-width letters and digits, ligatures,
+    compatibility ideographs): a soft hyphen between a letter and its accent no longer keeps them apart."""
+    text = without_invisible(text)
+    return text if unicodedata.is_normalized("NFKC", text) else unicodedata.normalize("NFKC", text)
+
+
 def fold(text: str) -> str:
-    """NFKC (full-width letters and digits, ligatures, compatibility ideographs), then `lower`."""
-    if not unicodedata.is_normalized("NFKC", text):
-        text = unicodedata.normalize("NFKC", text)
-    return "".join(map(lower, text))
+    """`normal`, then `lower`."""
+    return "".join(map(lower, normal(text)))
 
 
 def char_class(c: str) -> int:
@@ -60,13 +67,16 @@ def _entry(c: str) -> tuple[int, int]:
     """(class, folded code point) of an original character. Most characters are folded one by one
     (their NFKC form is one character, or only punctuation: "，" is ",", "…" is "..."); those that
     are not, or may combine with a neighbour (marks, conjoining jamo, ligatures such as "ﬁ"), are
-    flagged, and a text holding one is normalized whole first."""
-    normal = unicodedata.normalize("NFKC", c)
+    flagged, and a text holding one is normalized whole first. An invisible character is left out
+    wherever it is, inside a word too."""
+    if invisible(c):
+        return INVISIBLE, ord(c)
+    nfkc = unicodedata.normalize("NFKC", c)
     combining = unicodedata.category(c)[0] == "M" or unicodedata.combining(unicodedata.normalize("NFKD", c)[0]) \
         or 0x1100 <= ord(c) <= 0x11FF or 0xA960 <= ord(c) <= 0xA97F or 0xD7B0 <= ord(c) <= 0xD7FF
-    if len(normal) == 1 and not combining:
-        return char_class(normal), ord(lower(normal))
-    if not combining and not any(char_class(x) not in (SEPARATOR, APOSTROPHE) for x in normal):
+    if len(nfkc) == 1 and not combining:
+        return char_class(nfkc), ord(lower(nfkc))
+    if not combining and not any(char_class(x) not in (SEPARATOR, APOSTROPHE) for x in nfkc):
         return SEPARATOR, ord(c)
     return char_class(c) | NEEDS_NFKC, ord(lower(c))
 
@@ -99,11 +109,12 @@ def _fill_tables(code_points: np.ndarray, classes: np.ndarray, folded: np.ndarra
 
 @njit(cache=True, inline="always")
 def _hash_token(code_points, table, folded, start, length):
-    """`shingle_hash` of a token's characters, folded, its apostrophes left out."""
+    """`shingle_hash` of a token's characters, folded, its apostrophes and invisible characters left out."""
     h = np.uint64(FNV_OFFSET)
     for j in range(length):
         c = code_points[start + j]
-        if table[c] & KIND != APOSTROPHE:
+        kind = table[c] & KIND
+        if kind != APOSTROPHE and kind != INVISIBLE:
             h = (h ^ np.uint64(folded[c])) * np.uint64(FNV_PRIME)
     return finish(h)
 
@@ -123,6 +134,14 @@ def _rolling_ngrams(tokens, count, n, out, total):
             out[total] = finish(h)
             total += 1
     return total
+
+
+@njit(cache=True, inline="always")
+def _visible(code_points, table, j):
+    """The first position from j on that does not hold an invisible character."""
+    while j < code_points.shape[0] and table[code_points[j]] & KIND == INVISIBLE:
+        j += 1
+    return j
 
 
 @njit(cache=True)
@@ -147,15 +166,20 @@ def _ngram_kernel(code_points, table, folded, n, normalized, tokens, out, out_of
             count = 0
             i += 1
             continue
-        if kind == SEPARATOR or kind == APOSTROPHE:
+        if kind == SEPARATOR or kind == APOSTROPHE or kind == INVISIBLE:
             i += 1
             continue
         j = i + 1
         while kind == WORD and j < end:
             entry = table[code_points[j]]
-            if entry & KIND == APOSTROPHE and j + 1 < end and table[code_points[j + 1]] & KIND == WORD:
-                j += 1  # "don't": the word goes on after it
+            if entry & KIND == INVISIBLE:
+                j += 1  # left out: the word goes on
                 continue
+            if entry & KIND == APOSTROPHE:
+                k = _visible(code_points, table, j + 1)
+                if k < end and table[code_points[k]] & KIND == WORD:
+                    j += 1  # "don't": the word goes on after it
+                    continue
             if entry & KIND != WORD:
                 break
             if entry & NEEDS_NFKC and normalized[d] == 0:
@@ -190,7 +214,7 @@ def ngram_hashes(texts: list[str], n: int) -> tuple[np.ndarray, np.ndarray]:
         offsets = np.empty(len(texts) + 1, dtype=np.int64)
         status = _ngram_kernel(code_points, classes, folded, n, normalized, tokens, hashes, offsets)
         if (normalized == 2).any():  # flagged before the kernel stopped or finished
-            texts = [unicodedata.normalize("NFKC", text) if flag == 2 else text
+            texts = [normal(text) if flag == 2 else text
                      for text, flag in zip(texts, normalized.tolist())]
             normalized[normalized == 2] = 1
             code_points = _joined(texts)

@@ -3,8 +3,10 @@
 `prepare` reads the evaluation sets (`fuelline.decontaminate.evalsets`) and builds their n-gram
 index (`fuelline.decontaminate.index`) once, under `_prepare/index/`; every shard then loads it
 and checks its records in batches. What is checked: a document record's text, or a chat record's
-user turns (the evaluation sets are prompts; `turns = "all"` checks every turn, reasoning
-included). A record that holds an item is dropped as `contaminated`, the reject's detail naming
+user turns (the evaluation sets are prompts; `turns = "all"` checks every turn, reasoning, tool
+calls and tool results included: `fuelline.decontaminate.texts`). A record that holds neither is
+an error naming FILE:LINE, or with on_error = "skip" dropped under its reason. A record that holds
+an item is dropped as `contaminated`, the reject's detail naming
 the set, the item and the share of its n-grams found; with `report_only` it is kept and only
 counted. Each shard writes what it found (`_prepare/found/part-k.json`, before its marker), and
 `summary` adds them up into stats.json's `decontaminate`: per evaluation set, the items found, in
@@ -25,12 +27,12 @@ import orjson
 
 from fuelline.decontaminate.evalsets import load_eval_sets, parse_spec, require_file
 from fuelline.decontaminate.index import EvalIndex, Rule, build_index
-from fuelline.formats import chat_record
+from fuelline.decontaminate.texts import checked_texts
 from fuelline.io.atomic import write_bytes_atomic
 from fuelline.io.readers import RecordError
 from fuelline.pipeline.options import option
 from fuelline.pipeline.stage import PrepareContext, ShardContext, Stage, StageConfig
-from fuelline.records import Location, record_kind
+from fuelline.records import Drop, Location
 
 REASON = "contaminated"
 BATCH = 512  # records checked together: one encode and one numba call each
@@ -45,8 +47,8 @@ class DecontaminateConfig(StageConfig):
         "FILE:FIELD (a dotted path; a list such as MT-Bench's turns is checked turn by turn) or the name of a "
         "layout (gsm8k, humaneval, mbpp, math, mt-bench, alpacaeval, arena-hard), detected when left out; "
         "NAME=FILE:FIELD names the set"))
-    turns: str = option("user", "chat records: which turns are checked (evaluation sets are prompts)",
-                        choices=["user", "all"])
+    turns: str = option("user", "chat records: which turns are checked (evaluation sets are prompts); all: every "
+                                "turn, tool calls' arguments and tool results included", choices=["user", "all"])
     ngram: int = option(8, "n-gram length in tokens (a word, or one Han, kana or hangul character)", min=1)
     threshold: float = option(0.5, "share of an item's n-grams a record must hold for the item to be found",
                               min=0.01, max=1.0)
@@ -56,23 +58,22 @@ class DecontaminateConfig(StageConfig):
     report_only: bool = option(False, "keep every record; only report what was found")
 
 
-def checked_text(record: dict, turns: str, location: Location) -> str:
-    """A document's text, or a chat record's user turns (or every turn) joined by newlines."""
-    if "conversations" in record:
-        chat_record.require(record, f"{location.source}:{location.line}")
-        wanted = [t for t in record["conversations"] if turns == "all" or t["role"] == "user"]
-        return "\n".join(part for t in wanted for part in (t.get("reasoning_content"), t["content"])
-                         if isinstance(part, str))
-    if isinstance(record.get("text"), str):
-        return record["text"]
-    raise RecordError(location.source, location.line, f"expected a document record {{\"text\"}} or a chat record "
-                                                      f"{{\"conversations\"}}, found {record_kind(record)}")
-
-
-def _batches(records: Iterable[tuple[Location, dict]]) -> Iterator[list[tuple[Location, dict]]]:
+def _batches(records: Iterable[tuple[Location, dict]], turns: str,
+             ctx: ShardContext) -> Iterator[list[tuple[Location, dict, list[str]]]]:
+    """Batches of (location, record, its checked texts); a record that cannot be checked raises a
+    RecordError naming FILE:LINE, or under on_error = "skip" is dropped under its reason."""
     iterator = iter(records)
     while batch := list(islice(iterator, BATCH)):
-        yield batch
+        checked = []
+        for location, record in batch:
+            texts = checked_texts(record, turns)
+            if not isinstance(texts, Drop):
+                checked.append((location, record, texts))
+            elif ctx.on_error == "skip":
+                ctx.drop(record, texts.reason, location, texts.detail)
+            else:
+                raise RecordError(location.source, location.line, f"{texts.detail} ({texts.reason})")
+        yield checked
 
 
 class DecontaminateStage(Stage):
@@ -102,7 +103,7 @@ class DecontaminateStage(Stage):
 
     def prepare(self, ctx: PrepareContext) -> None:
         self._workdir = ctx.workdir
-        if not (ctx.workdir / "index" / "ngrams.npz").exists():
+        if not EvalIndex.intact(ctx.workdir / "index"):
             build_index(load_eval_sets(self.config.against), self.rule()).save(ctx.workdir / "index")
 
     def _loaded(self) -> EvalIndex:
@@ -115,9 +116,8 @@ class DecontaminateStage(Stage):
         parts = index.items["parts"]
         found_items: dict[str, list] = {}  # "set/item": [records, first ids]
         set_records: dict[str, int] = defaultdict(int)
-        for batch in _batches(records):
-            texts = [checked_text(record, self.config.turns, location) for location, record in batch]
-            for (location, record), matches in zip(batch, index.match(texts)):
+        for batch in _batches(records, self.config.turns, ctx):
+            for (location, record, _), matches in zip(batch, index.match([texts for _, _, texts in batch])):
                 if not matches:
                     yield record
                     continue
@@ -189,7 +189,7 @@ def decontamination_report(described: dict, totals: dict[str, list], records: di
                              "records": count, "record_ids": ids})
         sets[eval_set["name"]] = {
             "file": eval_set["file"], "field": eval_set["field"], "items": eval_set["items"],
-            "items_found": len(mine), "records": records.get(str(s), 0),
+            "items_found": len(mine), "records": records.get(str(s), 0), "items_blank": eval_set.get("items_blank", 0),
             "parts_too_short": eval_set["parts_too_short"], "parts_only_common": eval_set["parts_only_common"],
             "examples": examples}
     return {"rule": described["rule"], "action": "report only" if report_only else "dropped",

@@ -90,7 +90,7 @@ def run_shard(stage: Stage, shard: InputShard, store: OutputStore, targets: dict
     started = time.perf_counter()
     rejects_path = output_dir / REJECTS_DIR / f"{shard.part_name}.jsonl.zst" if options.keep_rejects else None
     rejects = Rejects(rejects_path)
-    ctx = ShardContext(shard.shard_id, rejects)
+    ctx = ShardContext(shard.shard_id, rejects, on_error=options.on_error)
     read = 0
 
     def located() -> Iterator[tuple[Location, dict]]:

@@ -25,11 +25,13 @@ from fuelline.records import Drop, Location
 
 @dataclass
 class ShardContext:
-    """Per-shard bookkeeping a stage may use: drop records, add counters (tokens, bytes, …)."""
+    """Per-shard bookkeeping a stage may use: drop records, add counters (tokens, bytes, …); and the
+    run's `on_error`, for a stage that finds a record it cannot use: raise, or drop it under its reason."""
 
     shard_id: int
     rejects: Rejects
     counters: Counter = field(default_factory=Counter)
+    on_error: str = "raise"
 
     def drop(self, record: Any, reason: str, location: Location | None = None, detail: str | None = None) -> None:
         self.rejects.add(reason, record, source=location.source if location else None,

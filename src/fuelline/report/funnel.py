@@ -60,6 +60,11 @@ def contamination_lines(report: dict | None) -> list[str]:
     for name, found in report["sets"].items():
         line = (f"{name}: {found['items_found']:,} of {found['items']:,} items found, in {found['records']:,} "
                 f"training records ({report['action']})")
+        unchecked = [f"{count:,} {what}" for count, what in ((found.get("items_blank", 0), "blank items"),
+                                                              (found["parts_too_short"], "parts too short"))
+                     if count]
+        if unchecked:
+            line += f"; not checked: {', '.join(unchecked)}"
         if found["examples"]:
             first = found["examples"][0]
             line += f"; e.g. item {first['item']} in {first['records']:,}: {first['text'][:60]!r}"

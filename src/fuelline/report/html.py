@@ -218,12 +218,13 @@ def contamination_table(step: str, report: dict) -> str:
         examples = "<br>".join(f"item {e['item']}{' (' + html.escape(str(e['id'])) + ')' if e['id'] is not None else ''}"
                                f" in {e['records']:,}: {html.escape(e['text'])}" for e in found["examples"])
         rows.append(f"<tr><td>{html.escape(name)}</td><td>{found['items']:,}</td><td>{found['items_found']:,}</td>"
-                    f"<td>{found['records']:,}</td><td class='examples'>{examples}</td></tr>")
+                    f"<td>{found['records']:,}</td><td>{found.get('items_blank', 0):,}</td>"
+                    f"<td class='examples'>{examples}</td></tr>")
     rule = report["rule"]
     return (f"<h2>Evaluation items found by {html.escape(step)} ({html.escape(report['action'])})</h2><p>word "
             f"{rule['ngram']}-grams (CJK: characters), an item found when a record holds {rule['threshold']:.0%} of its "
             f"n-grams</p><table class='contamination'><tr><th>evaluation set</th><th>items</th><th>found</th>"
-            f"<th>training records</th><th>examples</th></tr>{''.join(rows)}</table>")
+            f"<th>training records</th><th>blank (not checked)</th><th>examples</th></tr>{''.join(rows)}</table>")
 
 
 def write_report(funnel: dict, directory: Path) -> Path:
