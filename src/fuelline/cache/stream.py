@@ -183,6 +183,39 @@ def _run(ranks: Ranks, model: Path, inputs, config: StreamConfig, progress: bool
         on_rank_zero(ranks, lambda: builder.publish(epoch, index, plan))
 
 
+DELETE_TRIES, DELETE_PAUSE = 4, 0.5  # a partition's delete is tried this many times, this far apart
+
+
+def remove(directory: Path) -> None:
+    """Delete a partition's directory, or stop with an error naming it: a partition left on disk while
+    the stream counts it gone would break the disk bound unseen."""
+    for attempt in range(DELETE_TRIES):
+        try:
+            shutil.rmtree(directory)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            if attempt + 1 == DELETE_TRIES:
+                raise StreamError(directory, f"cannot be deleted ({e}); it still holds disk the window counts "
+                                             "as free: remove it by hand (every consumer has acknowledged it) "
+                                             "and run the same command again") from None
+            time.sleep(DELETE_PAUSE)
+
+
+def disk_bytes(stream: Path) -> int:
+    """Bytes of every file under the stream's partition directories, as they are on disk now."""
+    total = 0
+    for epoch in stream.glob("epoch-*"):
+        for folder, _, names in os.walk(epoch):
+            for name in names:
+                try:
+                    total += os.stat(os.path.join(folder, name)).st_size
+                except FileNotFoundError:  # deleted while walked
+                    pass
+    return total
+
+
 class Heartbeat(threading.Thread):
     """Says every few seconds, in `builder.json`, that the builder runs: a reader waiting for a partition
     can then tell a busy builder from one that stopped (which no lock shows across machines)."""
@@ -294,15 +327,20 @@ class StreamBuilder:
                 entry["state"] = "acknowledged"
                 self._save()
                 (directory / MANIFEST).unlink(missing_ok=True)  # no reader takes it for a cache any more
-                shutil.rmtree(directory, ignore_errors=True)
+                remove(directory)
                 entry["state"] = "deleted"
             elif entry["state"] in ("published", "acknowledged") and not (directory / MANIFEST).exists():
-                shutil.rmtree(directory, ignore_errors=True)  # removed or damaged: built again, same bytes
+                remove(directory)  # removed or damaged: built again, same bytes
                 entry["state"], entry["rebuilt"] = "planned", entry.get("rebuilt", 0) + 1
             elif entry["state"] in ("planned", "building") and (directory / MANIFEST).exists():
                 entry["state"] = "published"  # a kill came after the partition's manifest, before this one's
         if [entry["state"] for entry in self.manifest["partitions"]] != before:
             self._save()
+
+    def _measure(self) -> None:
+        """The high-water mark: what the partition directories hold now, measured on disk (a partition
+        that could not be deleted, or one larger than planned, counts as it is)."""
+        self.manifest["high_water_bytes"] = max(self.manifest["high_water_bytes"], disk_bytes(self.path))
 
     def _on_disk(self) -> tuple[int, int]:
         """(partitions, bytes) published and not yet deleted."""
@@ -328,8 +366,7 @@ class StreamBuilder:
             if waiting_for is not None and self._room_for(waiting_for):
                 break
             self._wait(waiting_for)
-        _, nbytes = self._on_disk()
-        self.manifest["high_water_bytes"] = max(self.manifest["high_water_bytes"], nbytes + waiting_for["bytes"])
+        self._measure()
         waiting_for["state"] = "building"
         self._save()
         plan = self.partitions.plan_of(waiting_for["epoch"], waiting_for["index"])
@@ -377,6 +414,7 @@ class StreamBuilder:
         merge(plan.directory, plan, self.config, lambda stats: stats.write(plan.directory, STATS_FILE))
         entry = next(p for p in self.manifest["partitions"] if (p["epoch"], p["index"]) == (epoch, index))
         entry["state"] = "published"
+        self._measure()
         self._save()
 
     def _finish(self) -> dict:
@@ -391,7 +429,7 @@ class StreamBuilder:
             "largest_partition_bytes": max((p["bytes"] for p in manifest["partitions"]), default=0)}}
         samples = len(plan.record_ids)
         for epoch in range(self.config.epochs):  # every partition is deleted: their directories are empty
-            shutil.rmtree(self.path / epoch_name(epoch), ignore_errors=True)
+            remove(self.path / epoch_name(epoch))
         stats = self.step_dir.finish(StepStats("cache", plan.records_in, samples, dict(plan.dropped),
                                                dict(plan.drop_examples), counters={"truncated": plan.truncated},
                                                details=details))
