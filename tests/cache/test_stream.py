@@ -503,6 +503,41 @@ def test_dataloader_workers_resume_after_k_batches_with_exactly_the_rest(held, t
     assert state["position"] == taken * size
 
 
+def test_a_dataloader_batch_size_the_dataset_was_not_given_is_refused_never_a_state_that_skips(held):
+    """Batches of 4 from two workers, the dataset given no batch_size (each worker then took every other
+    sample: a batch's positions 0, 2, 4, 6, and a state after it would skip 1, 3, 5) or another one (2:
+    a batch of 4 spans two workers' runs; 8: a batch of 4 is half a run, the other worker's run before
+    it unread): refused, at the first batch or at the state, naming batch_size. Without workers any
+    batch size resumes with exactly the rest."""
+    from torch.utils.data import DataLoader
+
+    def loader(dataset, workers=2):
+        return DataLoader(dataset, batch_size=4, num_workers=workers, collate_fn=CacheCollator())
+
+    def reader(**options):
+        return StreamingCacheDataset(held, "train", acknowledge="checkpoint", timeout=10, **options)
+
+    with pytest.raises(ValueError, match="2 DataLoader workers read it, and StreamingCacheDataset was not given the "
+                                         "DataLoader's batch_size"):
+        next(iter(loader(reader())))
+    for size in (2, 8):
+        dataset = reader(batch_size=size)
+        batches = iter(loader(dataset))
+        taken = [next(batches) for _ in range(3)]
+        with pytest.raises(ValueError, match=f"not one DataLoader worker's run of batch_size {size} from position 0"):
+            for batch in taken:
+                dataset.state_dict(after=batch)
+        del batches
+    whole = [rid for batch in loader(reader(), workers=0) for rid in batch["record_ids"]]
+    first = reader()
+    batches = iter(loader(first, workers=0))
+    taken = [next(batches) for _ in range(5)]
+    before = [rid for batch in taken for rid in batch["record_ids"]]
+    resumed = reader()
+    resumed.load_state_dict(first.state_dict(after=taken[-1]))
+    assert before + [rid for batch in loader(resumed, workers=0) for rid in batch["record_ids"]] == whole
+
+
 # --- refusals -------------------------------------------------------------------------------------
 
 def test_readers_that_would_lose_or_repeat_samples_are_refused(held):

@@ -8,7 +8,10 @@ together are every sample of the epoch, once. A rank's
 samples form one sequence per epoch; its *position* (how many it has consumed) is its state, so
 a checkpoint resumes at the right sample with any number of DataLoader workers. Workers take
 `batch_size` consecutive positions in turn, which is the order a DataLoader with that batch size
-hands the batches on, so `state_dict(after=batch)` is exact in the main process.
+hands the batches on, so `state_dict(after=batch)` is exact in the main process; several workers
+without a `batch_size` are refused, and a batch whose positions are not one worker's run of
+`batch_size` (another batch size in the DataLoader) is refused by `state_dict`, since the samples
+before its last would not all have been consumed.
 
 A partition is acknowledged for a rank once every sample of its group that the rank takes has
 been yielded (`acknowledge="yielded"`; with DataLoader workers that is when a worker has
@@ -45,12 +48,13 @@ class StreamingCacheDataset(IterableDataset):
     error (None: as long as it takes, saying so on stderr)."""
 
     def __init__(self, path: str | os.PathLike, consumer: str = "train", *, rank: int = 0, world_size: int = 1,
-                 seed: int = 0, shuffle_partitions: int = 1, batch_size: int = 1, acknowledge: str = "yielded",
+                 seed: int = 0, shuffle_partitions: int = 1, batch_size: int | None = None,
+                 acknowledge: str = "yielded",
                  timeout: float | None = None, poll_seconds: float = 0.2, io: str = "mmap",
                  verify_checksums: bool = True):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size), not {rank} of {world_size}")
-        for name, value in (("shuffle_partitions", shuffle_partitions), ("batch_size", batch_size)):
+        for name, value in (("shuffle_partitions", shuffle_partitions), ("batch_size", 1 if batch_size is None else batch_size)):
             if value < 1:
                 raise ValueError(f"{name} must be at least 1, not {value}")
         if acknowledge not in ("yielded", "checkpoint"):
@@ -107,10 +111,25 @@ class StreamingCacheDataset(IterableDataset):
     def state_dict(self, after: dict | None = None) -> dict:
         """Where this rank stands: after everything yielded in this process, or, with DataLoader
         workers, `after` the last batch the trainer took (its `stream_positions`)."""
-        position = self.position if after is None else int(after["stream_positions"].max()) + 1
+        position = self.position if after is None else self._after(after["stream_positions"].tolist())
         return {"consumer": self.consumer, "world_size": self.world_size, "seed": self.seed,
                 "shuffle_partitions": self.shuffle_partitions, "rank": self.rank, "epoch": self.epoch,
                 "position": position}
+
+    def _after(self, positions: list[int]) -> int:
+        """The position after a batch the trainer took, once its positions show that every sample
+        before them was consumed too: read in this process, or one worker's run of `batch_size`."""
+        last = max(positions) + 1
+        if self.position == last and positions == list(range(last - len(positions), last)):
+            return last  # read here, in order (no workers)
+        run, first = self.batch_size, positions[0]
+        whole = run is None or (len(positions) == run or last == self.rank_samples()) and (first - self.position) % run == 0
+        if positions != list(range(first, last)) or not whole:
+            raise ValueError(f"a batch of positions {positions[:8]}{' …' if len(positions) > 8 else ''} is not one "
+                             f"DataLoader worker's run of batch_size {run} from position {self.position} of "
+                             f"{self.path}: give StreamingCacheDataset the DataLoader's batch_size; a state after "
+                             "it would skip samples the workers had not handed on")
+        return last
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at `state` (from `state_dict`); one taken with another order or consumer is refused."""
@@ -144,12 +163,17 @@ class StreamingCacheDataset(IterableDataset):
     def __iter__(self):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        if workers > 1 and self.batch_size is None:
+            raise ValueError(f"{self.path}: {workers} DataLoader workers read it, and StreamingCacheDataset was "
+                             "not given the DataLoader's batch_size: each worker takes that many consecutive "
+                             "samples in turn, or a checkpoint's state would skip samples")
+        run = self.batch_size or 1
         epoch, start = self.epoch, self.position
         position = 0
         for members, partitions, rows in self.groups(epoch):
             end = position + len(rows)
             if end > start:
-                mine = [k for k in range(max(start, position), end) if ((k - start) // self.batch_size) % workers == worker]
+                mine = [k for k in range(max(start, position), end) if ((k - start) // run) % workers == worker]
                 opened = {}
                 for k in mine:
                     p, i = int(partitions[k - position]), int(rows[k - position])
