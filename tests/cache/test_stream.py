@@ -544,8 +544,6 @@ def test_readers_that_would_lose_or_repeat_samples_are_refused(held):
     with pytest.raises(StreamError, match="consumer 'eval' is not one this stream is built for \\(train\\).*"
                                           "add it to --consumers"):
         StreamingCacheDataset(held, "eval")
-    with pytest.raises(StreamError, match="shuffle_partitions 65 is more than the stream's window \\(64\\)"):
-        StreamingCacheDataset(held, "train", shuffle_partitions=65)
     train = StreamingCacheDataset(held, "train", acknowledge="checkpoint")
     with pytest.raises(StreamError, match="consumer 'train' read this stream with 1 rank\\(s\\), now with 2.*"
                                           "resume it with 1 rank"):
@@ -699,3 +697,69 @@ def test_a_partition_that_cannot_be_deleted_stops_the_builder_naming_it_and_the_
         read += [sample["record_id"] for sample in dataset]
     assert builder.result["records_out"] == CHATS
     assert sorted(read) == sorted(offline["fuelline"][1]) and not stuck.exists()
+
+
+# --- no configuration waits forever ------------------------------------------------------------------
+
+def windowed(qwen4_dir, chats, held, out: Path, window: int) -> None:
+    """A copy of the held stream at `out` without the readers other tests registered, its builder resumed
+    with `window` (it stops waiting for 'train')."""
+    shutil.copytree(held, out, ignore=shutil.ignore_patterns("consumers"))
+    done = invoke(*stream_words(qwen4_dir, chats, out, **{**HELD, "window": window}))
+    assert done.exit_code == 2 and "waiting for consumer 'train'" in done.stderr, done.stderr
+    assert read_stream_manifest(out)["window"] == window
+
+
+def test_readers_that_would_wait_on_the_builder_forever_are_refused_when_they_open(qwen4_dir, chats, held, tmp_path):
+    """Checkpoint acknowledgements with shuffle_partitions equal to the window (the builder waits for the
+    group's first partition, the reader for the next group's), and window 1 with batches that span two
+    partitions: refused when opened, naming what they need and the window; acknowledging what is
+    yielded, shuffle_partitions equal to the window reads."""
+    out = tmp_path / "stream"
+    windowed(qwen4_dir, chats, held, out, 2)
+    with pytest.raises(StreamError, match="rank 0 may need [3-9] partitions on disk at once \\(shuffle_partitions 2, "
+                                          "acknowledge 'checkpoint'\\), and the builder's window \\(--window 2\\) "
+                                          "has room for 2: each would wait for the other"):
+        StreamingCacheDataset(out, "train", shuffle_partitions=2, acknowledge="checkpoint")
+    assert StreamingCacheDataset(out, "train", shuffle_partitions=2).need == 2
+    single = tmp_path / "single"
+    windowed(qwen4_dir, chats, held, single, 1)
+    with pytest.raises(StreamError, match="may need [2-9] partitions .*batch_size 4.*has room for 1"):
+        StreamingCacheDataset(single, "train", batch_size=4, acknowledge="checkpoint")
+
+
+def test_a_builder_resumed_with_a_window_too_small_for_a_registered_consumer_is_refused(qwen4_dir, chats, held,
+                                                                                       tmp_path):
+    """A consumer registered reading groups of 3 partitions; the builder resumed with --window 2 would
+    publish 2 and wait for an acknowledgement the consumer gives only after the third: refused naming
+    the consumer, the stream unchanged. A reader opened before the builder shrank the window is
+    refused when it next waits."""
+    out = tmp_path / "stream"
+    shutil.copytree(held, out, ignore=shutil.ignore_patterns("consumers"))
+    StreamingCacheDataset(out, "train", shuffle_partitions=3)
+    before = (out / STREAM_MANIFEST).read_bytes()
+    done = invoke(*stream_words(qwen4_dir, chats, out, **{**HELD, "window": 2}))
+    assert done.exit_code == 2 and "Traceback" not in done.stderr
+    assert (f"{out}: consumer 'train' may need 3 partitions on disk at once, and --window 2 leaves room for 2: the "
+            "two would wait on each other; resume with --window 3 or more") in done.stderr, done.stderr
+    assert (out / STREAM_MANIFEST).read_bytes() == before
+
+
+def test_a_trainer_that_never_acknowledges_is_told_so_instead_of_waiting_forever(qwen4_dir, chats, tmp_path):
+    """Checkpoint acknowledgements and a trainer that never calls acknowledge(): its reader needs the
+    partition after the window, which the builder publishes only once the first is acknowledged. With
+    no timeout the wait would never end; it is an error naming both partitions at once."""
+    out = tmp_path / "stream"
+    with building(qwen4_dir, chats, out, partition_samples=6, window=2, wait_timeout=20):
+        wait_for(lambda: (out / STREAM_MANIFEST).exists(), "stream manifest")
+        dataset = StreamingCacheDataset(out, "train", acknowledge="checkpoint", timeout=15)
+        started = time.monotonic()
+        with pytest.raises(StreamError, match="part-00002: would be waited for forever: the builder publishes it only "
+                                              "once epoch-0000/part-00000 is acknowledged, and consumer 'train' rank 0 "
+                                              "has not acknowledged it"):
+            for _ in dataset:
+                pass
+        assert time.monotonic() - started < 10
+        dataset.acknowledge(dataset.state_dict())  # then the builder may finish: it reads on from here
+        for _ in dataset:
+            dataset.acknowledge(dataset.state_dict())

@@ -37,8 +37,9 @@ from fuelline.cache.ranks import Ranks
 from fuelline.cache.writer import shard_done
 from fuelline.formats.target_cache import MANIFEST
 from fuelline.formats.target_stream import (BUILDER, HEARTBEAT_SECONDS, STREAM_FORMAT, STREAM_MANIFEST,
-                                            STREAM_VERSION, StreamError, acknowledged, epoch_name, partition_name,
-                                            read_stream_manifest, write_heartbeat, write_stream_manifest)
+                                            STREAM_VERSION, StreamError, acknowledged, epoch_name, needed,
+                                            partition_name, read_stream_manifest, room, write_heartbeat,
+                                            write_stream_manifest)
 from fuelline.model_source import resolve_model
 from fuelline.pipeline.options import identity_history, option
 from fuelline.pipeline.stats import StepStats
@@ -289,10 +290,25 @@ class StreamBuilder:
                      "batches": len(partitions.batches), "bytes_per_epoch": plan.total_bytes},
             "partitions": entries, "high_water_bytes": previous.get("high_water_bytes", 0),
         }
+        self._check_consumers()
         self._save()
         self._reconcile()
         self.heartbeat.start()
         self._check_disk()
+
+    def _check_consumers(self) -> None:
+        """A window (or disk bound) with less room than a registered consumer may need at once is refused
+        before anything is written: that consumer would wait for a partition this builder waits to
+        publish until it acknowledges one it cannot acknowledge yet."""
+        has = room(self.manifest)
+        for name in self.config.consumers:
+            if (need := needed(self.path, name)) > has:
+                raise StreamError(self.path, f"consumer {name!r} may need {need} partitions on disk at once, and "
+                                             f"--window {self.config.window}"
+                                             f"{f' with --max-disk {self.config.max_disk:,}' if self.config.max_disk else ''}"
+                                             f" leaves room for {has}: the two would wait on each other; resume with "
+                                             f"--window {need} or more, or resume the consumer with a smaller "
+                                             "shuffle_partitions or batch_size")
 
     def _check_disk(self) -> None:
         """The window's bytes, at most (`--window` + 1 of the largest partitions, or `--max-disk` and
