@@ -64,6 +64,11 @@ blocks (Hermes', Llama 3.1's, Mistral's, Qwen2.5's, DeepSeek-R1's, Qwen3's), aga
 on each template's twin with blocks, and on two broken templates (one ignores `tool_calls`, one
 writes a turn only once another follows) that must refuse them (reliability_tool_templates.py).
 
+It adds (r) the streaming cache's acknowledgements against its window
+(reliability_stream_acks.py): acknowledgement modes, shuffle groups, windows, DataLoader batches
+and workers, with kills and a builder resumed with another window, each trial bounded in time:
+every sample once per epoch, or a refusal when a side opens or resumes, never a deadlock.
+
 Outcomes of a trial are those of benchmarks/trials.py (ok, clear_error, silent_wrong, crash, hang,
 leftover).
 
@@ -104,6 +109,7 @@ import reliability_resume  # noqa: E402
 import reliability_servers  # noqa: E402
 import reliability_stalls  # noqa: E402
 import reliability_stream  # noqa: E402
+import reliability_stream_acks  # noqa: E402
 import reliability_templates  # noqa: E402
 import reliability_tool_templates  # noqa: E402
 from trials import OUTCOMES, Tally, cli, damage_file, failure_outcome, free_port, isolated, judged, kill_after, run, table  # noqa: E402
@@ -541,6 +547,8 @@ FAMILIES = [
      reliability_decontaminate),
     ("(o) tool-call conversations on served templates without generation blocks, and on broken ones",
      reliability_tool_templates),
+    ("(r) the streaming target cache's acknowledgements against its window: no deadlock, no lost sample",
+     reliability_stream_acks),
 ]
 ALL_SECTIONS = "abcd" + "".join(title[1] for title, _ in FAMILIES)
 

@@ -29,7 +29,9 @@ HALVES = {
                        "stream with a damaged partition or manifest, read whole",
                        "stream with its builder and trainer ranks SIGKILLed at random moments",
                        "decontaminate against a bad evaluation set", "decontaminate with odd values of its options",
-                       "decontaminate rerun after its evaluation set was edited"},
+                       "decontaminate rerun after its evaluation set was edited",
+                       "stream acknowledgements x shuffle groups x windows x batches",
+                       "stream acknowledgements with kills and a builder resumed with another window"},
 }
 
 
