@@ -72,6 +72,10 @@ over turns under each --turns, in tool calls' arguments and tool results, behind
 characters of each kind) and the inputs it must read as meant (blank items, evaluation paths
 holding `=` and `:`, odd records under --on-error skip and raise, a rerun with another --turns)
 (reliability_decontaminate_forms.py).
+It adds (r) the streaming cache's acknowledgements against its window
+(reliability_stream_acks.py): acknowledgement modes, shuffle groups, windows, DataLoader batches
+and workers, with kills and a builder resumed with another window, each trial bounded in time:
+every sample once per epoch, or a refusal when a side opens or resumes, never a deadlock.
 
 Outcomes of a trial are those of benchmarks/trials.py (ok, clear_error, silent_wrong, crash, hang,
 leftover).
@@ -115,6 +119,7 @@ import reliability_resume  # noqa: E402
 import reliability_servers  # noqa: E402
 import reliability_stalls  # noqa: E402
 import reliability_stream  # noqa: E402
+import reliability_stream_acks  # noqa: E402
 import reliability_templates  # noqa: E402
 import reliability_tool_templates  # noqa: E402
 from trials import OUTCOMES, Tally, cli, damage_file, failure_outcome, free_port, isolated, judged, kill_after, run, table  # noqa: E402
@@ -555,6 +560,8 @@ FAMILIES = [
     ("(p) outputs overlapping inputs or each other, empty and repeated inputs, for every command", reliability_paths),
     ("(s) decontaminate forms: items split over turns, in tool calls and results, behind invisible characters; "
      "blank items, paths with = and :, odd records", reliability_decontaminate_forms),
+    ("(r) the streaming target cache's acknowledgements against its window: no deadlock, no lost sample",
+     reliability_stream_acks),
 ]
 ALL_SECTIONS = "abcd" + "".join(title[1] for title, _ in FAMILIES)
 

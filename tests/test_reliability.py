@@ -37,7 +37,9 @@ HALVES = {
                        "decontaminate against evaluation paths holding = and :",
                        "decontaminate odd records under --on-error skip and raise",
                        "decontaminate resumed with another --turns",
-                       "decontaminate resumed over a damaged evaluation index"},
+                       "decontaminate resumed over a damaged evaluation index",
+                       "stream acknowledgements x shuffle groups x windows x batches",
+                       "stream acknowledgements with kills and a builder resumed with another window"},
 }
 
 

@@ -178,8 +178,7 @@ def partition_bytes(stream: Path) -> int:
 def test_disk_high_water_stays_under_window_plus_one_partition(qwen4_dir, chats, offline, tmp_path):
     """A slow consumer keeps the window full. What the partitions hold on disk, polled every few
     milliseconds, never exceeds (window + 1) × the largest partition; the builder's own high-water
-    mark, counted from the partitions it built, is the measured peak up to the partitions' small
-    files (manifest, stats). Every sample is read once, byte-equal to the offline build's."""
+    mark, measured on disk when it publishes, is at most the polled peak and holds the window. Every sample is read once, byte-equal to the offline build's."""
     out, window = tmp_path / "stream", 2
     peak = DiskPeak(out)
     peak.start()
@@ -199,9 +198,9 @@ def test_disk_high_water_stays_under_window_plus_one_partition(qwen4_dir, chats,
     assert stats == json.loads((out / "stats.json").read_text())["stream"]
     assert peak.polls > 100 and len(manifest["partitions"]) > 2 * window
     assert 0 < peak.most <= (window + 1) * largest
-    assert stats["high_water_bytes"] == manifest["high_water_bytes"] <= window * largest
     metadata = 16 << 10  # a partition's manifest.json and stats.json, and its shards' index files while merged
-    assert stats["high_water_bytes"] <= peak.most <= stats["high_water_bytes"] + window * metadata
+    assert stats["high_water_bytes"] == manifest["high_water_bytes"] <= window * (largest + metadata)
+    assert (window - 1) * largest < stats["high_water_bytes"] <= peak.most
     assert stats["waited_seconds"] > 0  # the window was full
     assert sorted(rid for rid, _ in read) == sorted(offline["fuelline"][1])
     assert all(sample == offline["fuelline"][1][rid] for rid, sample in read)
@@ -291,7 +290,8 @@ def _record_ids(cache: Path) -> list[str]:
 def test_many_random_sigkills_of_builder_and_trainers(qwen4_dir, tmp_path, seed):
     """A variation of test_two_trainer_ranks_read_each_sample_once_per_epoch_through_sigkills: more
     conversations, three epochs, seven kills of any side, partitions of a random size, and trainers
-    that acknowledge what they yield (seed 1) instead of their checkpoints."""
+    that acknowledge what they yield (seed 1) instead of their checkpoints (then with a window of at
+    least 2: a checkpoint may lie in the partition before the one read)."""
     rng = random.Random(seed)
     chats = write_chats(tmp_path / "chats.jsonl", 80, seed=seed)
     reference = tmp_path / "offline"
@@ -300,7 +300,7 @@ def test_many_random_sigkills_of_builder_and_trainers(qwen4_dir, tmp_path, seed)
     consumed = run_with_kills(qwen4_dir, chats, tmp_path / "stream", tmp_path, kill_plan(rng, 7, 3 * 80),
                               rng.choice([0.0, 0.01, 0.03]), ["yielded", "checkpoint"][seed - 1],
                               partition_samples=rng.randint(2, 12), epochs=3,
-                              window=rng.randint(1, 3), wait_timeout=300)
+                              window=rng.randint(1, 3) if seed == 1 else rng.randint(2, 3), wait_timeout=300)
     assert_each_sample_once_per_epoch(consumed, digests, 3)
 
 
@@ -504,14 +504,47 @@ def test_dataloader_workers_resume_after_k_batches_with_exactly_the_rest(held, t
     assert state["position"] == taken * size
 
 
+def test_a_dataloader_batch_size_the_dataset_was_not_given_is_refused_never_a_state_that_skips(held):
+    """Batches of 4 from two workers, the dataset given no batch_size (each worker then took every other
+    sample: a batch's positions 0, 2, 4, 6, and a state after it would skip 1, 3, 5) or another one (2:
+    a batch of 4 spans two workers' runs; 8: a batch of 4 is half a run, the other worker's run before
+    it unread): refused, at the first batch or at the state, naming batch_size. Without workers any
+    batch size resumes with exactly the rest."""
+    from torch.utils.data import DataLoader
+
+    def loader(dataset, workers=2):
+        return DataLoader(dataset, batch_size=4, num_workers=workers, collate_fn=CacheCollator())
+
+    def reader(**options):
+        return StreamingCacheDataset(held, "train", acknowledge="checkpoint", timeout=10, **options)
+
+    with pytest.raises(ValueError, match="2 DataLoader workers read it, and StreamingCacheDataset was not given the "
+                                         "DataLoader's batch_size"):
+        next(iter(loader(reader())))
+    for size in (2, 8):
+        dataset = reader(batch_size=size)
+        batches = iter(loader(dataset))
+        taken = [next(batches) for _ in range(3)]
+        with pytest.raises(ValueError, match=f"not one DataLoader worker's run of batch_size {size} from position 0"):
+            for batch in taken:
+                dataset.state_dict(after=batch)
+        del batches
+    whole = [rid for batch in loader(reader(), workers=0) for rid in batch["record_ids"]]
+    first = reader()
+    batches = iter(loader(first, workers=0))
+    taken = [next(batches) for _ in range(5)]
+    before = [rid for batch in taken for rid in batch["record_ids"]]
+    resumed = reader()
+    resumed.load_state_dict(first.state_dict(after=taken[-1]))
+    assert before + [rid for batch in loader(resumed, workers=0) for rid in batch["record_ids"]] == whole
+
+
 # --- refusals -------------------------------------------------------------------------------------
 
 def test_readers_that_would_lose_or_repeat_samples_are_refused(held):
     with pytest.raises(StreamError, match="consumer 'eval' is not one this stream is built for \\(train\\).*"
                                           "add it to --consumers"):
         StreamingCacheDataset(held, "eval")
-    with pytest.raises(StreamError, match="shuffle_partitions 65 is more than the stream's window \\(64\\)"):
-        StreamingCacheDataset(held, "train", shuffle_partitions=65)
     train = StreamingCacheDataset(held, "train", acknowledge="checkpoint")
     with pytest.raises(StreamError, match="consumer 'train' read this stream with 1 rank\\(s\\), now with 2.*"
                                           "resume it with 1 rank"):
@@ -616,3 +649,118 @@ def test_two_torchrun_ranks_stream_the_partitions_of_one_process(qwen4_dir, chat
     assert names and [p["name"] for p in published(out)] == names
     for name in names:
         assert files_of(out / name) == files_of(held / name), name
+
+
+# --- a partition that cannot be deleted ------------------------------------------------------------
+
+def test_a_partition_that_cannot_be_deleted_stops_the_builder_naming_it_and_the_disk_stays_bounded(
+        qwen4_dir, chats, offline, tmp_path, monkeypatch):
+    """The first partition's delete fails (its files stay, as on a file system that refuses): the
+    builder tries again, then stops with an error naming the partition instead of counting it gone and
+    building past the window; what the disk holds never exceeds the window. Once the delete works, the
+    same command finishes and every sample was read once."""
+    import fuelline.cache.stream as stream_module
+
+    out, window = tmp_path / "stream", 2
+    stuck = out / "epoch-0000" / "part-00000"
+    real = shutil.rmtree
+
+    def refusing(path, *args, **kwargs):
+        if Path(path) == stuck:
+            if kwargs.get("ignore_errors"):
+                return
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(stream_module, "DELETE_PAUSE", 0.05, raising=False)
+    monkeypatch.setattr(stream_module.shutil, "rmtree", refusing)
+    read, peak = [], DiskPeak(out)
+    peak.start()
+    try:
+        with pytest.raises(StreamError, match=f"^{stuck}: cannot be deleted \\(.*Permission denied"):
+            with building(qwen4_dir, chats, out, partition_samples=6, window=window, wait_timeout=30):
+                wait_for(lambda: (out / STREAM_MANIFEST).exists(), "stream manifest")
+                with pytest.raises(StreamError, match="not published after"):
+                    for sample in StreamingCacheDataset(out, "train", timeout=3):
+                        read.append(sample["record_id"])
+    finally:
+        peak.stopped.set()
+        peak.join()
+    largest = max(p["bytes"] for p in read_stream_manifest(out)["partitions"])
+    assert stuck.exists() and 0 < peak.most <= (window + 1) * largest
+    manifest = read_stream_manifest(out)
+    assert manifest["partitions"][0]["state"] == "acknowledged"  # counted on disk
+    assert manifest["high_water_bytes"] >= partition_bytes(out)  # measured there, small files included
+    monkeypatch.setattr(stream_module.shutil, "rmtree", real)
+    with building(qwen4_dir, chats, out, partition_samples=6, window=window, wait_timeout=30) as builder:
+        dataset = StreamingCacheDataset(out, "train", timeout=30)
+        dataset.load_state_dict({**dataset.state_dict(), "position": len(read)})
+        read += [sample["record_id"] for sample in dataset]
+    assert builder.result["records_out"] == CHATS
+    assert sorted(read) == sorted(offline["fuelline"][1]) and not stuck.exists()
+
+
+# --- no configuration waits forever ------------------------------------------------------------------
+
+def windowed(qwen4_dir, chats, held, out: Path, window: int) -> None:
+    """A copy of the held stream at `out` without the readers other tests registered, its builder resumed
+    with `window` (it stops waiting for 'train')."""
+    shutil.copytree(held, out, ignore=shutil.ignore_patterns("consumers"))
+    done = invoke(*stream_words(qwen4_dir, chats, out, **{**HELD, "window": window}))
+    assert done.exit_code == 2 and "waiting for consumer 'train'" in done.stderr, done.stderr
+    assert read_stream_manifest(out)["window"] == window
+
+
+def test_readers_that_would_wait_on_the_builder_forever_are_refused_when_they_open(qwen4_dir, chats, held, tmp_path):
+    """Checkpoint acknowledgements with shuffle_partitions equal to the window (the builder waits for the
+    group's first partition, the reader for the next group's), and window 1 with batches that span two
+    partitions: refused when opened, naming what they need and the window; acknowledging what is
+    yielded, shuffle_partitions equal to the window reads."""
+    out = tmp_path / "stream"
+    windowed(qwen4_dir, chats, held, out, 2)
+    with pytest.raises(StreamError, match="rank 0 may need [3-9] partitions on disk at once \\(shuffle_partitions 2, "
+                                          "acknowledge 'checkpoint'\\), and the builder's window \\(--window 2\\) "
+                                          "has room for 2: each would wait for the other"):
+        StreamingCacheDataset(out, "train", shuffle_partitions=2, acknowledge="checkpoint")
+    assert StreamingCacheDataset(out, "train", shuffle_partitions=2).need == 2
+    single = tmp_path / "single"
+    windowed(qwen4_dir, chats, held, single, 1)
+    with pytest.raises(StreamError, match="may need [2-9] partitions .*batch_size 4.*has room for 1"):
+        StreamingCacheDataset(single, "train", batch_size=4, acknowledge="checkpoint")
+
+
+def test_a_builder_resumed_with_a_window_too_small_for_a_registered_consumer_is_refused(qwen4_dir, chats, held,
+                                                                                       tmp_path):
+    """A consumer registered reading groups of 3 partitions; the builder resumed with --window 2 would
+    publish 2 and wait for an acknowledgement the consumer gives only after the third: refused naming
+    the consumer, the stream unchanged. A reader opened before the builder shrank the window is
+    refused when it next waits."""
+    out = tmp_path / "stream"
+    shutil.copytree(held, out, ignore=shutil.ignore_patterns("consumers"))
+    StreamingCacheDataset(out, "train", shuffle_partitions=3)
+    before = (out / STREAM_MANIFEST).read_bytes()
+    done = invoke(*stream_words(qwen4_dir, chats, out, **{**HELD, "window": 2}))
+    assert done.exit_code == 2 and "Traceback" not in done.stderr
+    assert (f"{out}: consumer 'train' may need 3 partitions on disk at once, and --window 2 leaves room for 2: the "
+            "two would wait on each other; resume with --window 3 or more") in done.stderr, done.stderr
+    assert (out / STREAM_MANIFEST).read_bytes() == before
+
+
+def test_a_trainer_that_never_acknowledges_is_told_so_instead_of_waiting_forever(qwen4_dir, chats, tmp_path):
+    """Checkpoint acknowledgements and a trainer that never calls acknowledge(): its reader needs the
+    partition after the window, which the builder publishes only once the first is acknowledged. With
+    no timeout the wait would never end; it is an error naming both partitions at once."""
+    out = tmp_path / "stream"
+    with building(qwen4_dir, chats, out, partition_samples=6, window=2, wait_timeout=20):
+        wait_for(lambda: (out / STREAM_MANIFEST).exists(), "stream manifest")
+        dataset = StreamingCacheDataset(out, "train", acknowledge="checkpoint", timeout=15)
+        started = time.monotonic()
+        with pytest.raises(StreamError, match="part-00002: would be waited for forever: the builder publishes it only "
+                                              "once epoch-0000/part-00000 is acknowledged, and consumer 'train' rank 0 "
+                                              "has not acknowledged it"):
+            for _ in dataset:
+                pass
+        assert time.monotonic() - started < 10
+        dataset.acknowledge(dataset.state_dict())  # then the builder may finish: it reads on from here
+        for _ in dataset:
+            dataset.acknowledge(dataset.state_dict())

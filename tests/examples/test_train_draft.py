@@ -154,10 +154,11 @@ STREAM_SAMPLES = 48  # 4 partitions of 12, 12 batches of 4
 
 
 def stream_builder(target: Path, chats: Path, out: Path) -> subprocess.Popen:
-    """`fuelline cache stream` of `chats` in the background: partitions of 12, a window of 2."""
+    """`fuelline cache stream` of `chats` in the background: partitions of 12, a window of 3 (the trainer
+    acknowledges its checkpoints, so the partition before its batch may stay on disk)."""
     argv = [sys.executable, "-m", "fuelline", "cache", "stream", "--model", str(target), "-i", str(chats), "-o",
             str(out), "--layers", "-1,0,2", "--min-loss-tokens", "1", "--min-shards", "2", "--device", "cpu",
-            "--partition-samples", "12", "--window", "2", "--wait-timeout", "120", "-q"]
+            "--partition-samples", "12", "--window", "3", "--wait-timeout", "120", "-q"]
     return subprocess.Popen(with_parent_death_signal(argv), env={**os.environ, "OMP_NUM_THREADS": "1"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -37,8 +37,9 @@ from fuelline.cache.ranks import Ranks
 from fuelline.cache.writer import shard_done
 from fuelline.formats.target_cache import MANIFEST
 from fuelline.formats.target_stream import (BUILDER, HEARTBEAT_SECONDS, STREAM_FORMAT, STREAM_MANIFEST,
-                                            STREAM_VERSION, StreamError, acknowledged, epoch_name, partition_name,
-                                            read_stream_manifest, write_heartbeat, write_stream_manifest)
+                                            STREAM_VERSION, StreamError, acknowledged, epoch_name, needed,
+                                            partition_name, read_stream_manifest, room, write_heartbeat,
+                                            write_stream_manifest)
 from fuelline.model_source import resolve_model
 from fuelline.pipeline.options import identity_history, option
 from fuelline.pipeline.stats import StepStats
@@ -184,6 +185,39 @@ def _run(ranks: Ranks, model: Path, inputs, config: StreamConfig, progress: bool
         on_rank_zero(ranks, lambda: builder.publish(epoch, index, plan))
 
 
+DELETE_TRIES, DELETE_PAUSE = 4, 0.5  # a partition's delete is tried this many times, this far apart
+
+
+def remove(directory: Path) -> None:
+    """Delete a partition's directory, or stop with an error naming it: a partition left on disk while
+    the stream counts it gone would break the disk bound unseen."""
+    for attempt in range(DELETE_TRIES):
+        try:
+            shutil.rmtree(directory)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            if attempt + 1 == DELETE_TRIES:
+                raise StreamError(directory, f"cannot be deleted ({e}); it still holds disk the window counts "
+                                             "as free: remove it by hand (every consumer has acknowledged it) "
+                                             "and run the same command again") from None
+            time.sleep(DELETE_PAUSE)
+
+
+def disk_bytes(stream: Path) -> int:
+    """Bytes of every file under the stream's partition directories, as they are on disk now."""
+    total = 0
+    for epoch in stream.glob("epoch-*"):
+        for folder, _, names in os.walk(epoch):
+            for name in names:
+                try:
+                    total += os.stat(os.path.join(folder, name)).st_size
+                except FileNotFoundError:  # deleted while walked
+                    pass
+    return total
+
+
 class Heartbeat(threading.Thread):
     """Says every few seconds, in `builder.json`, that the builder runs: a reader waiting for a partition
     can then tell a busy builder from one that stopped (which no lock shows across machines)."""
@@ -257,10 +291,25 @@ class StreamBuilder:
                      "batches": len(partitions.batches), "bytes_per_epoch": plan.total_bytes},
             "partitions": entries, "high_water_bytes": previous.get("high_water_bytes", 0),
         }
+        self._check_consumers()
         self._save()
         self._reconcile()
         self.heartbeat.start()
         self._check_disk()
+
+    def _check_consumers(self) -> None:
+        """A window (or disk bound) with less room than a registered consumer may need at once is refused
+        before anything is written: that consumer would wait for a partition this builder waits to
+        publish until it acknowledges one it cannot acknowledge yet."""
+        has = room(self.manifest)
+        for name in self.config.consumers:
+            if (need := needed(self.path, name)) > has:
+                raise StreamError(self.path, f"consumer {name!r} may need {need} partitions on disk at once, and "
+                                             f"--window {self.config.window}"
+                                             f"{f' with --max-disk {self.config.max_disk:,}' if self.config.max_disk else ''}"
+                                             f" leaves room for {has}: the two would wait on each other; resume with "
+                                             f"--window {need} or more, or resume the consumer with a smaller "
+                                             "shuffle_partitions or batch_size")
 
     def _check_disk(self) -> None:
         """The window's bytes, at most (`--window` + 1 of the largest partitions, or `--max-disk` and
@@ -295,15 +344,20 @@ class StreamBuilder:
                 entry["state"] = "acknowledged"
                 self._save()
                 (directory / MANIFEST).unlink(missing_ok=True)  # no reader takes it for a cache any more
-                shutil.rmtree(directory, ignore_errors=True)
+                remove(directory)
                 entry["state"] = "deleted"
             elif entry["state"] in ("published", "acknowledged") and not (directory / MANIFEST).exists():
-                shutil.rmtree(directory, ignore_errors=True)  # removed or damaged: built again, same bytes
+                remove(directory)  # removed or damaged: built again, same bytes
                 entry["state"], entry["rebuilt"] = "planned", entry.get("rebuilt", 0) + 1
             elif entry["state"] in ("planned", "building") and (directory / MANIFEST).exists():
                 entry["state"] = "published"  # a kill came after the partition's manifest, before this one's
         if [entry["state"] for entry in self.manifest["partitions"]] != before:
             self._save()
+
+    def _measure(self) -> None:
+        """The high-water mark: what the partition directories hold now, measured on disk (a partition
+        that could not be deleted, or one larger than planned, counts as it is)."""
+        self.manifest["high_water_bytes"] = max(self.manifest["high_water_bytes"], disk_bytes(self.path))
 
     def _on_disk(self) -> tuple[int, int]:
         """(partitions, bytes) published and not yet deleted."""
@@ -329,8 +383,7 @@ class StreamBuilder:
             if waiting_for is not None and self._room_for(waiting_for):
                 break
             self._wait(waiting_for)
-        _, nbytes = self._on_disk()
-        self.manifest["high_water_bytes"] = max(self.manifest["high_water_bytes"], nbytes + waiting_for["bytes"])
+        self._measure()
         waiting_for["state"] = "building"
         self._save()
         plan = self.partitions.plan_of(waiting_for["epoch"], waiting_for["index"])
@@ -378,6 +431,7 @@ class StreamBuilder:
         merge(plan.directory, plan, self.config, lambda stats: stats.write(plan.directory, STATS_FILE))
         entry = next(p for p in self.manifest["partitions"] if (p["epoch"], p["index"]) == (epoch, index))
         entry["state"] = "published"
+        self._measure()
         self._save()
 
     def _finish(self) -> dict:
@@ -392,7 +446,7 @@ class StreamBuilder:
             "largest_partition_bytes": max((p["bytes"] for p in manifest["partitions"]), default=0)}}
         samples = len(plan.record_ids)
         for epoch in range(self.config.epochs):  # every partition is deleted: their directories are empty
-            shutil.rmtree(self.path / epoch_name(epoch), ignore_errors=True)
+            remove(self.path / epoch_name(epoch))
         stats = self.step_dir.finish(StepStats("cache", plan.records_in, samples, dict(plan.dropped),
                                                dict(plan.drop_examples), counters={"truncated": plan.truncated},
                                                details=details))

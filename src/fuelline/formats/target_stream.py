@@ -6,6 +6,7 @@
       .build/                      the plan and the encoded tokens, shared by every partition
       epoch-EEEE/part-PPPPP/       a partition: a complete target cache (manifest.json last)
       consumers/NAME/consumer.json a consumer's registration: its number of ranks
+      consumers/NAME/need-rR.json  the most partitions rank R may need on disk at once
       consumers/NAME/acks/eE-pP-rR-wWofN
                                    worker W of N of rank R has yielded its share of partition P
 
@@ -15,6 +16,11 @@ A partition is *published* when its manifest.json exists, *acknowledged* by a co
 every rank of it has acknowledged it (for a rank: every worker of one worker count), and
 *deleted* by the builder once every consumer the stream names has acknowledged it (the
 partition's manifest goes first, so a half-deleted partition is never read as a cache).
+
+The rule that keeps the two sides from waiting on each other: a rank may need a partition only
+while every partition from the oldest it may hold unacknowledged to that one fits in the builder's
+window (`fits`); each rank records the most it may need (`write_need`), the builder refuses to
+resume with less room than a consumer needs, and a consumer with more need than room is refused.
 """
 
 from __future__ import annotations
@@ -103,6 +109,46 @@ def register_consumer(directory: Path, consumer: str, world_size: int) -> None:
                                 f"{found.get('world_size')} rank(s), or read under another consumer name")
 
 
+def fits(manifest: dict[str, Any], first: int, last: int) -> bool:
+    """Whether the builder has room for partitions `first` to `last` (their places in the stream's
+    order, epochs one after the other) on disk at once: at most `window` of them, and within
+    `max_disk` bytes when it is set (one partition always fits)."""
+    if last - first + 1 > manifest["window"]:
+        return False
+    if not manifest.get("max_disk") or last <= first:
+        return True
+    return sum(p["bytes"] for p in manifest["partitions"][first:last + 1]) <= manifest["max_disk"]
+
+
+def room(manifest: dict[str, Any]) -> int:
+    """How many consecutive partitions the builder always has room for at once, wherever they start."""
+    count, most = len(manifest["partitions"]), manifest["window"]
+    for first in range(count):
+        span = 1
+        while span < most and first + span < count and fits(manifest, first, first + span):
+            span += 1
+        if first + span < count:  # stopped by the window or the bytes, not by the stream's end
+            most = span
+    return most
+
+
+def write_need(directory: Path, consumer: str, rank: int, partitions: int) -> None:
+    """Rank `rank` of `consumer` may need this many partitions on disk at once (rewritten when it opens
+    or resumes): the builder refuses to resume with less room."""
+    write_bytes_atomic(consumer_dir(directory, consumer) / f"need-r{rank}.json", orjson.dumps({"partitions": partitions}))
+
+
+def needed(directory: Path, consumer: str) -> int:
+    """The most partitions any rank of `consumer` may need on disk at once (0: none has said)."""
+    most = 0
+    for path in consumer_dir(directory, consumer).glob("need-r*.json"):
+        try:
+            most = max(most, int(orjson.loads(path.read_bytes())["partitions"]))
+        except (ValueError, KeyError, TypeError):
+            raise StreamError(path, "not a consumer's need (a JSON object with an integer 'partitions')") from None
+    return most
+
+
 def write_ack(directory: Path, consumer: str, epoch: int, index: int, rank: int, worker: int, workers: int) -> None:
     """One worker's acknowledgement: an empty file, created atomically (its name is the message)."""
     write_bytes_atomic(consumer_dir(directory, consumer) / "acks" / f"e{epoch}-p{index}-r{rank}-w{worker}of{workers}",
@@ -112,11 +158,17 @@ def write_ack(directory: Path, consumer: str, epoch: int, index: int, rank: int,
 def acknowledged(directory: Path, consumer: str) -> set[tuple[int, int]] | None:
     """(epoch, index) of every partition that every rank of `consumer` has acknowledged; None
     while the consumer has not registered."""
-    base = consumer_dir(directory, consumer)
     try:
-        world_size = orjson.loads((base / "consumer.json").read_bytes())["world_size"]
+        world_size = orjson.loads((consumer_dir(directory, consumer) / "consumer.json").read_bytes())["world_size"]
     except FileNotFoundError:
         return None
+    ranks = rank_acknowledgements(directory, consumer)
+    return {key for key, done in ranks.items() if len(done) == world_size}
+
+
+def rank_acknowledgements(directory: Path, consumer: str) -> dict[tuple[int, int], set[int]]:
+    """{(epoch, index): the ranks of `consumer` that have acknowledged it (every worker of one count)}."""
+    base = consumer_dir(directory, consumer)
     workers: dict[tuple[int, int, int, int], set[int]] = {}
     for name in os.listdir(base / "acks"):
         if match := _ACK.fullmatch(name):
@@ -126,7 +178,7 @@ def acknowledged(directory: Path, consumer: str) -> set[tuple[int, int]] | None:
     for (epoch, index, rank, count), seen in workers.items():
         if len(seen) == count:
             ranks.setdefault((epoch, index), set()).add(rank)
-    return {key for key, done in ranks.items() if len(done) == world_size}
+    return ranks
 
 
 def write_heartbeat(directory: Path) -> None:
