@@ -558,10 +558,10 @@ FAMILIES = [
     ("(o) tool-call conversations on served templates without generation blocks, and on broken ones",
      reliability_tool_templates),
     ("(p) outputs overlapping inputs or each other, empty and repeated inputs, for every command", reliability_paths),
-    ("(s) decontaminate forms: items split over turns, in tool calls and results, behind invisible characters; "
-     "blank items, paths with = and :, odd records", reliability_decontaminate_forms),
     ("(r) the streaming target cache's acknowledgements against its window: no deadlock, no lost sample",
      reliability_stream_acks),
+    ("(s) decontaminate forms: items split over turns, in tool calls and results, behind invisible characters; "
+     "blank items, paths with = and :, odd records", reliability_decontaminate_forms),
 ]
 ALL_SECTIONS = "abcd" + "".join(title[1] for title, _ in FAMILIES)
 
