@@ -29,7 +29,7 @@ from fuelline.model_source import resolve_model
 from fuelline.formats.target_cache import INDEX, MANIFEST, SHARD_FILES, Layout
 from fuelline.io.paths import expand_inputs
 from fuelline.io.stage_layout import REJECTS_DIR
-from fuelline.pipeline.options import identity_history, identity_values
+from fuelline.pipeline.options import identity_history, identity_values, read_paths
 from fuelline.pipeline.shards import describe_inputs
 from fuelline.pipeline.workdir import WorkDir, not_a_step_output
 
@@ -59,7 +59,7 @@ def build_cache(model: str | os.PathLike, inputs: list[str], output: str | os.Pa
     try:
         if ranks.rank == 0:
             step_dir = WorkDir(output, build_identity(model, inputs, config, name), **identity_history(CacheConfig),
-                               reads=[*inputs, model], writes=CACHE_WRITES)
+                               reads=[*inputs, model, *read_paths(config)], writes=CACHE_WRITES)
             with step_dir.lock():
                 if restart:
                     step_dir.restart()

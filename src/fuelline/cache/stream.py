@@ -40,7 +40,7 @@ from fuelline.formats.target_stream import (BUILDER, CONSUMERS, HEARTBEAT_SECOND
                                             STREAM_VERSION, StreamError, acknowledged, epoch_name, partition_name,
                                             read_stream_manifest, write_heartbeat, write_stream_manifest)
 from fuelline.model_source import resolve_model
-from fuelline.pipeline.options import identity_history, option
+from fuelline.pipeline.options import identity_history, option, read_paths
 from fuelline.pipeline.stats import StepStats
 from fuelline.pipeline.workdir import WorkDir
 
@@ -152,7 +152,7 @@ def stream_cache(model: str | os.PathLike, inputs: list[str], output: str | os.P
         builder = None
         if ranks.rank == 0:
             step_dir = WorkDir(output, build_identity(model, inputs, config, name), **identity_history(StreamConfig),
-                               reads=[*inputs, model], writes=STREAM_WRITES)
+                               reads=[*inputs, model, *read_paths(config)], writes=STREAM_WRITES)
             with step_dir.lock():
                 if restart:
                     step_dir.restart()

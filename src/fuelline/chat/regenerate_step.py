@@ -51,7 +51,7 @@ class RegenerateStep(Step):
         paths = OutputPaths.of(output)
         if paths.records == Path(output):  # OUT.jsonl, with its errors and stats beside it
             return WorkDir(output, step_dir.identity, defaults=step_dir.defaults, renamed=step_dir.renamed,
-                           beside=[paths.errors], reads=inputs)
+                           beside=[paths.errors], reads=self.reads(inputs))
         return step_dir
 
     def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:

@@ -40,7 +40,7 @@ from fuelline.io.stage_layout import REJECTS_DIR, STAGE_PART_PREFIX
 from fuelline.pack.templates import TEMPLATES
 from fuelline.chat.encode import ConversationError
 from fuelline.chat.encoding_options import ChatEncoding, RecordErrors
-from fuelline.pipeline.options import group, identity_history, identity_values, option
+from fuelline.pipeline.options import group, identity_history, identity_values, option, read_paths
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.pipeline.stats import StepStats
 from fuelline.pipeline.workdir import WorkDir
@@ -66,7 +66,7 @@ class PackConfig(ChatEncoding):
     encode chat records (`--template chat`) are cache build's too (`ChatEncoding`)."""
 
     tokenizer: str = option("@tokenizer", "tokenizer directory (from `fuelline tokenizer train` or `from-tiktoken`;"
-                            " in a pipeline file also @STEP)", identity=False, step_ref=True)
+                            " in a pipeline file also @STEP)", identity=False, step_ref=True, reads=True)
     template: str = option("poetry", "documents: poetry or plain; chat records (SFT): chat, with an assistant-only "
                            "mask", choices=list(TEMPLATES))
     errors: RecordErrors = group(RecordErrors)  # on_error
@@ -247,7 +247,7 @@ def pack(inputs, tokenizer_dir: str | os.PathLike, output: str | os.PathLike, co
     boundary = TEMPLATES[config.template](tokenizer, **config.template_options(tokenizer_dir)).boundary_ids()
     files = expand_inputs(inputs)
     step_dir = WorkDir(output, _identity(files, tokenizer_dir, config), **identity_history(PackConfig),
-                       reads=[*as_sources(inputs), tokenizer_dir], writes=PACK_WRITES)
+                       reads=[*as_sources(inputs), tokenizer_dir, *read_paths(config)], writes=PACK_WRITES)
     with step_dir.lock():
         return _pack(files, tokenizer, tokenizer_dir, step_dir, config, (dtype, *boundary), options)
 

@@ -26,7 +26,7 @@ from fuelline.io.readers import READ_ERROR_REASONS, iter_file_records
 from fuelline.io.rejects import Rejects
 from fuelline.io.stage_layout import DONE_DIR, PLAN_FILE, PREPARE_DIR, REJECTS_DIR, STAGE_PART_PREFIX, STAGE_WRITES
 from fuelline.io.writers import RecordWriter, open_writer
-from fuelline.pipeline.options import identity_history, identity_values
+from fuelline.pipeline.options import identity_history, identity_values, read_paths
 from fuelline.pipeline.output import OutputStore, open_output
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.pipeline.stage import PrepareContext, ShardContext, Stage
@@ -239,14 +239,16 @@ class RecordStep(Step):
 
 
 def run_stage(stage: Stage, inputs, output_dir: str | os.PathLike, options: RunOptions | None = None,
-              output_locations: dict[str, str | os.PathLike] | None = None, copies: Sequence[Path] = ()) -> dict:
+              output_locations: dict[str, str | os.PathLike] | None = None, copies: Sequence[Path] = (),
+              reads: Sequence[str | os.PathLike] = ()) -> dict:
     """Run `stage` over `inputs` (files, directories, globs) into `output_dir`; return its stats.
 
     Inputs and `output_dir` may be local paths or fsspec URLs (`s3://…`, `memory://…`). Finished
     shards of an earlier, interrupted run with the same options are kept. For a stage with
     several outputs, `output_locations` may put the outputs after the first elsewhere. `copies`:
     files the caller writes from the outputs once the stage is done (chat prepare's `.jsonl`
-    outputs), outputs of the command too.
+    outputs), outputs of the command too; `reads`: what else the caller read (a --config file), kept
+    apart from the outputs as the inputs are.
     """
     options = options or RunOptions()  # its output_format checked where it was built
     store = open_output(output_dir)
@@ -257,7 +259,8 @@ def run_stage(stage: Stage, inputs, output_dir: str | os.PathLike, options: RunO
     moved = [d for name, d in list(targets.items())[1:] if d != store.directory / name]
     inside = [f"{name}/{STAGE_PART_PREFIX}*" for name, d in list(targets.items())[1:] if d not in outside]
     step_dir = _StageDir(store, _identity(stage, files, options, targets, store.directory),
-                         identity_history(type(stage.config)), outside, reads=as_sources(inputs),
+                         identity_history(type(stage.config)), outside,
+                         reads=[*as_sources(inputs), *read_paths(stage.config), *reads],
                          writes=[*STAGE_WRITES, *inside, *stage.writes], also=[*moved, *copies])
     with step_dir.lock():
         return _run_locked(stage, files, step_dir, options, targets)
