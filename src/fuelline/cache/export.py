@@ -72,7 +72,8 @@ class ExportTarget:
 
     def writes(self) -> tuple[str, ...]:
         """Its samples' files and the small files beside them, as patterns under OUT
-        (`fuelline.io.step_files`): with the export's own, all that --restart deletes."""
+        (`fuelline.io.step_files`), of every layout it may write (--restart may change it): with the
+        export's own, all that --restart deletes."""
         raise NotImplementedError
 
     def file_path(self, output: Path, sample: int) -> Path:

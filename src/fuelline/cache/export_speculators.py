@@ -76,7 +76,7 @@ class SpeculatorsFiles(ExportTarget):
         return output / self.sample_name.format(i=sample)
 
     def writes(self) -> tuple[str, ...]:
-        return (HIDDEN_STATES, DATA_FILE, INFO_FILE, STATE_FILE) if self.arrow else ("data_*.pt", SAMPLE_LENGTHS)
+        return HIDDEN_STATES, DATA_FILE, INFO_FILE, STATE_FILE, "data_*.pt", SAMPLE_LENGTHS  # either layout
 
     def is_data_file(self, output: Path, path: Path) -> bool:
         """Arrow: any file of hidden_states/; files: any name ending in pt, at any depth (its walker's rule)."""

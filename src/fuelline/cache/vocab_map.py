@@ -366,9 +366,11 @@ class VocabMapStep(Step):
         trainer = self.config.trainer
         mapping = output if single_file else output / self.MAPPINGS[trainer]
         written = {key: path for key, path in companion_paths(mapping, trainer).items() if key != "stats"}
+        layouts = [p.name for t, name in self.MAPPINGS.items()  # a directory's, whichever trainer made it
+                   for key, p in companion_paths(Path(name), t).items() if key != "stats"]
         step_dir = WorkDir(output, identity, beside=[p for p in written.values() if p != mapping] if single_file
                            else None, defaults={"trainer": "specforge"}, reads=[source],  # defaults: before --for
-                           writes=[p.name for p in written.values()])
+                           writes=layouts)
 
         def work() -> StepStats:
             stats = _write_mapping(source, mapping, step_dir.stats_path, self.config,
