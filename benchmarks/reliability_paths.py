@@ -11,6 +11,11 @@
   files; a file named twice, with its directory, through a symlink, by two globs: clear_error with
   the tree unchanged.
 - apart: outputs beside their inputs (a sibling, a prefix of the input's name) run: ok.
+- --restart with a user's file: each command run into its own output, notes.txt added, run again
+  with --restart (fuelline run also with --restart-from): clear_error when refused naming notes.txt
+  with the tree unchanged, and the same --restart then running once notes.txt is gone.
+- read beside the inputs: an evaluation set, a servers file, a --config file and a pipeline file
+  inside the output, with and without --restart: clear_error with the tree unchanged.
 
 Runs in this process through click's runner, each trial forked (`trials.isolated`). Called by
 benchmarks/reliability.py; `scenarios()` is its entry point.
@@ -40,7 +45,8 @@ def scenarios(work: Path, *, full: bool, seed: int) -> list[Tally]:
     tree, pristine = root / "tree", root / "pristine"
     _build_tree(tree)
     shutil.copytree(tree, pristine, symlinks=True)
-    return [_overlaps(tree, pristine, full), _empty_and_repeated(tree, pristine), _apart(root, tree)]
+    return [_overlaps(tree, pristine, full), _empty_and_repeated(tree, pristine), _apart(root, tree),
+            _reads_inside_outputs(tree, pristine), _restart_keeps_user_files(tree, pristine)]
 
 
 def _invoke(args: list, cwd: Path) -> tuple[int, str]:
@@ -191,4 +197,67 @@ def _apart(root: Path, tree: Path) -> Tally:
         if outcome == "ok" and _snapshot(tree) != inputs_before:
             outcome, note = "silent_wrong", "the inputs changed"
         tally.add(outcome.split(" ")[0], f"{args[0]}: {note or outcome}")
+    return tally
+
+
+def _reads_inside_outputs(tree: Path, pristine: Path) -> Tally:
+    """What a step reads beside its inputs, inside its output: refused as an input is."""
+    tally = Tally("evaluation sets, servers, --config and pipeline files inside outputs")
+    extra = {"d/c.toml": 'profile = "poetry"\n', "d/p.toml": '[[step]]\nuse = "clean"\n',
+             "chat/servers.json": '{"format": "fuelline.servers", "version": 1, "model": "m", '
+                                  '"servers": [{"url": "http://127.0.0.1:9"}]}'}
+    for name, text in extra.items():
+        for place in (tree, pristine):
+            (place / name).write_text(text)
+    cases = [(["decontaminate", "-i", "cl", "-o", "d", "--against", "d/corpus.jsonl:title"], "d/corpus.jsonl"),
+             (["chat", "regenerate", "-i", "corpus.jsonl", "-o", "chat", "--servers-file", "chat/servers.json"],
+              "chat/servers.json"),
+             (["clean", "-i", "corpus.jsonl", "-o", "d", "--config", "d/c.toml"], "d/c.toml"),
+             (["run", "d/p.toml", "-i", "corpus.jsonl", "-o", "d"], "d/p.toml")]
+    for args, read in cases:
+        for restart in ([], ["--restart"]):
+            outcome, note = _refused(tree, pristine, [*args, *restart], f"contains the input {read}")
+            tally.add(outcome, f"{args[0]} {read}{' --restart' if restart else ''}: {note}")
+    return tally
+
+
+def _restart_keeps_user_files(tree: Path, pristine: Path) -> Tally:
+    """Each command's finished output holding notes.txt: --restart refused, the tree unchanged; the
+    outputs made here are removed at the end, so the tree is left as it was."""
+    tally = Tally("--restart with a user's file in the output, every command")
+    commands = {
+        "clean": lambda o: ["clean", "-i", "corpus.jsonl", "-o", o], "boilerplate": lambda o: ["boilerplate", "-i", "cl", "-o", o],
+        "dedup": lambda o: ["dedup", "-i", "cl", "-o", o],
+        "decontaminate": lambda o: ["decontaminate", "-i", "cl", "-o", o, "--against", "corpus.jsonl:title"],
+        "tokenizer train": lambda o: ["tokenizer", "train", "-i", "cl", "-o", o, "--vocab-size", "400"],
+        "pack": lambda o: ["pack", "-i", "cl", "-o", o, "--tokenizer", "tok"],
+        "chat prepare": lambda o: ["chat", "prepare", "-i", "chat", "--train-output", o, "--eval-output", f"{o}-eval"],
+        "run": lambda o: ["run", "clean.toml", "-i", "corpus.jsonl", "-o", o],
+        "run --restart-from": lambda o: ["run", "clean.toml", "-i", "corpus.jsonl", "-o", o, "--restart-from", "clean"],
+    }
+    made = []
+    for k, (name, args) in enumerate(commands.items()):
+        out = f"restart-{k}"
+        made += [out, f"{out}-eval"]
+        done, note = isolated(lambda: "{} {}".format(*_invoke([*args(out), "-q"], tree)))
+        if not done.startswith("0 "):
+            tally.add("crash", f"{name}: the first run: {done} {note}")
+            continue
+        holder = tree / out / ("01-clean" if name.startswith("run") else "")
+        (holder / "notes.txt").write_text("mine\n")
+        flags = [] if "--restart-from" in args(out) else ["--restart"]
+        backup = tree.parent / "restart-pristine"  # the tree with this output, put back if the trial changed it
+        shutil.rmtree(backup, ignore_errors=True)
+        shutil.copytree(tree, backup, symlinks=True)
+        outcome, note = _refused(tree, backup, [*args(out), *flags], "holds notes.txt that fuelline did not write")
+        if outcome == "clear_error":
+            (holder / "notes.txt").unlink()
+            again, why = isolated(lambda: "{} {}".format(*_invoke([*args(out), *flags, "-q"], tree)))
+            if not again.startswith("0 "):
+                outcome, note = "crash", f"--restart without the user's file: {again} {why}"
+        tally.add(outcome, f"{name}: {note}")
+    for out in [*made, "../restart-pristine"]:
+        shutil.rmtree(tree / out, ignore_errors=True)
+        for lock in tree.glob(f".{out}*.lock"):
+            lock.unlink()
     return tally

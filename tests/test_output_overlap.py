@@ -117,3 +117,52 @@ def test_the_same_spellings_of_apart_paths_still_run(tree):
     assert invoke_cli("clean", "-i", "d/corpus.jsonl", "-o", "d/out", "-q").exit_code == 0
     assert invoke_cli("dedup", "-i", "cl", "-o", "cl2", "-q").exit_code == 0
     assert invoke_cli("dedup", "-i", "cl", "-o", "cl2", "-q").exit_code == 0  # resumed: found finished
+
+
+def test_restart_refuses_an_output_holding_a_users_file_and_keeps_every_byte(tree, tokenizer_dir):
+    """--restart deleted the whole output directory, the user's notes.txt beside its parts with it."""
+    assert invoke_cli("tokenizer", "train", "-i", "cl", "-o", "tok", "--vocab-size", "400", "-q").exit_code == 0
+    assert invoke_cli("pack", "-i", "cl", "-o", "pk", "--tokenizer", tokenizer_dir, "-q").exit_code == 0
+    assert invoke_cli("run", "clean.toml", "-i", "corpus.jsonl", "-o", "run", "-q").exit_code == 0
+    for output in ("tok", "pk", "run/01-clean"):
+        (tree / output / "notes.txt").write_text("mine\n")
+    before = snapshot(tree)
+    for command in (["clean", "-i", "corpus.jsonl", "-o", "cl", "--restart"],
+                    ["tokenizer", "train", "-i", "cl", "-o", "tok", "--vocab-size", "400", "--restart"],
+                    ["pack", "-i", "cl", "-o", "pk", "--tokenizer", tokenizer_dir, "--restart"],
+                    ["run", "clean.toml", "-i", "corpus.jsonl", "-o", "run", "--restart"],
+                    ["run", "clean.toml", "-i", "corpus.jsonl", "-o", "run", "--restart-from", "clean"]):
+        result = invoke_cli(*command, "-q")
+        assert result.exit_code == 2 and "which also holds notes.txt that fuelline did not write" in result.stderr, \
+            (command, result.output)
+        assert snapshot(tree) == before, f"{command} changed the tree"
+
+
+def test_restart_redoes_a_step_keeping_the_hidden_files_it_did_not_write(tree):
+    (tree / "cl" / "notes.txt").unlink()
+    (tree / "cl" / ".DS_Store").write_bytes(b"finder")
+    (tree / "run").mkdir()
+    (tree / "run" / "notes.txt").write_text("the run directory is the user's too\n")
+    assert invoke_cli("clean", "-i", "corpus.jsonl", "-o", "cl", "--restart", "-q").exit_code == 0
+    assert invoke_cli("run", "clean.toml", "-i", "corpus.jsonl", "-o", "run", "-q").exit_code == 0
+    assert invoke_cli("run", "clean.toml", "-i", "corpus.jsonl", "-o", "run", "--restart", "-q").exit_code == 0
+    assert (tree / "cl" / ".DS_Store").read_bytes() == b"finder" and sum(1 for _ in read_records(tree / "cl")) == 30
+    assert (tree / "run" / "notes.txt").exists()
+
+
+def test_what_a_step_reads_beside_its_inputs_is_kept_out_of_its_output(tree):
+    """An evaluation set, a servers file, a --config file or a pipeline file inside the output: refused,
+    unchanged, as an input is."""
+    (tree / "d" / "c.toml").write_text('profile = "poetry"\n')
+    (tree / "d" / "servers.json").write_text('{"format": "fuelline.servers", "version": 1, "model": "m", '
+                                             '"servers": [{"url": "http://127.0.0.1:9"}]}')
+    (tree / "d" / "p.toml").write_text('[[step]]\nuse = "clean"\n')
+    before = snapshot(tree)
+    for command, read in ((["decontaminate", "-i", "cl", "-o", "d", "--against", "d/corpus.jsonl:title"], "d/corpus.jsonl"),
+                          (["clean", "-i", "corpus.jsonl", "-o", "d", "--config", "d/c.toml"], "d/c.toml"),
+                          (["chat", "regenerate", "-i", "chat.jsonl", "-o", "d", "--servers-file", "d/servers.json"],
+                           "d/servers.json"),
+                          (["run", "d/p.toml", "-i", "corpus.jsonl", "-o", "d"], "d/p.toml")):
+        result = invoke_cli(*command, "-q")
+        assert result.exit_code == 2 and f"contains the input {read}" in result.stderr, (command, result.output)
+        assert snapshot(tree) == before, f"{command} changed the tree"

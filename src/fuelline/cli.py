@@ -214,7 +214,8 @@ def run(pipeline_file, run_dir, inputs, workers, restart, quiet, executor, ray_a
 
     steps = load_pipeline(pipeline_file)
     all_stats = run_pipeline(steps, run_dir, input=list(inputs), workers=workers, executor=executor,
-                             ray_address=ray_address, restart=restart, restart_from=restart_from, progress=not quiet)
+                             ray_address=ray_address, restart=restart, restart_from=restart_from, progress=not quiet,
+                             reads=[pipeline_file])
     _print_stats(all_stats, _step_dirs(run_dir, len(all_stats)))
 
 
@@ -252,7 +253,8 @@ def _run_from_cli(name: str, inputs, output, *, config_file, where=None, explain
     if explain:
         click.echo(stage.explain_report(list(inputs), stage.config, explain))
         return None
-    stats = run_stage(stage, list(inputs), output, options, output_locations, copies)
+    stats = run_stage(stage, list(inputs), output, options, output_locations, copies,
+                      reads=[config_file] if config_file else [])
     _print_stats([stats], [output])
     require_kept(stats)
     return stats

@@ -26,11 +26,16 @@ from fuelline.cache.ranks import Ranks
 from fuelline.cache.writer import shard_done
 from fuelline.fingerprints import tokenizer_fingerprint
 from fuelline.model_source import resolve_model
-from fuelline.formats.target_cache import MANIFEST, Layout
+from fuelline.formats.target_cache import INDEX, MANIFEST, SHARD_FILES, Layout
 from fuelline.io.paths import expand_inputs
-from fuelline.pipeline.options import identity_history, identity_values
+from fuelline.io.stage_layout import REJECTS_DIR
+from fuelline.pipeline.options import identity_history, identity_values, read_paths
 from fuelline.pipeline.shards import describe_inputs
 from fuelline.pipeline.workdir import WorkDir, not_a_step_output
+
+# What a cache build writes into its output (`fuelline.io.step_files`): the cache, its rejects, and .build/,
+# where the plan and the finished batches wait for the merge (an earlier fuelline's plan there too).
+CACHE_WRITES = (MANIFEST, INDEX, SHARD_FILES, REJECTS_DIR, BUILD_DIR)
 
 
 def build_identity(model: str | os.PathLike, inputs: list[str], config: CacheConfig, name: str | None = None) -> dict:
@@ -54,7 +59,7 @@ def build_cache(model: str | os.PathLike, inputs: list[str], output: str | os.Pa
     try:
         if ranks.rank == 0:
             step_dir = WorkDir(output, build_identity(model, inputs, config, name), **identity_history(CacheConfig),
-                               reads=[*inputs, model])
+                               reads=[*inputs, model, *read_paths(config)], writes=CACHE_WRITES)
             with step_dir.lock():
                 if restart:
                     step_dir.restart()

@@ -70,6 +70,12 @@ class ExportTarget:
     def __init__(self, config: ExportOptions):
         self.config = config
 
+    def writes(self) -> tuple[str, ...]:
+        """Its samples' files and the small files beside them, as patterns under OUT
+        (`fuelline.io.step_files`), of every layout it may write (--restart may change it): with the
+        export's own, all that --restart deletes."""
+        raise NotImplementedError
+
     def file_path(self, output: Path, sample: int) -> Path:
         raise NotImplementedError
 
@@ -129,7 +135,8 @@ def export_cache(cache: str | os.PathLike, output: str | os.PathLike, target: Ex
         raise ValueError(f"workers must be at least 1, not {workers}")
     dataset = CacheDataset(cache)  # every check that reads no record: a non-cache fails here
     identity = {"task": step, "config": identity_values(target.config), "cache": cache_identity(dataset)}
-    step_dir = WorkDir(output, identity, **identity_history(type(target.config)), reads=[cache])
+    step_dir = WorkDir(output, identity, **identity_history(type(target.config)), reads=[cache],
+                       writes=[MANIFEST_FILE, RECORD_IDS_FILE, JOURNAL, *target.writes()])
     with step_dir.lock():
         if restart:
             step_dir.restart()

@@ -56,6 +56,9 @@ class SpecForgeFiles(ExportTarget):
     def file_path(self, output: Path, sample: int) -> Path:
         return file_path(output, sample, self.config.extension)
 
+    def writes(self) -> tuple[str, ...]:
+        return ("rows_*",)
+
     def is_data_file(self, output: Path, path: Path) -> bool:
         """A name SpecForge's walker takes (.ckpt, .ckpt.gz, at any depth), or any file of a rows_* folder."""
         in_rows = path.parent.name.startswith("rows_") and path.parent.parent == output

@@ -37,7 +37,7 @@ import numpy as np
 import orjson
 
 from fuelline.cache.export import ExportOptions, ExportTarget, TrainerExportStep, export_cache
-from fuelline.formats.hf_dataset import BATCH_ROWS, dataset_files
+from fuelline.formats.hf_dataset import BATCH_ROWS, DATA_FILE, INFO_FILE, STATE_FILE, dataset_files
 from fuelline.pipeline.options import option
 
 LAYOUTS = ("files", "arrow")
@@ -74,6 +74,9 @@ class SpeculatorsFiles(ExportTarget):
 
     def file_path(self, output: Path, sample: int) -> Path:
         return output / self.sample_name.format(i=sample)
+
+    def writes(self) -> tuple[str, ...]:
+        return HIDDEN_STATES, DATA_FILE, INFO_FILE, STATE_FILE, "data_*.pt", SAMPLE_LENGTHS  # either layout
 
     def is_data_file(self, output: Path, path: Path) -> bool:
         """Arrow: any file of hidden_states/; files: any name ending in pt, at any depth (its walker's rule)."""

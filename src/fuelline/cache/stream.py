@@ -36,17 +36,20 @@ from fuelline.cache.plan import BUILD_DIR, CacheConfig, Plan, Shard, assign, lay
 from fuelline.cache.ranks import Ranks
 from fuelline.cache.writer import shard_done
 from fuelline.formats.target_cache import MANIFEST
-from fuelline.formats.target_stream import (BUILDER, HEARTBEAT_SECONDS, STREAM_FORMAT, STREAM_MANIFEST,
+from fuelline.formats.target_stream import (BUILDER, CONSUMERS, HEARTBEAT_SECONDS, STREAM_FORMAT, STREAM_MANIFEST,
                                             STREAM_VERSION, StreamError, acknowledged, epoch_name, needed,
                                             partition_name, read_stream_manifest, room, write_heartbeat,
                                             write_stream_manifest)
 from fuelline.model_source import resolve_model
-from fuelline.pipeline.options import identity_history, option
+from fuelline.pipeline.options import identity_history, option, read_paths
 from fuelline.pipeline.stats import StepStats
 from fuelline.pipeline.workdir import WorkDir
 
 POLL_SECONDS = 0.2  # how often a waiting builder looks for acknowledgements (a directory listing each)
 SAY_EVERY = 30.0  # seconds between two "still waiting" lines
+# What the stream writes into its output (`fuelline.io.step_files`): its manifest, the builder's heartbeat,
+# the consumers' acknowledgements, each epoch's partitions and .build/, where a partition's batches wait
+STREAM_WRITES = (STREAM_MANIFEST, BUILDER, CONSUMERS, f"{epoch_name(0)[:-4]}*", BUILD_DIR)
 
 
 @dataclass
@@ -150,7 +153,7 @@ def stream_cache(model: str | os.PathLike, inputs: list[str], output: str | os.P
         builder = None
         if ranks.rank == 0:
             step_dir = WorkDir(output, build_identity(model, inputs, config, name), **identity_history(StreamConfig),
-                               reads=[*inputs, model])
+                               reads=[*inputs, model, *read_paths(config)], writes=STREAM_WRITES)
             with step_dir.lock():
                 if restart:
                     step_dir.restart()

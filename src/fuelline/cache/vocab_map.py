@@ -364,10 +364,13 @@ class VocabMapStep(Step):
             [p for p in (path / "samples.idx",) if p.is_file()]
         identity = {"task": self.name, "config": identity_values(self.config), "inputs": describe_inputs(described)}
         trainer = self.config.trainer
-        beside = [path for key, path in companion_paths(output, trainer).items() if key in ("counts", "t2d")]
-        step_dir = WorkDir(output, identity, beside=beside if single_file else None,
-                           defaults={"trainer": "specforge"}, reads=[source])  # defaults: outputs made before --for
         mapping = output if single_file else output / self.MAPPINGS[trainer]
+        written = {key: path for key, path in companion_paths(mapping, trainer).items() if key != "stats"}
+        layouts = [p.name for t, name in self.MAPPINGS.items()  # a directory's, whichever trainer made it
+                   for key, p in companion_paths(Path(name), t).items() if key != "stats"]
+        step_dir = WorkDir(output, identity, beside=[p for p in written.values() if p != mapping] if single_file
+                           else None, defaults={"trainer": "specforge"}, reads=[source],  # defaults: before --for
+                           writes=layouts)
 
         def work() -> StepStats:
             stats = _write_mapping(source, mapping, step_dir.stats_path, self.config,

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from fuelline.chat.template_registry import template_file
 from fuelline.chat.templates import REASONING, SPECIAL_TEXT, TRAIN_TURNS, ChatTemplate, get_template
 from fuelline.pipeline.options import Options, option
 from fuelline.pipeline.workers import on_error_option
@@ -27,7 +28,7 @@ class ChatEncoding(Options):
     `CacheConfig` that decide a chat sample, passed to `encode_chats` by `encode` alone."""
 
     chat_template: str = option("auto", f"chat records: {TEMPLATE_NAMES}, or auto (the tokenizer's own Jinja "
-                                "template)")
+                                "template)", reads=template_file)
     max_length: int = option(4096, "chat records: longest conversation in tokens; longer ones are cut at a turn "
                              "boundary", min=1)
     min_loss_tokens: int = option(1, "chat records: drop conversations with fewer supervised tokens", min=0)

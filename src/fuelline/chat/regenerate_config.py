@@ -49,7 +49,7 @@ class RegenerateConfig(Options):
     model: str = option("", "model name sent with each request (default: the servers file's)")
     servers: list[str] = option(help="HOST:PORT or URL of an OpenAI-compatible server", factory=list,
                                 flag="--server", identity=False)
-    servers_file: str = option("", "written by `fuelline serve`", existing_file=True, identity=False)
+    servers_file: str = option("", "written by `fuelline serve`", existing_file=True, identity=False, reads=True)
     preset: str = option("none", "the target family's recommended sampling (qwen3: temperature 0.7, top-p 0.8, "
                          "top-k 20; gemma4: 1.0, 0.95, 64; none: the server's defaults); explicit values override it",
                          choices=list(PRESETS))

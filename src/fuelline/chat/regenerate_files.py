@@ -31,6 +31,7 @@ from fuelline.io.atomic import write_bytes_atomic
 from fuelline.io.stage_layout import STATS_FILE
 
 RECORDS_FILE = "regenerated.jsonl"
+ERRORS_SUFFIX = ".errors"  # the errors file beside the records: never a data suffix
 FINAL_REASONS = {"truncated", NOTHING, STALE_TOOL_RESULTS}  # decisions a resumed run keeps; others are retried
 FSYNC_EVERY_S = 1.0
 
@@ -46,8 +47,8 @@ class OutputPaths:
         """`OUT.jsonl` (with OUT.jsonl.errors and OUT.stats.json), or a directory holding all three."""
         output = Path(output)
         if output.suffix == ".jsonl":
-            return cls(output, output.with_name(output.name + ".errors"), output.with_suffix(".stats.json"))
-        return cls(output / RECORDS_FILE, output / f"{RECORDS_FILE}.errors", output / STATS_FILE)
+            return cls(output, output.with_name(output.name + ERRORS_SUFFIX), output.with_suffix(".stats.json"))
+        return cls(output / RECORDS_FILE, output / f"{RECORDS_FILE}{ERRORS_SUFFIX}", output / STATS_FILE)
 
 
 def _records(path: Path) -> Iterator[dict]:

@@ -15,13 +15,15 @@ from pathlib import Path
 
 from fuelline.chat.regenerate import Regenerator
 from fuelline.chat.regenerate_config import RegenerateConfig, resolve_servers
-from fuelline.chat.regenerate_files import OutputPaths, begun
+from fuelline.chat.regenerate_files import ERRORS_SUFFIX, RECORDS_FILE, OutputPaths, begun
 from fuelline.model_source import CONFIG_ONLY, resolve_model
 from fuelline.pipeline.options import group
 from fuelline.pipeline.step import Step
 from fuelline.pipeline.workdir import WorkDir
 from fuelline.pipeline.workers import RunOptions
 from fuelline.serve.launcher import ServeConfig, ServerGroup
+
+SERVERS_DIR = "_servers"  # logs and servers.json of the servers a step started: a directory read skips it
 
 
 @dataclass
@@ -37,6 +39,7 @@ class RegenerateStep(Step):
     """Regenerate every assistant answer with the target model through OpenAI-compatible servers."""
 
     name, Config, produces_records = "regenerate", PipelineRegenerateConfig, True
+    writes = (RECORDS_FILE, f"{RECORDS_FILE}{ERRORS_SUFFIX}", SERVERS_DIR)  # into a directory output
     warn = staticmethod(functools.partial(print, file=sys.stderr))  # a warning about the input (a repeated id)
 
     def check(self) -> None:
@@ -48,7 +51,7 @@ class RegenerateStep(Step):
         paths = OutputPaths.of(output)
         if paths.records == Path(output):  # OUT.jsonl, with its errors and stats beside it
             return WorkDir(output, step_dir.identity, defaults=step_dir.defaults, renamed=step_dir.renamed,
-                           beside=[paths.errors], reads=inputs)
+                           beside=[paths.errors], reads=self.reads(inputs))
         return step_dir
 
     def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:
@@ -65,8 +68,7 @@ class RegenerateStep(Step):
             if not cfg.serve.model:
                 model, urls = resolve_servers(cfg.model, cfg.servers, cfg.servers_file)
                 return step_dir.finish(self._regenerate(inputs, output, model, urls, options.progress))
-            # logs and servers.json under _servers/: a directory read of the step's output skips it
-            with ServerGroup.of(cfg.serve, log_dir=output / "_servers") as group:
+            with ServerGroup.of(cfg.serve, log_dir=output / SERVERS_DIR) as group:
                 stats = self._regenerate(inputs, output, cfg.model or group.model, list(cfg.servers) + group.urls,
                                          options.progress)
             return step_dir.finish(stats)

@@ -116,6 +116,12 @@ def registered() -> list[tuple[str, ChatTemplate]]:
     return sorted(_REGISTRY.items())
 
 
+def template_file(name: str) -> str:
+    """The TOML file a template name reads (`FILE.toml` of `FILE.toml:NAME`), or the name itself."""
+    path, found, table = name.partition(".toml")
+    return path + found if found and (not table or table.startswith(":")) else name
+
+
 def get_template(name: str) -> ChatTemplate:
     """A registered template, or one of a TOML file: `FILE.toml` (its only template) or `FILE.toml:NAME`."""
     path, _, table = name.partition(".toml")

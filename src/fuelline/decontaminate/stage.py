@@ -46,7 +46,7 @@ class DecontaminateConfig(StageConfig):
         "an evaluation set: FILE (JSONL, JSON array, Parquet, compressed) with the field holding its prompts as "
         "FILE:FIELD (a dotted path; a list such as MT-Bench's turns is checked turn by turn) or the name of a "
         "layout (gsm8k, humaneval, mbpp, math, mt-bench, alpacaeval, arena-hard), detected when left out; "
-        "NAME=FILE:FIELD names the set"))
+        "NAME=FILE:FIELD names the set"), reads=lambda spec: parse_spec(spec)[1])
     turns: str = option("user", "chat records: which turns are checked (evaluation sets are prompts); all: every "
                                 "turn, tool calls' arguments and tool results included", choices=["user", "all"])
     ngram: int = option(8, "n-gram length in tokens (a word, or one Han, kana or hangul character)", min=1)

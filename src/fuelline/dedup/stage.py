@@ -133,6 +133,7 @@ class DedupStage(Stage):
     name = "dedup"
     description = "Remove exact duplicates, then near-duplicates (MinHash + LSH or SimHash, verified by Jaccard)."
     Config = DedupConfig
+    writes = (AUDIT_FILE,)
     _workdir: Path | None = None  # set by `prepare`
 
     def prepare(self, ctx: PrepareContext) -> None:

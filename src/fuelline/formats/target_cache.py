@@ -88,6 +88,9 @@ def shard_name(shard_id: int) -> str:
     return f"shard-{shard_id:05d}.bin"
 
 
+SHARD_FILES = "shard-*.bin"  # every shard_name
+
+
 def align(n):
     """`n` (an int or an array of them) rounded up to a multiple of ALIGN."""
     return (n + ALIGN - 1) // ALIGN * ALIGN

@@ -187,10 +187,3 @@ class RemoteDir:
     def remove(self, names: list[str]) -> None:
         if names:
             self._open()[0].rm([self._full(n) for n in names])
-
-    def clear(self) -> None:
-        """Delete everything under the directory."""
-        fs, path = self._open()
-        if self.sizes():
-            fs.rm(path, recursive=True)
-        fs.invalidate_cache(path)

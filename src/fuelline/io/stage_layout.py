@@ -18,6 +18,10 @@ records (every step's output has a `_plan.json`, a record stage's alone has `_do
 PLAN_FILE = "_plan.json"
 STAGE_PART_PREFIX = "part-"
 DONE_DIR, REJECTS_DIR, PREPARE_DIR, STATS_FILE = "_done", "_rejects", "_prepare", "stats.json"
+# What a stage writes into its directory beside the markers (`fuelline.io.step_files`): all --restart deletes,
+# with a further output's parts (NAME/part-*) and what a stage writes beside them (`Stage.writes`).
+STAGE_WRITES = (f"{STAGE_PART_PREFIX}*", f"{REJECTS_DIR}/{STAGE_PART_PREFIX}*", f"{DONE_DIR}/{STAGE_PART_PREFIX}*",
+                PREPARE_DIR)
 # What every step writes beside its data, in a stage directory or not; never records, so a
 # directory read skips them.
 PIPELINE_FILE = "pipeline.json"  # RUN/pipeline.json: the steps of a `fuelline run` and their directories, in order

@@ -28,7 +28,8 @@ import numpy as np
 import orjson
 
 from fuelline.fingerprints import tokenizer_fingerprint
-from fuelline.formats.tokens import DTYPES, TokenDatasetWriter, check_dtype, dtype_for
+from fuelline.formats.tokens import (DTYPES, MANIFEST, MASK, OFFSETS, TOKENS, TokenDatasetWriter, check_dtype,
+                                    dtype_for)
 from fuelline.io.atomic import remove_temp_files, write_bytes_atomic
 from fuelline.io.paths import as_sources, expand_inputs
 from fuelline.io.readers import RecordError, iter_file_records
@@ -39,17 +40,22 @@ from fuelline.io.stage_layout import REJECTS_DIR, STAGE_PART_PREFIX
 from fuelline.pack.templates import TEMPLATES
 from fuelline.chat.encode import ConversationError
 from fuelline.chat.encoding_options import ChatEncoding, RecordErrors
-from fuelline.pipeline.options import group, identity_history, identity_values, option
+from fuelline.pipeline.options import group, identity_history, identity_values, option, read_paths
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.pipeline.stats import StepStats
 from fuelline.pipeline.workdir import WorkDir
 from fuelline.pipeline.executor import open_executor
 from fuelline.pipeline.workers import RunOptions
 from fuelline.records import unit_interval
+from fuelline.tokenizer.train import TOKENIZER_FILES
 
 SPLITS = ("train", "val")
 SHARD_ARRAYS = ("ids", "val", "lengths", "mask", "dropped")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+WORK_DIR = "_work"  # the shards' arrays, removed once stats.json is written
+# What pack writes into its output (`fuelline.io.step_files`): each split's token dataset, the tokenizer
+# it carries, the rejects and the shards' arrays under _work/ (an earlier fuelline's plan there too).
+PACK_WRITES = (*(f"{split}/{name}" for split in SPLITS for name in (MANIFEST, TOKENS, OFFSETS, MASK)),
+               *(f"tokenizer/{name}" for name in TOKENIZER_FILES), f"{REJECTS_DIR}/{STAGE_PART_PREFIX}*", WORK_DIR)
 BATCH_SIZE = 4096  # records per encode batch of the tokenizer
 CHAT_ENCODING = {f.name for f in fields(ChatEncoding)}
 
@@ -60,7 +66,7 @@ class PackConfig(ChatEncoding):
     encode chat records (`--template chat`) are cache build's too (`ChatEncoding`)."""
 
     tokenizer: str = option("@tokenizer", "tokenizer directory (from `fuelline tokenizer train` or `from-tiktoken`;"
-                            " in a pipeline file also @STEP)", identity=False, step_ref=True)
+                            " in a pipeline file also @STEP)", identity=False, step_ref=True, reads=True)
     template: str = option("poetry", "documents: poetry or plain; chat records (SFT): chat, with an assistant-only "
                            "mask", choices=list(TEMPLATES))
     errors: RecordErrors = group(RecordErrors)  # on_error
@@ -241,7 +247,7 @@ def pack(inputs, tokenizer_dir: str | os.PathLike, output: str | os.PathLike, co
     boundary = TEMPLATES[config.template](tokenizer, **config.template_options(tokenizer_dir)).boundary_ids()
     files = expand_inputs(inputs)
     step_dir = WorkDir(output, _identity(files, tokenizer_dir, config), **identity_history(PackConfig),
-                       reads=[*as_sources(inputs), tokenizer_dir])
+                       reads=[*as_sources(inputs), tokenizer_dir, *read_paths(config)], writes=PACK_WRITES)
     with step_dir.lock():
         return _pack(files, tokenizer, tokenizer_dir, step_dir, config, (dtype, *boundary), options)
 
@@ -253,7 +259,7 @@ def _pack(files, tokenizer, tokenizer_dir: Path, step_dir: WorkDir, config: Pack
     tokenizer_path = tokenizer_dir / "tokenizer.json"
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     output, identity, started = step_dir.path, step_dir.identity, step_dir.started
-    workdir = output / "_work"
+    workdir = output / WORK_DIR
     if options.restart:
         step_dir.restart()
     if (finished := step_dir.finished()) is not None:
@@ -301,5 +307,5 @@ def _pack(files, tokenizer, tokenizer_dir: Path, step_dir: WorkDir, config: Pack
 
 def _remove_leftovers(output: Path) -> None:
     """The shard arrays (~4x the size of tokens.bin) and temp files of killed writes, once stats.json is written."""
-    shutil.rmtree(output / "_work", ignore_errors=True)
+    shutil.rmtree(output / WORK_DIR, ignore_errors=True)
     remove_temp_files(output)

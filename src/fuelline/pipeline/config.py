@@ -26,7 +26,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import orjson
 
@@ -165,9 +165,11 @@ def load_pipeline(path: str | os.PathLike) -> list[PipelineStep]:
 
 def run_pipeline(steps: list[PipelineStep], run_dir: str | os.PathLike, *, input: list[str] | None = None,
                  workers: int | None = None, executor: str | None = None, ray_address: str | None = None,
-                 restart: bool = False, restart_from: str | None = None, progress: bool = True) -> list[dict]:
+                 restart: bool = False, restart_from: str | None = None, progress: bool = True,
+                 reads: Sequence[str | os.PathLike] = ()) -> list[dict]:
     """Run the steps in order; return their stats. `restart`: every step starts over;
-    `restart_from`: the step of that name and those after it, the earlier ones resume.
+    `restart_from`: the step of that name and those after it, the earlier ones resume; `reads`: what
+    else the run reads (its pipeline file), kept out of the run directory as its inputs are.
 
     A step reads its `input` (paths, or `@NAME` for an earlier step's output), else the output of
     the last step that produced records (so `pack` after `tokenizer` still reads documents); the
@@ -179,7 +181,7 @@ def run_pipeline(steps: list[PipelineStep], run_dir: str | os.PathLike, *, input
     first_inputs = list(input or []) or [i for i in (steps[0].input if steps else []) if not i.startswith("@")]
     if first_inputs:
         expand_inputs(first_inputs)  # a missing input stops the run before it creates anything
-    check_outputs([run_dir], first_inputs)  # it holds every step's output; each step checks its own inputs too
+    check_outputs([run_dir], [*first_inputs, *reads])  # it holds every step's output; each step checks its own inputs too
     given = {"workers": workers, "executor": executor, "ray_address": ray_address}
     overrides = {key: value for key, value in given.items() if value is not None}
     if executor == "local":

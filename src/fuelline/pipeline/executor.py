@@ -24,9 +24,9 @@ from fuelline.io.atomic import remove_temp_files
 from fuelline.io.paths import as_sources, expand_inputs
 from fuelline.io.readers import READ_ERROR_REASONS, iter_file_records
 from fuelline.io.rejects import Rejects
-from fuelline.io.stage_layout import DONE_DIR, PREPARE_DIR, REJECTS_DIR, STAGE_PART_PREFIX, PLAN_FILE
+from fuelline.io.stage_layout import DONE_DIR, PLAN_FILE, PREPARE_DIR, REJECTS_DIR, STAGE_PART_PREFIX, STAGE_WRITES
 from fuelline.io.writers import RecordWriter, open_writer
-from fuelline.pipeline.options import identity_history, identity_values
+from fuelline.pipeline.options import identity_history, identity_values, read_paths
 from fuelline.pipeline.output import OutputStore, open_output
 from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.pipeline.stage import PrepareContext, ShardContext, Stage
@@ -146,17 +146,19 @@ class _StageDir(WorkDir):
     wrote into other directories (`targets` outside it)."""
 
     def __init__(self, store: OutputStore, identity: dict, history: dict, outside: list[Path], *,
-                 reads: list, also: list):
-        """`history`: `identity_history` of the stage's Config; `reads`, `also`: for the overlap rule."""
-        super().__init__(store.directory, identity, name=str(store), **history, reads=reads, also=also)
+                 reads: list, writes: list, also: list):
+        """`history`: `identity_history` of the stage's Config; `reads`, `also`: for the overlap rule;
+        `writes`: its layout in the directory."""
+        super().__init__(store.directory, identity, name=str(store), **history, reads=reads, writes=writes,
+                         also=also)
         self.store, self.outside = store, outside
 
     def lock(self):
         return self.store.lock()
 
-    def discard(self) -> None:
-        super().discard()  # the directory the run writes (a URL's staging directory)
-        self.store.discard()
+    def discard(self, by: str | None = "--restart") -> None:
+        self.store.discard(self.writes, by)  # first: a URL that holds a file of its own refuses before anything goes
+        super().discard(by)  # the directory the run writes (a URL's staging directory)
         for directory in self.outside:  # only the parts this stage wrote there
             for part in directory.glob(f"{STAGE_PART_PREFIX}*"):
                 part.unlink()
@@ -246,14 +248,16 @@ class RecordStep(Step):
 
 
 def run_stage(stage: Stage, inputs, output_dir: str | os.PathLike, options: RunOptions | None = None,
-              output_locations: dict[str, str | os.PathLike] | None = None, copies: Sequence[Path] = ()) -> dict:
+              output_locations: dict[str, str | os.PathLike] | None = None, copies: Sequence[Path] = (),
+              reads: Sequence[str | os.PathLike] = ()) -> dict:
     """Run `stage` over `inputs` (files, directories, globs) into `output_dir`; return its stats.
 
     Inputs and `output_dir` may be local paths or fsspec URLs (`s3://…`, `memory://…`). Finished
     shards of an earlier, interrupted run with the same options are kept. For a stage with
     several outputs, `output_locations` may put the outputs after the first elsewhere. `copies`:
     files the caller writes from the outputs once the stage is done (chat prepare's `.jsonl`
-    outputs), outputs of the command too.
+    outputs), outputs of the command too; `reads`: what else the caller read (a --config file), kept
+    apart from the outputs as the inputs are.
     """
     options = options or RunOptions()  # its output_format checked where it was built
     store = open_output(output_dir)
@@ -262,9 +266,11 @@ def run_stage(stage: Stage, inputs, output_dir: str | os.PathLike, options: RunO
     outside = [d for d in targets.values() if not d.resolve().is_relative_to(store.directory.resolve())]
     # a further output is the stage's own at its default place, OUT/NAME; put elsewhere, it must lie apart
     moved = [d for name, d in list(targets.items())[1:] if d != store.directory / name]
+    inside = [f"{name}/{STAGE_PART_PREFIX}*" for name, d in list(targets.items())[1:] if d not in outside]
     step_dir = _StageDir(store, _identity(stage, files, options, targets, store.directory),
-                         identity_history(type(stage.config)), outside, reads=as_sources(inputs),
-                         also=[*moved, *copies])
+                         identity_history(type(stage.config)), outside,
+                         reads=[*as_sources(inputs), *read_paths(stage.config), *reads],
+                         writes=[*STAGE_WRITES, *inside, *stage.writes], also=[*moved, *copies])
     with step_dir.lock():
         return _run_locked(stage, files, step_dir, options, targets)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -24,7 +25,8 @@ def option(default: Any = NO_DEFAULT, help: str = "", *, factory: Callable[[], A
            step_ref: bool = False, flag: str | None = None, short: str | None = None, comma_list: bool = False,
            existing_file: bool = False, size: bool = False, user: bool = True,
            min: float | None = None, max: float | None = None, required: bool = False,
-           replaces: tuple[str, str] | None = None, was: str | None = None) -> Any:
+           replaces: tuple[str, str] | None = None, was: str | None = None,
+           reads: bool | Callable[[str], str] = False) -> Any:
     """A Config field. `step_ref`: a directory that a pipeline file may name as @STEP (an earlier
     step's output, the default there); the CLI requires it and checks that it exists. `flag`: the
     CLI flag when it is not the field's name (`--server` for `servers`), `short` its one-letter
@@ -37,10 +39,12 @@ def option(default: Any = NO_DEFAULT, help: str = "", *, factory: Callable[[], A
     this option that is refused with that hint. `was`: the earlier name of this very option (same
     values): refused with the new name, and read as this option in the identity of an output made
     before the rename. `user=False`: a tuning knob for tests and benchmarks, neither a CLI option
-    nor a pipeline key."""
+    nor a pipeline key. `reads`: its value (each, for a list) may name a file the step reads (a
+    callable: the file it names, `NAME=FILE:FIELD`'s FILE), which its outputs must keep away from
+    as from its inputs (`read_paths`)."""
     metadata = {"help": help, "identity": identity, "step_ref": step_ref, "flag": flag, "short": short,
                 "comma_list": comma_list, "existing_file": existing_file, "size": size, "user": user, "min": min,
-                "max": max, "required": required, "replaces": replaces, "was": was}
+                "max": max, "required": required, "replaces": replaces, "was": was, "reads": reads}
     if choices:
         metadata["choices"] = list(choices)
     if factory is not None:
@@ -200,6 +204,22 @@ def identity_values(config) -> dict[str, Any]:
         elif f.metadata.get("identity", True):
             values[f.name] = plain[f.name]
     return values
+
+
+def read_paths(config) -> list[str]:
+    """The paths `config`'s `reads` options name beside the inputs, those of its groups included; a
+    value that names no existing path (a template's or a layout's name, `@STEP`) is none."""
+    found = []
+    for f in dataclasses.fields(config):
+        value, reads = getattr(config, f.name), f.metadata.get("reads")
+        if dataclasses.is_dataclass(value):
+            found += read_paths(value)
+        elif reads and value:
+            for one in value if isinstance(value, (list, tuple)) else [value]:
+                path = reads(one) if callable(reads) else one
+                if isinstance(path, str) and os.path.lexists(os.path.expanduser(path)):
+                    found.append(path)
+    return found
 
 
 def identity_history(cls: type) -> dict[str, dict[str, Any]]:

@@ -13,11 +13,12 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from fuelline.io.atomic import is_temp_name, write_bytes_atomic
 from fuelline.io.lock import exclusive_output
 from fuelline.io.remote import RemoteDir, canonical, is_url, staging_dir
+from fuelline.io.step_files import is_foreign, refused
 from fuelline.pipeline.workdir import not_a_step_output
 from fuelline.io.stage_layout import (
     DONE_DIR,
@@ -62,9 +63,10 @@ class OutputStore:
     def publish(self, names: list[str]) -> None:
         """Make files written under `directory` (names relative to it) part of the store, in order."""
 
-    def discard(self) -> None:
+    def discard(self, writes: Sequence[str], by: str | None) -> None:
         """Delete what the store holds beyond `directory`, which the run's `WorkDir` deletes (`restart`,
-        or other options before any shard finished)."""
+        or other options before any shard finished): what the stage writes (`writes`,
+        `fuelline.io.step_files`), refused (`by`, as `WorkDir.discard`) when it holds more."""
 
     def finish(self) -> None:
         """Publish what the stage wrote beside its shards (e.g. dedup's audit), then stats.json."""
@@ -139,8 +141,11 @@ class RemoteOutput(OutputStore):
             if name not in (PLAN_FILE, STATS_FILE) and not name.startswith(f"{DONE_DIR}/"):
                 (self.directory / name).unlink()
 
-    def discard(self) -> None:
-        self.remote.clear()
+    def discard(self, writes: Sequence[str], by: str | None) -> None:
+        listing = sorted(self.remote.sizes())
+        if by is not None and (foreign := [n for n in listing if is_foreign(n, writes)]):
+            raise refused(by, self.url, foreign[0])
+        self.remote.remove([n for n in listing if not is_foreign(n, writes)])
 
     def finish(self) -> None:
         listing = self.remote.sizes()

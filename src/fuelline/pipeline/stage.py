@@ -68,6 +68,7 @@ class Stage:
     description: ClassVar[str] = ""
     Config: ClassVar[type[StageConfig]] = StageConfig
     outputs: ClassVar[tuple[str, ...]] = ()  # named outputs; empty: one unnamed output
+    writes: ClassVar[tuple[str, ...]] = ()  # files it writes beside its parts (dedup's audit): --restart deletes them
 
     def __init__(self, config: StageConfig | None = None):
         self.config = config if config is not None else self.Config()

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from fuelline.io.paths import expand_inputs
 from fuelline.io.remote import is_url
-from fuelline.pipeline.options import identity_history, identity_values
+from fuelline.pipeline.options import identity_history, identity_values, read_paths
 from fuelline.pipeline.shards import describe_inputs
 from fuelline.pipeline.workdir import WorkDir
 from fuelline.pipeline.workers import RunOptions
@@ -33,6 +33,8 @@ class Step:
     produces_records: ClassVar[bool] = False  # True: later steps read its output by default
     needs_input: ClassVar[bool] = True
     uses_workers: ClassVar[bool] = False  # True: how it runs follows the run's workers, executor and Ray address
+    # what it writes in a directory output, beside the markers (`fuelline.io.step_files`): all --restart deletes
+    writes: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -48,7 +50,12 @@ class Step:
 
     def work_dir(self, output: Path, inputs: list[str]) -> WorkDir:
         """The step's output directory with this run's identity (`fuelline.pipeline.workdir`)."""
-        return WorkDir(output, self.identity(inputs), **identity_history(self.Config), reads=inputs)
+        return WorkDir(output, self.identity(inputs), **identity_history(self.Config), reads=self.reads(inputs),
+                       writes=self.writes)
+
+    def reads(self, inputs: list[str]) -> list[str]:
+        """What the step reads, for the overlap rule: its inputs and the paths its options name."""
+        return [*inputs, *read_paths(self.config)]
 
     def check(self) -> None:
         """Raise on what is known to be wrong before anything runs (a model that does not exist), so

@@ -15,13 +15,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from fuelline.io.lock import exclusive_output
 from fuelline.io.overlap import check_outputs
+from fuelline.io.step_files import delete_written
 from fuelline.io.stage_layout import PLAN_FILE, STATS_FILE
 from fuelline.pipeline.stats import StepStats, read_stats, resumed, write_json
 
@@ -97,8 +97,9 @@ def not_a_step_output(where: str | os.PathLike) -> StepOutputMismatch:
 
 
 class WorkDir:
-    """The output of one step run with one identity: a directory, or (`beside` given) the file
-    `path` with the files beside it that belong to it (`OUT.jsonl.errors`).
+    """The output of one step run with one identity: a directory, of which the step writes what
+    `writes` names (its layout, `fuelline.io.step_files`; the markers are added here), or (`beside`
+    given) the file `path` with the files beside it that belong to it (`OUT.jsonl.errors`).
 
     Made before anything is locked, created or deleted, it refuses an output that overlaps what the
     step reads (`reads`: its inputs as given, files, directories or globs, and what else it reads)
@@ -107,7 +108,7 @@ class WorkDir:
     def __init__(self, path: str | os.PathLike, identity: dict[str, Any], name: str | None = None,
                  defaults: dict[str, Any] | None = None, renamed: dict[str, str] | None = None,
                  beside: Sequence[Path] | None = None, *, reads: Sequence[str | os.PathLike],
-                 also: Sequence[str | os.PathLike] = ()):
+                 writes: Sequence[str] = (), also: Sequence[str | os.PathLike] = ()):
         self.path = Path(path)
         self.identity = identity
         self.defaults = defaults or {}  # identity["config"] values an older output's identity may lack
@@ -121,6 +122,8 @@ class WorkDir:
             self.members = [self.path, *beside, self.stats_path, self.plan_path]
         else:
             self.plan_path, self.stats_path = self.path / PLAN_FILE, self.path / STATS_FILE
+        # an earlier fuelline's marker is fuelline's; the rest of an earlier layout is its step's own
+        self.writes = [PLAN_FILE, STATS_FILE, *EARLIER_MARKERS, *writes]
         check_outputs([self.name, *(self.members[1:] if self.is_file else ()), *also], reads)
         self.resumed = False  # set by `begin`: the plan found was this run's
 
@@ -128,13 +131,15 @@ class WorkDir:
         """Held from before the output is read or deleted to the end of the run; beside the output."""
         return exclusive_output(self.path, name=self.name)
 
-    def discard(self) -> None:
-        """Delete the output (`--restart`, or another identity's unfinished work); a failure says so."""
+    def discard(self, by: str | None = "--restart") -> None:
+        """Delete what the step wrote of the output (`--restart`, or another identity's unfinished
+        work): refused, before anything is deleted, when it also holds a file the step does not write
+        (`by` names what would delete it; None: such a file is kept, a failed run's own output goes);
+        a failure to delete says so."""
         _would_write()
         try:
             if not self.is_file:
-                if self.path.exists():
-                    shutil.rmtree(self.path)
+                delete_written(self.path, self.writes, by)
                 return
             for member in self.members:
                 member.unlink(missing_ok=True)
@@ -204,7 +209,7 @@ class WorkDir:
                 return existing
             if anything_finished():
                 raise mismatch(self.name, found, self.identity)
-            self.discard()
+            self.discard("replacing the unfinished output of other options")
         elif marker := self.earlier_marker():  # its plan is not today's: resuming it could mix two formats
             raise StepOutputMismatch(f"{self.name} was left unfinished by an earlier fuelline version ({marker} "
                                      f"there, no {PLAN_FILE}) and cannot be resumed; {RESTART_HINT}")
@@ -238,13 +243,13 @@ class WorkDir:
                 if not derived:
                     raise
             if derived:
-                self.discard()
+                self.discard("rewriting it")
             fresh = self.is_empty()
             self.begin(anything_finished=lambda: False)
             try:
                 stats = work()
             except BaseException:
                 if fresh:  # nothing of a failed run is worth keeping, and nothing was there before it
-                    self.discard()
+                    self.discard(None)
                 raise
             return self.finish(stats)

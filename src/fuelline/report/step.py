@@ -19,6 +19,7 @@ from fuelline.report.funnel import format_funnel, load_funnel
 from fuelline.report.html import write_report
 
 REPORT_DIR = "report"  # RUN/report/: funnel.json, funnel.txt, report.html, charts
+REPORT_WRITES = ("funnel.json", "funnel.txt", "report.html", "*.png")  # all --restart deletes there
 
 
 def build_report(run_dir: Path, directory: Path) -> dict:
@@ -58,4 +59,5 @@ def report_run(run_dir: Path, restart: bool = False) -> dict:
         return StepStats(ReportStep.name, 0, 0, details={"report": str(directory / "report.html"),
                                                           "steps": len(funnel["steps"])})
 
-    return WorkDir(directory, identity, reads=stats_files).run_once(work, restart=restart, derived=True)
+    return WorkDir(directory, identity, reads=stats_files, writes=REPORT_WRITES).run_once(work, restart=restart,
+                                                                                          derived=True)

@@ -9,7 +9,7 @@ from fuelline.pipeline.options import Options, option
 from fuelline.pipeline.stats import StepStats
 from fuelline.pipeline.step import Step
 from fuelline.pipeline.workers import RunOptions
-from fuelline.tokenizer.train import MIN_VOCAB_SIZE, PRETOKENIZE, train_tokenizer
+from fuelline.tokenizer.train import MIN_VOCAB_SIZE, PRETOKENIZE, TOKENIZER_FILES, TRAINING_REPORT, train_tokenizer
 
 
 @dataclass
@@ -29,6 +29,7 @@ class TokenizerStep(Step):
     """Train a byte-level BPE tokenizer on the text of document records (never on metadata)."""
 
     name, Config = "tokenizer", TokenizerConfig
+    writes = (*TOKENIZER_FILES, TRAINING_REPORT)
 
     def run(self, inputs, output: Path, options: RunOptions, steps) -> dict:
         return self.work_dir(output, inputs).run_once(lambda: self._train(inputs, output), restart=options.restart)

@@ -40,6 +40,9 @@ GPT2_REST = r"'s|'t|'re|'ve|'m|'ll|'d| ?[\p{L}&&[^\p{Han}]]+| ?\p{N}+| ?[^\s\p{L
 MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + 257  # the special tokens, the 256 bytes and one merge
 PRETOKENIZE = {"han-chars": r"\p{Han}|" + GPT2_REST, "han-pairs": r"\p{Han}{1,2}|" + GPT2_REST, "bytelevel": None}
 REPORT_SAMPLE = 50_000
+# tokenizer.json and what `AutoTokenizer.from_pretrained` looks for beside it (`save_for_transformers`)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+TRAINING_REPORT = "training_report.json"
 
 
 def build_tokenizer(pretokenize: str = "han-chars"):
@@ -76,13 +79,14 @@ def document_texts(inputs, text_key: str = "text") -> Iterator[str]:
 def save_for_transformers(tokenizer, directory: Path, model_max_length: int = 1 << 20) -> None:
     """tokenizer.json plus the two small files `AutoTokenizer.from_pretrained` looks for."""
     directory.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(directory / "tokenizer.json", tokenizer.to_str(pretty=False).encode())
+    tokenizer_json, config_json, specials_json = (directory / name for name in TOKENIZER_FILES)
+    write_bytes_atomic(tokenizer_json, tokenizer.to_str(pretty=False).encode())
     specials = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>",
                 "additional_special_tokens": SPECIAL_TOKENS[3:]}
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length,
               "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False, **specials}
-    write_bytes_atomic(directory / "tokenizer_config.json", orjson.dumps(config, option=orjson.OPT_INDENT_2))
-    write_bytes_atomic(directory / "special_tokens_map.json", orjson.dumps(specials, option=orjson.OPT_INDENT_2))
+    write_bytes_atomic(config_json, orjson.dumps(config, option=orjson.OPT_INDENT_2))
+    write_bytes_atomic(specials_json, orjson.dumps(specials, option=orjson.OPT_INDENT_2))
 
 
 def is_punctuation(text: str) -> bool:
@@ -141,5 +145,5 @@ def train_tokenizer(inputs, output_dir: str | os.PathLike, *, vocab_size: int = 
                      f"{documents:,} documents hold no more merges of frequency ≥ {min_frequency}"]
                     if tokenizer.get_vocab_size() < vocab_size else [],
     }
-    write_bytes_atomic(output / "training_report.json", orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+    write_bytes_atomic(output / TRAINING_REPORT, orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
     return report
