@@ -31,7 +31,10 @@ HALVES = {
                        "decontaminate against a bad evaluation set", "decontaminate with odd values of its options",
                        "decontaminate rerun after its evaluation set was edited",
                        "outputs overlapping inputs, every command", "empty and repeated inputs",
-                       "outputs apart from their inputs run"},
+                       "outputs apart from their inputs run", "refused reruns of a finished pipeline",
+                       "read-only and full output locations", "workers far above the input's shards",
+                       "odd numbers given to library entry points",
+                       "cache build with a tokenizer larger than the model's vocabulary"},
 }
 
 
