@@ -77,6 +77,12 @@ It adds (r) the streaming cache's acknowledgements against its window
 and workers, with kills and a builder resumed with another window, each trial bounded in time:
 every sample once per epoch, or a refusal when a side opens or resumes, never a deadlock.
 
+It adds (q) refused reruns of a finished pipeline (an option of each step, an edited input),
+read-only and full output locations, --workers far above the shards (capped, said once, the same
+bytes), odd numbers given to the library's entry points, and a model whose embedding is smaller
+than its tokenizer (reliability_refusals.py): one line, nothing changed, or a ValueError naming the
+argument.
+
 Outcomes of a trial are those of benchmarks/trials.py (ok, clear_error, silent_wrong, crash, hang,
 leftover).
 
@@ -115,6 +121,7 @@ import reliability_decontaminate  # noqa: E402
 import reliability_decontaminate_forms  # noqa: E402
 import reliability_exports  # noqa: E402
 import reliability_paths  # noqa: E402
+import reliability_refusals  # noqa: E402
 import reliability_resume  # noqa: E402
 import reliability_servers  # noqa: E402
 import reliability_stalls  # noqa: E402
@@ -122,7 +129,8 @@ import reliability_stream  # noqa: E402
 import reliability_stream_acks  # noqa: E402
 import reliability_templates  # noqa: E402
 import reliability_tool_templates  # noqa: E402
-from trials import OUTCOMES, Tally, cli, damage_file, failure_outcome, free_port, isolated, judged, kill_after, run, table  # noqa: E402
+from trials import (OUTCOMES, Tally, can_mount, cli, damage_file, failure_outcome, free_port, isolated,  # noqa: E402
+                    judged, kill_after, mount_tmpfs, run, table)
 
 BOOKKEEPING = {"stats.json", "_plan.json", "summary.json", "training_report.json"}  # they hold seconds
 
@@ -340,23 +348,6 @@ def bad_corpus_scenarios(work: Path, raw: Path, full: bool) -> list[Tally]:
 
 # --- (d) disk full ----------------------------------------------------------------------------------
 
-def can_mount(work: Path) -> bool:
-    """Whether a tmpfs can be mounted here (root, and a container that allows it)."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        return False
-    probe = work / "mount-probe"
-    if not mount_tmpfs(probe, 64 << 10):
-        return False
-    subprocess.run(["umount", "-l", str(probe)], capture_output=True)
-    return True
-
-
-def mount_tmpfs(directory: Path, size: int) -> bool:
-    directory.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
-                          capture_output=True).returncode == 0
-
-
 def disk_full_scenarios(work: Path, jobs: list[Job], fractions: tuple[float, ...]) -> list[Tally]:
     """Each job into a tmpfs of `fraction` of its output's size, then again with room: the same bytes."""
     tallies = []
@@ -558,6 +549,8 @@ FAMILIES = [
     ("(o) tool-call conversations on served templates without generation blocks, and on broken ones",
      reliability_tool_templates),
     ("(p) outputs overlapping inputs or each other, empty and repeated inputs, for every command", reliability_paths),
+    ("(q) refused reruns, unwritable outputs, too many workers, odd library numbers, a model smaller than its "
+     "tokenizer", reliability_refusals),
     ("(r) the streaming target cache's acknowledgements against its window: no deadlock, no lost sample",
      reliability_stream_acks),
     ("(s) decontaminate forms: items split over turns, in tool calls and results, behind invisible characters; "

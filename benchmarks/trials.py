@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -192,3 +193,21 @@ def table(rows: list[dict]) -> str:
     lines += [f"| {r['scenario']} | {r['trials']} | {r['ok']} | {r['clear_error']} | {r['silent_wrong']} | "
               f"{r['crash']} | {r['hang']} | {r['leftover']} |" for r in rows]
     return "\n".join(lines)
+
+
+def can_mount(work: Path) -> bool:
+    """Whether a tmpfs can be mounted here (root, and a container that allows it)."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return False
+    probe = work / "mount-probe"
+    if not mount_tmpfs(probe, 64 << 10):
+        return False
+    subprocess.run(["umount", "-l", str(probe)], capture_output=True)
+    return True
+
+
+def mount_tmpfs(directory: Path, size: int, *, read_only: bool = False) -> bool:
+    directory.mkdir(parents=True, exist_ok=True)
+    options = f"size={size}" + (",ro" if read_only else "")
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(directory)],
+                          capture_output=True).returncode == 0

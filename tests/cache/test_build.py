@@ -8,6 +8,7 @@ builder hooks), so a wrong layer, an off-by-one, a padded position or a missed n
 from __future__ import annotations
 
 import json
+import re
 import os
 import random
 import signal
@@ -513,3 +514,23 @@ def test_tool_records_on_the_models_own_template_without_generation_blocks(qwen4
         assert np.array_equal(sample["loss_mask"].numpy(), encoded.loss_mask.astype(np.uint8))
         supervised = tokenizer.decode(sample["input_ids"][sample["loss_mask"].bool()].tolist(), skip_special_tokens=False)
         assert "<tool_call>" in supervised and "<tool_response>" not in supervised
+
+
+def test_ids_the_model_cannot_embed_are_refused_before_any_forward(chats, tmp_path):
+    """A model whose embedding has fewer rows than its tokenizer has ids (a tokenizer grown by a
+    template's tokens): refused in one line naming the id, the record and the vocabulary, nothing kept."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from fuelline.models import tiny_chat_model
+
+    texts = [" ".join(t["content"] for t in r["conversations"]) for r in map(json.loads, chats.open())]
+    model = tiny_chat_model(tmp_path / "whole", texts, vocab_size=600, layers=4)
+    small = AutoConfig.from_pretrained(model)
+    small.vocab_size = 100  # the ids from 100 of the tokenizer (a few hundred) have no row
+    AutoModelForCausalLM.from_config(small).save_pretrained(tmp_path / "whole")
+    out = tmp_path / "cache"
+    refused = invoke_build(*_build_args(tmp_path / "whole", chats, out))
+    assert refused.exit_code == 2, refused.output
+    assert re.fullmatch(r"error: .*chats\.jsonl:1: record 'chat-0': token id [\d,]+ is outside the model's "
+                        r"vocabulary of 100 ids \(its tokenizer has \d+\).*\n", refused.stderr), refused.stderr
+    assert not out.exists()

@@ -244,3 +244,13 @@ def test_sampler_by_batch_size_and_drop_last():
     assert alone == [[0], [1, 2]]  # too long for the budget: a batch of its own
     with pytest.raises(ValueError):
         LengthGroupedBatchSampler(lengths)
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: CacheCollator(pad_to_multiple_of=0.5), "^pad_to_multiple_of must be a whole number, not 0.5"),
+    (lambda: LengthGroupedBatchSampler([3, 4], batch_size=float("nan")), "^batch_size must be a whole number, not nan"),
+    (lambda: LengthGroupedBatchSampler([3, 4], max_tokens=0), "^max_tokens must be at least 1, found 0"),
+    (lambda: LengthGroupedBatchSampler([3, 4], batch_size=2, group_size=True), "^group_size must be a whole number")])
+def test_the_cache_readers_refuse_an_odd_number_naming_it(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()

@@ -320,8 +320,10 @@ def test_bad_inputs_are_named(qwen):
     with pytest.raises(ValueError, match="^conversation 0: turn 1: the Jinja chat template of 'shout'"):
         encode_chats([POEM], qwen, shouting)
     for options, message in (({"overflow": "cut"}, "overflow must be one of truncate, drop"),
-                              ({"max_length": 0}, "max_length must be a positive integer"),
-                              ({"min_loss_tokens": -1}, "min_loss_tokens must be a non-negative integer")):
+                              ({"max_length": 0}, "max_length must be at least 1, found 0"),
+                              ({"max_length": True}, "max_length must be a whole number, not True"),
+                              ({"min_loss_tokens": -1}, "min_loss_tokens must be at least 0, found -1"),
+                              ({"min_loss_tokens": 0.5}, "min_loss_tokens must be a whole number, not 0.5")):
         with pytest.raises(ValueError, match=message):
             encode_chat(POEM, qwen, "chatml", **options)
     with pytest.raises(ValueError, match="unknown chat template 'chatgpt'"):

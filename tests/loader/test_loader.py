@@ -219,3 +219,19 @@ def test_a_pack_output_instead_of_its_split_names_the_splits(packed_poems):
     with pytest.raises(TokenFormatError, match=r"a pack output, whose token datasets are its split directories "
                                                r"train, val; open one, e\.g\. .*train"):
         TokenDataset(packed_poems, seq_len=64)
+
+
+@pytest.mark.parametrize(("argument", "value"), [
+    ("batch_size", 0), ("batch_size", -4), ("batch_size", 2.5), ("batch_size", float("nan")), ("batch_size", True),
+    ("world_size", 0), ("rank", 1.0), ("seed", 0.5), ("num_workers", -1), ("prefetch_factor", 0)])
+def test_make_loader_refuses_an_odd_number_naming_it_before_any_batch(packed_poems, argument, value):
+    dataset = TokenDataset(packed_poems / "train", 64)
+    arguments = {"batch_size": 4, "num_workers": 1 if argument == "prefetch_factor" else 0, argument: value}
+    with pytest.raises(ValueError, match=f"^{argument} must be .*{value!r}"):
+        make_loader(dataset, **arguments)
+
+
+@pytest.mark.parametrize("seq_len", [1, 64.0, float("inf")])
+def test_a_token_dataset_refuses_an_odd_window_length(packed_poems, seq_len):
+    with pytest.raises(ValueError, match="^seq_len must be"):
+        TokenDataset(packed_poems / "train", seq_len)

@@ -161,3 +161,31 @@ def test_a_worker_error_stops_the_run_naming_file_and_line(tmp_path):
                         RunOptions(workers=1, shard_size=5, on_error="skip", progress=False))
     assert skipped["dropped"] == {"malformed_json": 1}
     assert skipped["records_in"] == 20 and skipped["records_out"] == 19
+
+
+def test_workers_far_above_the_shards_are_capped_once_on_stderr_and_change_no_byte(tmp_path):
+    source = tmp_path / "poems.jsonl"
+    with source.open("wb") as f:
+        for i, record in enumerate(read_records(shared_file("chinese-poetry.jsonl.zst"))):
+            if i == 600:
+                break
+            f.write(orjson.dumps(record) + b"\n")
+    outputs = {}
+    for workers in (1, 64):
+        out = tmp_path / f"w{workers}"
+        done = subprocess.run([sys.executable, "-m", "fuelline", "clean", "-i", source.name, "-o", out.name,
+                               "--profile", "poetry", "--shard-size", "200", "-w", str(workers), "-q"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        outputs[workers] = (data_files(out), done.stderr)
+    assert outputs[64][1].count("--workers 64: using 3 (the input has 3 shards)") == 1, outputs[64][1]
+    assert "--workers" not in outputs[1][1]
+    assert outputs[64][0] == outputs[1][0] and len(outputs[1][0]) > 3
+
+
+def test_workers_are_capped_by_the_memory_they_would_need(capsys):
+    options = RunOptions(workers=8)
+    assert options.resolved_workers(100, worker_bytes=1 << 60) == 1
+    assert "--workers 8: using 1 (" in capsys.readouterr().err
+    assert RunOptions().resolved_workers(100, worker_bytes=1 << 60) == 1  # the default too, silently
+    assert capsys.readouterr().err == ""

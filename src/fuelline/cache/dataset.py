@@ -38,6 +38,7 @@ from torch.utils.data import Dataset, Sampler
 from fuelline.cache.fp8 import dequantize
 from fuelline.formats.target_cache import FUELLINE, SCALES, CacheFormatError, layout_of, read_index, read_manifest
 from fuelline.formats.target_cache_checks import opened, verify_record_checksum
+from fuelline.pipeline.options import check_number
 
 HIDDEN = ("target_hidden_states", "target_last_hidden_states")
 SCALE_OF = dict(zip(HIDDEN, SCALES))  # each hidden state's fp8 scales
@@ -63,8 +64,7 @@ class CacheDataset(Dataset):
         self._shards: OrderedDict[int, tuple] = OrderedDict()
         if io not in ("mmap", "pread"):
             raise ValueError(f"io must be 'mmap' or 'pread', not {io!r}")
-        if max_open_shards < 1:
-            raise ValueError(f"max_open_shards must be at least 1, not {max_open_shards}")
+        check_number("max_open_shards", max_open_shards, min=1)
         self.path, self.io, self.max_open_shards = Path(path), io, max_open_shards
         self.manifest = read_manifest(self.path)
         self.layout = layout_of(self.manifest)
@@ -210,8 +210,7 @@ class CacheCollator:
     and one copy per sample: the collator is on the loader's critical path."""
 
     def __init__(self, pad_to_multiple_of: int | None = None):
-        if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
-            raise ValueError(f"pad_to_multiple_of must be positive, not {pad_to_multiple_of}")
+        check_number("pad_to_multiple_of", pad_to_multiple_of, min=1, optional=True)
         self.pad_to_multiple_of = pad_to_multiple_of
 
     def __call__(self, samples: list[dict]) -> dict:
@@ -255,8 +254,8 @@ class LengthGroupedBatchSampler(Sampler):
         if max_tokens is None and batch_size is None:
             raise ValueError("give batch_size, max_tokens or both")
         for name, value in (("max_tokens", max_tokens), ("batch_size", batch_size), ("group_size", group_size)):
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be positive, not {value}")
+            check_number(name, value, min=1, optional=name != "group_size")
+        check_number("seed", seed)
         self.lengths = np.asarray(lengths, dtype=np.int64)
         self.max_tokens, self.batch_size, self.group_size = max_tokens, batch_size, group_size
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last

@@ -38,7 +38,7 @@ from fuelline.cache.export_files import JOURNAL, check_files, digest, journal_by
 from fuelline.formats.target_cache import BF16, INDEX, checksum, manifest_digest
 from fuelline.io.atomic import atomic_write, remove_temp_files, write_bytes_atomic
 from fuelline.io.stage_layout import STATS_FILE
-from fuelline.pipeline.options import Options, identity_history, identity_values, option
+from fuelline.pipeline.options import Options, check_declared, identity_history, identity_values, option
 from fuelline.pipeline.stats import StepStats, read_stats
 from fuelline.pipeline.step import Step
 from fuelline.pipeline.workdir import WorkDir
@@ -128,6 +128,7 @@ def export_cache(cache: str | os.PathLike, output: str | os.PathLike, target: Ex
     checksums too, else their sizes) and repairs what it finds."""
     from fuelline.cache.dataset import CacheDataset
 
+    check_declared(RunOptions, "workers", workers, optional=True)
     output = Path(output)
     if output.exists() and not output.is_dir():
         raise NotADirectoryError(f"{output} is a file; the export needs a directory")

@@ -137,12 +137,14 @@ def encode_inputs(inputs: list[str], model: str | os.PathLike, config: CacheConf
     """Encode every chat record of `inputs` with the model's tokenizer, writing ids (int32) and loss
     mask (uint8) to the open files and every record left out to `rejects`; with on_error="raise" a
     record that cannot be read, breaks the record contract or cannot be rendered is an error naming
-    its file and line (and id)."""
+    its file and line (and id). An id the model cannot embed stops it, whatever on_error says
+    (`check_ids`): before any forward, where a GPU would stop on a device-side assert."""
     from fuelline.chat.encode import ConversationError, load_tokenizer
     from fuelline.io import expand_inputs, iter_file_records
     from fuelline.progress import progress_bar
 
     tokenizer = load_tokenizer(model)
+    check_ids = IdBound(model_config(model)[1].vocab_size, tokenizer.tokenizer.get_vocab_size(with_added_tokens=True))
     rows, record_ids, truncated, records_in, at = [], [], 0, 0, 0
     batch: list[tuple[str, int, dict]] = []
     on_error = config.errors.on_error
@@ -159,6 +161,7 @@ def encode_inputs(inputs: list[str], model: str | os.PathLike, config: CacheConf
                 rejects.add(result.reason, record, source=path, line=line,
                             detail=f"record {record['id']!r}: {result.detail}")
                 continue
+            check_ids(result.input_ids, f"{path}:{line}: record {record['id']!r}")
             ids_file.write(result.input_ids.astype("<i4").tobytes())
             mask_file.write(result.loss_mask.astype("u1").tobytes())
             rows.append((at, len(result.input_ids), int(result.loss_mask.sum())))
@@ -190,6 +193,21 @@ def encode_inputs(inputs: list[str], model: str | os.PathLike, config: CacheConf
     records_in += sum(n for reason, n in rejects.counts.items() if reason in READ_ERROR_REASONS)
     return Encoded(np.array(rows, dtype=SAMPLES), record_ids, records_in, dict(sorted(rejects.counts.items())),
                    dict(sorted(rejects.examples.items())), truncated)
+
+
+@dataclass
+class IdBound:
+    """The model's embedding rows (`vocab_size`): every encoded id must be below it. A tokenizer
+    larger than that (a template's added tokens) is fine as long as no record uses the ids above."""
+
+    vocab_size: int
+    tokenizer_size: int
+
+    def __call__(self, ids: np.ndarray, where: str) -> None:
+        if len(ids) and (largest := int(ids.max())) >= self.vocab_size:
+            raise ValueError(f"{where}: token id {largest:,} is outside the model's vocabulary of "
+                             f"{self.vocab_size:,} ids (its tokenizer has {self.tokenizer_size:,}): the tokenizer or "
+                             "its chat template makes ids the model cannot embed; use the model's own tokenizer")
 
 
 @dataclass

@@ -35,6 +35,7 @@ from fuelline.formats.target_cache import MANIFEST, CacheFormatError
 from fuelline.formats.target_stream import (HEARTBEAT_SECONDS, STREAM_MANIFEST, StreamError, builder_silence,
                                             consumer_dir, fits, partition_name, rank_acknowledgements,
                                             read_stream_manifest, register_consumer, room, write_ack, write_need)
+from fuelline.pipeline.options import check_number
 
 SAY_AFTER, SAY_EVERY = 10.0, 60.0  # seconds of waiting before the first "waiting" line, and between lines
 STATE_KEYS = ("consumer", "world_size", "seed", "shuffle_partitions")  # what must match to resume a state
@@ -52,11 +53,14 @@ class StreamingCacheDataset(IterableDataset):
                  acknowledge: str = "yielded",
                  timeout: float | None = None, poll_seconds: float = 0.2, io: str = "mmap",
                  verify_checksums: bool = True):
+        for name, value, low in (("world_size", world_size, 1), ("rank", rank, 0), ("seed", seed, None),
+                                 ("shuffle_partitions", shuffle_partitions, 1)):
+            check_number(name, value, min=low)
+        check_number("batch_size", batch_size, min=1, optional=True)
+        check_number("timeout", timeout, min=0, whole=False, optional=True)
+        check_number("poll_seconds", poll_seconds, min=0.001, whole=False)
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size), not {rank} of {world_size}")
-        for name, value in (("shuffle_partitions", shuffle_partitions), ("batch_size", 1 if batch_size is None else batch_size)):
-            if value < 1:
-                raise ValueError(f"{name} must be at least 1, not {value}")
         if acknowledge not in ("yielded", "checkpoint"):
             raise ValueError(f"acknowledge must be 'yielded' or 'checkpoint', not {acknowledge!r}")
         self.path = Path(path)

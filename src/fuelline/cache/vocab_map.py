@@ -56,7 +56,7 @@ from fuelline.formats.target_cache_checks import opened, verify_record_checksum
 from fuelline.formats.tokens import FORMAT as TOKENS_FORMAT
 from fuelline.formats.tokens import TokenFiles, TokenFormatError, verify_token_dataset
 from fuelline.io.atomic import atomic_write, fsync_dir, naming_disk_full, temp_name
-from fuelline.pipeline.options import Options, identity_values, option
+from fuelline.pipeline.options import Options, check_declared, identity_values, option
 from fuelline.pipeline.shards import describe_inputs
 from fuelline.pipeline.stats import StepStats
 from fuelline.pipeline.step import Step
@@ -97,8 +97,7 @@ def count_supervised(source: str | os.PathLike, *, workers: int = 1, progress: b
     `progress`: a bar of the tokens counted. `verify`: check what is counted as its readers do
     (module docstring); without it, only what opening a cache or a token dataset checks."""
     path = Path(source)
-    if workers < 1:
-        raise ValueError(f"workers must be at least 1, not {workers}")
+    check_declared(RunOptions, "workers", workers)
     started = time.perf_counter()
     kind = _kind(path)
     if kind == "target cache":

@@ -48,6 +48,7 @@ from fuelline.chat.templates import (ON_ERROR, REASONING, SPECIAL_TEXT, TRAIN_TU
                                      conversation_tools, conversation_turns, get_template, render_checked)
 from fuelline.formats import chat_record
 from fuelline.formats.chat_record import ChatRecordError
+from fuelline.pipeline.options import check_number
 from fuelline.records import Drop
 from fuelline.tokenizer.fast import fast_encoder
 
@@ -212,10 +213,8 @@ class _Options:
     on_error: str
 
     def __post_init__(self):
-        if self.max_length is not None and (not isinstance(self.max_length, int) or self.max_length < 1):
-            raise ValueError(f"max_length must be a positive integer or None, not {self.max_length!r}")
-        if not isinstance(self.min_loss_tokens, int) or self.min_loss_tokens < 0:
-            raise ValueError(f"min_loss_tokens must be a non-negative integer, not {self.min_loss_tokens!r}")
+        check_number("max_length", self.max_length, min=1, optional=True)  # as ChatEncoding declares them
+        check_number("min_loss_tokens", self.min_loss_tokens, min=0)
         for key, allowed in (("overflow", OVERFLOW), ("reasoning", REASONING), ("train_turns", TRAIN_TURNS),
                              ("special_text", SPECIAL_TEXT), ("on_error", ON_ERROR)):
             if getattr(self, key) not in allowed:

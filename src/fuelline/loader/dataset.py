@@ -32,6 +32,7 @@ import numpy as np
 from numba import njit
 
 from fuelline.formats.tokens import MANIFEST, TOKENS, TokenFiles, TokenFormatError
+from fuelline.pipeline.options import check_number
 
 IGNORE_INDEX = -100
 RELEASE_EVERY_TOKENS = 8 << 20  # read pages dropped from the resident set every ~8 M tokens
@@ -173,8 +174,7 @@ class TokenDataset:
 
     def __init__(self, path: str | os.PathLike, seq_len: int, *, document_aware: bool = False,
                  compact: bool = False):
-        if seq_len < 2:
-            raise ValueError(f"seq_len must be at least 2, not {seq_len}")
+        check_number("seq_len", seq_len, min=2)
         self.path, self.seq_len, self.document_aware, self.compact = Path(path), seq_len, document_aware, compact
         self._files: TokenFiles | None = None
         self._touched = 0

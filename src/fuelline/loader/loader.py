@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fuelline.loader.dataset import as_tensors, widen
 from fuelline.loader.sampler import WindowSampler
+from fuelline.pipeline.options import check_number
 
 
 def _already_batched(batch):
@@ -66,7 +67,8 @@ class ResumableLoader:
 def make_loader(dataset, batch_size: int, *, shuffle: bool = True, seed: int = 0, rank: int = 0, world_size: int = 1,
                 num_workers: int = 0, pin_memory: bool | None = None, prefetch_factor: int | None = None) -> ResumableLoader:
     """A resumable loader; pinned memory is on exactly when an accelerator is present (pinning
-    without one only warns and costs a copy)."""
+    without one only warns and costs a copy). A number out of range (a batch size of 0, a float)
+    is a ValueError naming it, here, before any batch."""
     sampler = WindowSampler(len(dataset), batch_size, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size)
     return ResumableLoader(dataset, sampler, **_dataloader_options(num_workers, pin_memory, prefetch_factor))
 
@@ -74,6 +76,8 @@ def make_loader(dataset, batch_size: int, *, shuffle: bool = True, seed: int = 0
 def _dataloader_options(num_workers: int, pin_memory: bool | None, prefetch_factor: int | None) -> dict:
     """Workers persist from epoch to epoch: starting them again costs ~0.2 s, an eighth of an epoch
     of the packed poetry corpus at 32 x 1024. The order stays the main process's (the sampler)."""
+    check_number("num_workers", num_workers, min=0)
+    check_number("prefetch_factor", prefetch_factor, min=1, optional=True)
     options = {"num_workers": num_workers, "pin_memory": accelerator_present() if pin_memory is None else pin_memory}
     if num_workers > 0:
         options["persistent_workers"] = True

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from fuelline.loader.permutation import FeistelPermutation
+from fuelline.pipeline.options import check_number
 
 STATE_VERSION = 1
 BLOCK = 1 << 16
@@ -26,6 +27,9 @@ class WindowSampler:
 
     def __init__(self, num_samples: int, batch_size: int, *, shuffle: bool = True, seed: int = 0,
                  rank: int = 0, world_size: int = 1):
+        for name, value, low in (("batch_size", batch_size, 1), ("world_size", world_size, 1), ("rank", rank, 0),
+                                 ("seed", seed, None)):
+            check_number(name, value, min=low)
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, {world_size})")
         if num_samples < world_size * batch_size:

@@ -34,7 +34,7 @@ from fuelline.pipeline.stats import StepStats, write_json
 from fuelline.pipeline.step import Step
 from fuelline.pipeline.workdir import WorkDir, not_a_step_output
 from fuelline.pipeline.ray_executor import RayExecutor  # imports Ray itself only when it is opened
-from fuelline.pipeline.workers import RunOptions, WorkerPool
+from fuelline.pipeline.workers import WORKER_BYTES, RunOptions, WorkerPool
 from fuelline.progress import progress_bar
 from fuelline.records import Location
 
@@ -64,11 +64,11 @@ def output_targets(stage: Stage, output_dir: Path, locations: dict[str, str | os
 
 
 def open_executor(options: RunOptions, tasks: int) -> WorkerPool | RayExecutor:
-    """The executor `options` ask for, with at most `tasks` workers where it starts them."""
-    workers = options.resolved_workers(tasks)
+    """The executor `options` ask for, with at most `tasks` workers where it starts them (and, here,
+    as many as the memory holds)."""
     if options.executor == "ray":
-        return RayExecutor(options.ray_address, workers)
-    return WorkerPool(workers)
+        return RayExecutor(options.ray_address, options.resolved_workers(tasks))
+    return WorkerPool(options.resolved_workers(tasks, worker_bytes=WORKER_BYTES))
 
 
 def _write_shard_outputs(stage: Stage, records: Iterator[tuple[Location, dict]], ctx: ShardContext,

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import math
+import numbers
 import os
 import typing
 from collections.abc import Callable
@@ -66,9 +69,49 @@ def bound_problem(field: dataclasses.Field, value: Any) -> str | None:
         return "must be a number, not nan"
     if isinstance(value, int) and not -INT64_LIMIT <= value < INT64_LIMIT:  # stats.json, numpy, Rust: 64 bits
         return f"is out of range: {value} does not fit in 64 bits"
+    return _range_problem(value, low, high)
+
+
+def _range_problem(value: float, low: float | None, high: float | None) -> str | None:
     if (low is not None and value < low) or (high is not None and value > high):
-        return f"must be {bounds_text(field)}, found {value}"
+        return f"must be {_range_text(low, high)}, found {value}"
     return None
+
+
+def check_number(name: str, value: Any, *, min: float | None = None, max: float | None = None, whole: bool = True,
+                 optional: bool = False) -> None:
+    """A library entry point's numeric argument, refused at the call with a ValueError naming `name`
+    and `value` unless it is a (`whole`) finite number in [min, max], or None where `optional`:
+    a batch size of 0 or 2.5 caught here, not as a ZeroDivisionError or a torch error steps later."""
+    if value is None and optional:
+        return
+    if not (_is_whole(value) if whole else _is_number(value) and math.isfinite(value)):
+        raise ValueError(f"{name} must be {'a whole' if whole else 'a finite'} number, not {value!r}")
+    if (problem := _range_problem(value, min, max)) is not None:
+        raise ValueError(f"{name} {problem}")
+
+
+def check_declared(cls: type, name: str, value: Any, *, optional: bool = False) -> None:
+    """`check_number` with the range Config `cls` declares for its option `name`: a library function
+    taking the same quantity as an option keeps the option's bound, stated once."""
+    field = {f.name: f for f in dataclasses.fields(cls)}[name]
+    check_number(name, value, min=field.metadata.get("min"), max=field.metadata.get("max"),
+                 whole=name in _whole_fields(cls), optional=optional)
+
+
+def _is_whole(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+@functools.cache
+def _whole_fields(cls: type) -> frozenset[str]:
+    """The options of Config `cls` typed as whole numbers (int, int | None)."""
+    hints = typing.get_type_hints(cls)
+    return frozenset(f.name for f in dataclasses.fields(cls) if hints.get(f.name) in (int, int | None, typing.Optional[int]))
 
 
 def option_problem(field: dataclasses.Field, value: Any) -> str | None:
@@ -85,14 +128,22 @@ class Options:
     `rows` together) adds a `__post_init__` that calls this one first."""
 
     def __post_init__(self):
+        whole = _whole_fields(type(self))
         for f in dataclasses.fields(self):
-            if (problem := option_problem(f, getattr(self, f.name))) is not None:
+            value = getattr(self, f.name)
+            if f.name in whole and value is not None and not _is_whole(value):  # 2.5 or True for a count
+                raise ValueError(f"{f.name} must be a whole number, not {value!r}")
+            if (problem := option_problem(f, value)) is not None:
                 raise ValueError(f"{f.name} {problem}")
 
 
 def bounds_text(field: dataclasses.Field) -> str:
     """The declared range in words ("at least 1", "between 0 and 1"), or ""."""
-    low, high = (_number(field.metadata.get(end)) for end in ("min", "max"))
+    return _range_text(field.metadata.get("min"), field.metadata.get("max"))
+
+
+def _range_text(low: float | None, high: float | None) -> str:
+    low, high = _number(low), _number(high)
     if low is not None and high is not None:
         return f"between {low} and {high}"
     return f"at least {low}" if low is not None else f"at most {high}" if high is not None else ""
