@@ -84,7 +84,7 @@ def main() -> None:
                       batch_tokens=args.batch_tokens, queue_bytes=8 << 30)
         config = CacheConfig(layers=layers, min_loss_tokens=1, batch_tokens=args.batch_tokens)
         _, text = model_config(args.model)
-        plan = make_plan(work / "plan", [chats], args.model, config, {}, text.hidden_size, progress=False)
+        plan = make_plan(work / "plan", [chats], args.model, config, {}, text, progress=False)
         alone = forward_alone(args.model, plan, layers, device)
         result = {
             "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",

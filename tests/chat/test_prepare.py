@@ -209,7 +209,7 @@ def test_cli_writes_single_jsonl_files_and_resumes(tmp_path):
     assert len(train.splitlines()) + len(evals) == CHAT_FILES["gsm8k-train.jsonl.zst"]
     assert all(set(r) == {"id", "turns"} for r in evals)
     again = fuelline(*args)
-    assert again.exit_code == 0 and "1 shard(s) resumed" in again.stdout
+    assert again.exit_code == 0 and "resumed: done in an earlier run" in again.stdout
     assert (tmp_path / "train.jsonl").read_bytes() == train
     other = fuelline(*args, "--seed", "5")
     assert other.exit_code == 2 and "different config" in other.stderr and "Traceback" not in other.stderr

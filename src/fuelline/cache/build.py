@@ -140,19 +140,19 @@ def _prepare(ranks: Ranks, step_dir: WorkDir, model: Path, inputs, config: Cache
     if plan is None:
         if (output / BUILD_DIR).exists():
             shutil.rmtree(output / BUILD_DIR)  # a plan never finished: nothing of it resumes
-        plan = make_plan_or_leave_nothing(step_dir, created, inputs, model, config, text.hidden_size, progress)
+        plan = make_plan_or_leave_nothing(step_dir, created, inputs, model, config, text, progress)
     _check_disk(output, plan, layout, config.force)
     remaining = [s for s in plan.shards if not shard_done(plan.build_dir, s.shard_id)]
     return {"assignment": assign(remaining, ranks.world_size)}
 
 
 def make_plan_or_leave_nothing(step_dir: WorkDir, created: bool, inputs, model, config: CacheConfig,
-                                hidden_size: int, progress: bool) -> Plan:
+                                text, progress: bool) -> Plan:
     """make_plan; when it fails (a bad record, an interrupt), nothing it began stays: without its plan a
     `.build/` resumes nothing, and an output directory the build created goes too."""
     output = step_dir.path
     try:
-        return make_plan(output, inputs, model, config, step_dir.identity, hidden_size, progress)
+        return make_plan(output, inputs, model, config, step_dir.identity, text, progress)
     except BaseException:
         shutil.rmtree(output / BUILD_DIR, ignore_errors=True)
         step_dir.plan_path.unlink(missing_ok=True)

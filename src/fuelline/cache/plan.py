@@ -133,18 +133,19 @@ class Encoded:
 
 
 def encode_inputs(inputs: list[str], model: str | os.PathLike, config: CacheConfig, ids_file, mask_file,
-                  rejects: Rejects, progress: bool = True) -> Encoded:
+                  rejects: Rejects, progress: bool = True, vocab_size: int | None = None) -> Encoded:
     """Encode every chat record of `inputs` with the model's tokenizer, writing ids (int32) and loss
     mask (uint8) to the open files and every record left out to `rejects`; with on_error="raise" a
     record that cannot be read, breaks the record contract or cannot be rendered is an error naming
-    its file and line (and id). An id the model cannot embed stops it, whatever on_error says
+    its file and line (and id). With the model's `vocab_size` (its embedding rows: the plan of a build
+    or stream passes it), an id the model cannot embed stops it, whatever on_error says
     (`check_ids`): before any forward, where a GPU would stop on a device-side assert."""
     from fuelline.chat.encode import ConversationError, load_tokenizer
     from fuelline.io import expand_inputs, iter_file_records
     from fuelline.progress import progress_bar
 
     tokenizer = load_tokenizer(model)
-    check_ids = IdBound(model_config(model)[1].vocab_size, tokenizer.tokenizer.get_vocab_size(with_added_tokens=True))
+    check_ids = IdBound(vocab_size, tokenizer.tokenizer.get_vocab_size(with_added_tokens=True))
     rows, record_ids, truncated, records_in, at = [], [], 0, 0, 0
     batch: list[tuple[str, int, dict]] = []
     on_error = config.errors.on_error
@@ -200,11 +201,11 @@ class IdBound:
     """The model's embedding rows (`vocab_size`): every encoded id must be below it. A tokenizer
     larger than that (a template's added tokens) is fine as long as no record uses the ids above."""
 
-    vocab_size: int
+    vocab_size: int | None  # None: no model to check against (an estimate, a tokenizer alone)
     tokenizer_size: int
 
     def __call__(self, ids: np.ndarray, where: str) -> None:
-        if len(ids) and (largest := int(ids.max())) >= self.vocab_size:
+        if self.vocab_size is not None and len(ids) and (largest := int(ids.max())) >= self.vocab_size:
             raise ValueError(f"{where}: token id {largest:,} is outside the model's vocabulary of "
                              f"{self.vocab_size:,} ids (its tokenizer has {self.tokenizer_size:,}): the tokenizer or "
                              "its chat template makes ids the model cannot embed; use the model's own tokenizer")
@@ -313,18 +314,19 @@ class Plan:
 
 
 def make_plan(directory: Path, inputs: list[str], model: str | os.PathLike, config: CacheConfig, identity: dict,
-              hidden_size: int, progress: bool = True) -> Plan:
-    """Encode the inputs into `.build/` and fix the shards; written atomically, plan.json last."""
+              text, progress: bool = True) -> Plan:
+    """Encode the inputs into `.build/` and fix the shards; written atomically, plan.json last. `text`:
+    the model's text config (its hidden size sizes the records, its vocab_size bounds the ids)."""
     build = directory / BUILD_DIR
     build.mkdir(parents=True, exist_ok=True)
     with (Rejects(build / REJECTS) as rejects, atomic_write(build / "input_ids.bin") as ids_file,
           atomic_write(build / "loss_mask.bin") as mask_file):
-        encoded = encode_inputs(inputs, model, config, ids_file, mask_file, rejects, progress)
+        encoded = encode_inputs(inputs, model, config, ids_file, mask_file, rejects, progress, text.vocab_size)
     with atomic_write(build / "samples.npy") as f:
         np.save(f, encoded.samples)
-    layout = layout_for(config, hidden_size)
+    layout = layout_for(config, text.hidden_size)
     shards = plan_shards(encoded.samples, record_sizes(layout, encoded.samples, encoded.record_ids), config)
-    plan = Plan(directory, identity, hidden_size, encoded.records_in, encoded.dropped, encoded.truncated,
+    plan = Plan(directory, identity, text.hidden_size, encoded.records_in, encoded.dropped, encoded.truncated,
                 encoded.record_ids, shards, encoded.drop_examples)
     plan.save()
     return plan

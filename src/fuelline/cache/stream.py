@@ -265,8 +265,7 @@ class StreamBuilder:
         self.step_dir.begin(lambda: (self.path / STREAM_MANIFEST).exists())
         if not self.step_dir.resumed or Plan.load(self.path) is None:
             shutil.rmtree(self.path / BUILD_DIR, ignore_errors=True)  # a plan never finished resumes nothing
-            make_plan_or_leave_nothing(self.step_dir, created, inputs, model, self.config, text.hidden_size,
-                                       self.progress)
+            make_plan_or_leave_nothing(self.step_dir, created, inputs, model, self.config, text, self.progress)
         return {}
 
     def start(self, partitions: Partitions) -> None:
