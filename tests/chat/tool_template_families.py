@@ -233,8 +233,12 @@ _MISTRAL_ASSISTANT = r"""        {{- calls.text }}
     {%- elif message.role == 'assistant' %}
         {{- ' ' + message.content | trim + eos_token }}
 """
-# the " " before a plain answer is written before every answer: the template's (where the probe starts)
+# the " " before a plain answer is the model's (a call writes [TOOL_CALLS] where it is, and there is no prompt),
+# where the answer is rendered turn by turn; before the last user message the tools move, and marks locate the
+# content alone
 _MISTRAL_ASSISTANT_GEN = r"""        {%- generation %}{{ calls.text }}{% endgeneration %}
+    {%- elif message.role == 'assistant' and (tools is none or loop.index0 > ns.last_user) %}
+        {%- generation %}{{ ' ' + message.content | trim + eos_token }}{% endgeneration %}
     {%- elif message.role == 'assistant' %}
         {{- ' ' }}{% generation %}{{ message.content | trim + eos_token }}{% endgeneration %}
 """
@@ -333,6 +337,64 @@ QWEN3 = QWEN3_TEMPLATE
 QWEN3_GENERATION = QWEN3_GENERATION_TEMPLATE
 
 
+# ----------------------------------------------------------------------------------------- glm-4-0414
+
+# GLM-4-0414's chat template (THUDM/GLM-4-9B-0414 and GLM-4-32B-0414, tokenizer_config.json), reconstructed from
+# what it renders; its message loop is the one the GLM-4-0414 family serves (GLM-Z1-Rumination-32B-0414's
+# template, printed in a public GGUF conversion log, has the same loop). The tool prose of its system turn
+# (Chinese there) is shortened. No end-of-turn token after an answer: the next header ends it (`<|user|>`,
+# `<|observation|>` are among its model's stop tokens). A call is an assistant turn with `metadata` (the
+# function's name, right after `<|assistant|>`, where an answer has "\n") and the arguments as its content;
+# a result an `observation` turn. `tool_calls` and `tool` turns, the chat record's, are not read at all.
+_GLM4_HEAD = r"""[gMASK]<sop>
+{%- if tools -%}
+<|system|>
+# Tools
+{% for tool in tools %}
+    {%- set function = tool.function if tool.get("function") else tool %}
+
+## {{ function.name }}
+
+{{ function | tojson(indent=4, ensure_ascii=False) }}
+Write the arguments of a call to this function as JSON.
+{%- endfor %}
+{%- endif -%}
+{%- for msg in messages %}
+    {%- if msg.role == 'system' %}
+<|system|>
+{{ msg.content }}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages if message.role != 'system' %}
+    {%- set role = message['role'] %}
+    {%- set content = message['content'] %}
+    {%- set meta = message.get("metadata", "") %}
+    {%- if role == 'user' %}
+<|user|>
+{{ content }}
+"""
+_GLM4_ASSISTANT = r"""    {%- elif role == 'assistant' and not meta %}
+<|assistant|>
+{{ content }}
+"""
+# the "\n" after <|assistant|> is the model's: the generation prompt ends before it, and a call writes its name there
+_GLM4_ASSISTANT_GEN = r"""    {%- elif role == 'assistant' and not meta %}
+<|assistant|>{% generation %}{{ '\n' + content }}{% endgeneration %}
+"""
+_GLM4_TAIL = r"""    {%- elif role == 'assistant' and meta %}
+<|assistant|>{{ meta }} 
+{{ content }}
+    {%- elif role == 'observation' %}
+<|observation|>
+{{ content }}
+    {%- endif %}
+{%- endfor %}
+{% if add_generation_prompt %}<|assistant|>{% endif %}"""
+
+GLM4_0414 = _GLM4_HEAD + _GLM4_ASSISTANT + _GLM4_TAIL
+GLM4_0414_GENERATION = _GLM4_HEAD + _GLM4_ASSISTANT_GEN + _GLM4_TAIL
+
+
 @dataclass(frozen=True)
 class Family:
     """A served template, its variant with generation blocks, its special tokens, and what its
@@ -358,6 +420,7 @@ FAMILIES = {f.name: f for f in (
     Family("deepseek-r1", DEEPSEEK_R1, DEEPSEEK_R1_GENERATION, eos="<｜end▁of▁sentence｜>",
            bos="<｜begin▁of▁sentence｜>", tools=False, reasoning_in_content=True),
     Family("qwen3", QWEN3, QWEN3_GENERATION, eos="<|im_end|>"),
+    Family("glm-4-0414", GLM4_0414, GLM4_0414_GENERATION, eos="<|endoftext|>", tools=False),
 )}
 
 # The control tokens of all families, added to the Qwen vocabulary as special tokens (Qwen's own
@@ -367,6 +430,7 @@ CONTROL_TOKENS = [
     "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>",
     "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
     "[/TOOL_RESULTS]", "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
+    "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>",
 ]
 
 
