@@ -64,6 +64,11 @@ blocks (Hermes', Llama 3.1's, Mistral's, Qwen2.5's, DeepSeek-R1's, Qwen3's), aga
 on each template's twin with blocks, and on two broken templates (one ignores `tool_calls`, one
 writes a turn only once another follows) that must refuse them (reliability_tool_templates.py).
 
+(t) tool calls whose names and argument values are words the template itself writes (`end`, `im`,
+`<|`, `assistant`, `tool_call` …, drawn from each template's rendering), on the served templates
+without generation blocks, GLM-4-0414's and plain ChatML: supervised as transformers does on the
+twin with blocks where the template shows calls, refused where it cannot (reliability_tool_names.py).
+
 Outcomes of a trial are those of benchmarks/trials.py (ok, clear_error, silent_wrong, crash, hang,
 leftover).
 
@@ -105,6 +110,7 @@ import reliability_servers  # noqa: E402
 import reliability_stalls  # noqa: E402
 import reliability_stream  # noqa: E402
 import reliability_templates  # noqa: E402
+import reliability_tool_names  # noqa: E402
 import reliability_tool_templates  # noqa: E402
 from trials import OUTCOMES, Tally, cli, damage_file, failure_outcome, free_port, isolated, judged, kill_after, run, table  # noqa: E402
 
@@ -541,6 +547,7 @@ FAMILIES = [
      reliability_decontaminate),
     ("(o) tool-call conversations on served templates without generation blocks, and on broken ones",
      reliability_tool_templates),
+    ("(t) tool names and argument values that collide with the template's own text", reliability_tool_names),
 ]
 ALL_SECTIONS = "abcd" + "".join(title[1] for title, _ in FAMILIES)
 

@@ -29,7 +29,8 @@ HALVES = {
                        "stream with a damaged partition or manifest, read whole",
                        "stream with its builder and trainer ranks SIGKILLed at random moments",
                        "decontaminate against a bad evaluation set", "decontaminate with odd values of its options",
-                       "decontaminate rerun after its evaluation set was edited"},
+                       "decontaminate rerun after its evaluation set was edited",
+                       "tool names that collide with template text"},
 }
 
 

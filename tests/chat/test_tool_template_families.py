@@ -1,6 +1,6 @@
 """Tool-call and reasoning conversations on served templates without generation blocks (issue 38).
 
-Five served templates reconstructed in `tool_template_families` and Qwen3's own, each as a
+Six served templates reconstructed in `tool_template_families` (GLM-4-0414's among them) and Qwen3's own, each as a
 tokenizer directory's chat template. The references, from transformers alone:
 
 - `rule`: the incremental rule run on transformers' renderings of the served template (which

@@ -6,7 +6,9 @@ used for tool-call data if the assistant spans are found by rendering turn by tu
 (`fuelline.chat.incremental_spans`): turn i's text in A_i = render(turns[:i + 1]) starts where the
 content of an empty assistant probe turn after turns[:i] starts, when the text before it is a
 prefix of A_i (what the template writes before every answer, whatever it says); else where P_i =
-render(turns[:i], add_generation_prompt=True) ends, when P_i is a prefix of A_i. Where every A_i
+render(turns[:i], add_generation_prompt=True) ends, when P_i is a prefix of A_i. The probe's start
+moves back to where a probe with a call parts from it (what a call writes in its place is the model's),
+or, where no call is written, to P_i's end when only whitespace is between. Where every A_i
 is a prefix of the later renderings, it is supervised up to and including its last end-of-turn
 token. A turn that neither locates, or whose text a later turn rewrites, falls back to the
 content marks (its content verbatim, then an end-of-turn token), and such a turn with tool calls
@@ -34,7 +36,8 @@ prompts, tool instructions) is shortened; every structural behaviour is kept:
   not: a tool-call turn right after a user turn, which has no " " before it as a plain answer
   has, is refused); answers ` {content|trim}</s>`; calls
   `[TOOL_CALLS] [{"name", "arguments", "id"}]</s>` with 9-alphanumeric ids (else it raises);
-  results `[TOOL_RESULTS] {"content": ..., "call_id": ...}[/TOOL_RESULTS]`; no generation
+  results `[TOOL_RESULTS] {"content": ..., "call_id": ...}[/TOOL_RESULTS]`; the " " before an answer
+  is the model's (a call writes `[TOOL_CALLS]` there) where the turn is rendered turn by turn; no generation
   prompt; user and assistant alternation checked, tool turns and tool-call turns exempt. With
   tools, every turn before the last user message is rewritten later (the tools move).
 - qwen2.5: ChatML, a default system prompt, tools in the system turn, content then calls
@@ -48,6 +51,11 @@ prompts, tool instructions) is shortened; every structural behaviour is kept:
   think block included. (The published template cuts the last message's
   reasoning too, as far as its text shows; then no reasoning is ever rendered, and a reasoning
   conversation is refused by the marks.)
+- glm-4-0414 (GLM-4-9B-0414, GLM-4-32B-0414): `[gMASK]<sop>`, headers `<|user|>`/`<|assistant|>` with
+  the text on the next line, no end-of-turn token, generation prompt `<|assistant|>`; calls are
+  `metadata` turns and results `observation` turns, so `tool_calls` and `tool` turns are not read
+  (tools=False: its conversations have none; a call given to it is refused). The "\n" after
+  `<|assistant|>` is the model's (where a call writes its name).
 - qwen3: `tool_conversations.QWEN3_TEMPLATE` (Qwen3's own), which rewrites earlier turns: the last
   message's (possibly empty) think block goes when a turn follows, and reasoning before the last
   user message goes. Its variant is QWEN3_GENERATION_TEMPLATE: the empty think block before the

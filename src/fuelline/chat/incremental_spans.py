@@ -12,26 +12,26 @@ rendering turns[:i] with the generation prompt (P_i) ends, if P_i is a prefix of
 What the probe has before its content is the template's only where the template writes it before a
 tool call too (a second probe, an assistant turn with one call): where a call is written in its
 place (Mistral's " " before an answer, where `[TOOL_CALLS]` starts a call) the turn starts where
-the two probes part; where the template shows no call, at the end of P_i when the probe's text goes
-beyond it (GLM-4-0414's "\\n" after `<|assistant|>`, where its model writes a function name). Either
-way that position is the model's choice between answering and calling, and it is supervised.
+the two probes part, never before where P_i and A_i part; where the template shows no call, at the
+end of P_i when only whitespace is between it and the probe's content (GLM-4-0414's "\n" after
+`<|assistant|>`, where its model writes a function name; a think block is a mode the template sets).
+Either way that position is the model's choice between answering and calling, and it is supervised.
 
 Used where the template is consistent with itself, proven per conversation: each A_i is a prefix
 of the full rendering, each turn's text starts where the previous one has ended, and the turn's
-supervised text holds what the turn says, within what the turn adds to a rendering without it:
-each tool call's name and its arguments' strings, in what A_i has beyond the turn rendered without
-its calls; else its content, stripped, in what A_i has beyond the empty probe. Never a search of
-the whole turn text: a tool named `end` is in `<|im_end|>`, which the template writes anyway. A
-template that writes a turn only once another follows, or ignores `tool_calls`, is caught so. So
-every piece is where the full text has it. A turn that is not so is given a `NotIncremental`,
-naming the turn and what moved (Qwen3's template drops the think block of earlier turns,
-Mistral's moves the tools before the last user message); the caller locates that turn by other
-means or refuses it.
+supervised text holds what the turn says: each tool call's name and argument strings, found by
+rendering A_i again with each held by a placeholder of its own (never by a search of the text: a
+tool named `end` is in `<|im_end|>`, which the template writes anyway); else its content, stripped,
+among what A_i has beyond the empty probe. A template that writes a turn only once another follows,
+or ignores `tool_calls`, is caught so. So every piece is where the full text has it. A turn that is
+not so is given a `NotIncremental`, naming the turn and what moved (Qwen3's template drops the
+think block of earlier turns, Mistral's moves the tools before the last user message); the caller
+locates that turn by other means or refuses it.
 
 Supervised of a turn's text: up to and including its last end-of-turn token; what follows
-(ChatML's "\\n") the template writes, not the model. Cost: three renderings per assistant turn,
-the full rendering counted among them, one more for a turn with tool calls beside a content or
-reasoning, and P_i where the probe's text is not a prefix of A_i.
+(ChatML's "\n") the template writes, not the model. Cost: three renderings per assistant turn (the
+full rendering counted among them; the second probe, or P_i), four for Mistral's answers, one more
+for a turn with tool calls, and P_i where the probe's text is not a prefix of A_i.
 """
 
 from __future__ import annotations
