@@ -97,3 +97,13 @@ def test_the_call_turn_of_a_served_template_is_supervised_up_to_its_end_of_turn(
     got = encode_chats([{"id": "end", "conversations": called("end"), "tools": TOOLS}], dirs["hermes"], "auto")[0]
     assert [ref.decode(got.input_ids[a:b]) for a, b in runs(got.loss_mask)] == [
         '<tool_call>\n{"name": "end", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>', "It is done.<|im_end|>"]
+
+
+@pytest.mark.parametrize("family", ["hermes", "llama3.1", "qwen2.5"])
+@pytest.mark.parametrize("value", ['"', 'say "hi"', "back\\slash", "\n", "東京 🙂"])
+def test_argument_values_the_template_escapes_are_found_escaped(dirs, family, value):
+    """`tojson` writes `"` as `\\"`: a value written escaped is written, never refused as transformed."""
+    ref = Reference(FAMILIES[family], dirs[family])
+    record = {"id": "escaped", "conversations": called("get_weather", {"city": value}), "tools": TOOLS}
+    assert isinstance(encode_chats([record], dirs[family], "auto")[0], EncodedChat)
+    assert_encoded_as_the_rule_says(ref, record)

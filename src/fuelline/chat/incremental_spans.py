@@ -157,7 +157,7 @@ def _require_said(turns: list[dict], i: int, through: str, span: tuple[int, int]
 def _require_calls(turns: list[dict], i: int, through: str, span: tuple[int, int], render: Render) -> None:
     """Each call's name and argument strings must be in turn i's supervised text: A_i is rendered again with each
     of them held by a placeholder of its own (noncharacters, which no data holds), each of which must be there;
-    and the placeholders written back must give A_i (the template writes them as they are)."""
+    and the placeholders written back must give A_i (the template writes them as they are, or JSON-escaped)."""
     held: list[str] = []
     calls = [{**call, "function": {**call["function"], "name": _hold(call["function"]["name"], held),
                                    "arguments": _hold(call["function"]["arguments"], held)}}
@@ -167,7 +167,7 @@ def _require_calls(turns: list[dict], i: int, through: str, span: tuple[int, int
     except ValueError as e:
         raise NotIncremental(i, f"cannot render turn {i} with its tool calls' names and arguments held by "
                                 f"placeholders ({e}), so whether it writes them is unknown") from None
-    if _PLACEHOLDER.sub(lambda m: held[_number(m)], placed) != through:
+    if _written_back(placed, held).fullmatch(through) is None:
         raise NotIncremental(i, f"transforms the names or arguments of turn {i}'s tool calls (or escapes them), "
                                 f"so whether it writes them is unknown")
     found = {_number(m) for m in _PLACEHOLDER.finditer(placed, span[0], len(placed) - (len(through) - span[1]))}
@@ -200,6 +200,16 @@ def _strings(value) -> int:
     if isinstance(value, list):
         return sum(map(_strings, value))
     return int(isinstance(value, str) and value != "")
+
+
+def _written_back(placed: str, held: list[str]) -> re.Pattern:
+    """The texts `placed` stands for: each placeholder its string as it is or as a JSON string writes it."""
+    parts, last = [], 0
+    for m in _PLACEHOLDER.finditer(placed):
+        forms = sorted(_written(held[_number(m)]), key=len, reverse=True)
+        parts += [re.escape(placed[last:m.start()]), "(?:" + "|".join(map(re.escape, forms)) + ")"]
+        last = m.end()
+    return re.compile("".join([*parts, re.escape(placed[last:])]), re.DOTALL)
 
 
 def _number(placeholder: re.Match) -> int:
