@@ -30,8 +30,9 @@ locates that turn by other means or refuses it.
 
 Supervised of a turn's text: up to and including its last end-of-turn token; what follows
 (ChatML's "\n") the template writes, not the model. Cost: three renderings per assistant turn (the
-full rendering counted among them; the second probe, or P_i), four for Mistral's answers, one more
-for a turn with tool calls, and P_i where the probe's text is not a prefix of A_i.
+full rendering counted among them; the second probe, or P_i; a turn with calls, which is its own
+second probe, renders its placeholders instead), four for Mistral's answers, and P_i where the
+probe's text is not a prefix of A_i.
 """
 
 from __future__ import annotations
@@ -120,6 +121,8 @@ def _before_a_call(turns: list[dict], i: int, through: str, start: int, probe: s
     part, if the template shows that call, never before where P_i and A_i part (what the generation prompt
     writes is the prompt's); else to the end of P_i, where P_i is a prefix of A_i and only whitespace is
     between (a separator the prompt leaves to the model; a think block is a mode the template sets)."""
+    if len(turns[i]) > 2 and turns[i].get("tool_calls"):
+        return start  # A_i writes a call (else the turn is refused) after the probe's text: that is the template's
     parted = None
     if reads_calls:
         try:
@@ -167,7 +170,7 @@ def _require_calls(turns: list[dict], i: int, through: str, span: tuple[int, int
     except ValueError as e:
         raise NotIncremental(i, f"cannot render turn {i} with its tool calls' names and arguments held by "
                                 f"placeholders ({e}), so whether it writes them is unknown") from None
-    if _written_back(placed, held).fullmatch(through) is None:
+    if not _written_back(placed, held, through):
         raise NotIncremental(i, f"transforms the names or arguments of turn {i}'s tool calls (or escapes them), "
                                 f"so whether it writes them is unknown")
     found = {_number(m) for m in _PLACEHOLDER.finditer(placed, span[0], len(placed) - (len(through) - span[1]))}
@@ -202,14 +205,20 @@ def _strings(value) -> int:
     return int(isinstance(value, str) and value != "")
 
 
-def _written_back(placed: str, held: list[str]) -> re.Pattern:
-    """The texts `placed` stands for: each placeholder its string as it is or as a JSON string writes it."""
-    parts, last = [], 0
-    for m in _PLACEHOLDER.finditer(placed):
-        forms = sorted(_written(held[_number(m)]), key=len, reverse=True)
-        parts += [re.escape(placed[last:m.start()]), "(?:" + "|".join(map(re.escape, forms)) + ")"]
-        last = m.end()
-    return re.compile("".join([*parts, re.escape(placed[last:])]), re.DOTALL)
+def _written_back(placed: str, held: list[str], through: str) -> bool:
+    """Whether `through` is `placed` with each placeholder its string, as it is or as a JSON string writes it
+    (the form after which the text goes on as `placed` does)."""
+    pieces = _PLACEHOLDER.split(placed)  # text, number, text, …, text
+    at = len(pieces[0])
+    if not through.startswith(pieces[0]):
+        return False
+    for number, after in zip(pieces[1::2], pieces[2::2]):
+        forms = sorted(_written(held[int(number.translate(_FROM_DIGITS))]), key=len, reverse=True)
+        form = next((f for f in forms if through.startswith(f + after[:64], at)), None)
+        if form is None or not through.startswith(after, at + len(form)):
+            return False
+        at += len(form) + len(after)
+    return at == len(through)
 
 
 def _number(placeholder: re.Match) -> int:
