@@ -82,6 +82,10 @@ read-only and full output locations, --workers far above the shards (capped, sai
 bytes), odd numbers given to the library's entry points, and a model whose embedding is smaller
 than its tokenizer (reliability_refusals.py): one line, nothing changed, or a ValueError naming the
 argument.
+It adds (t) tool calls whose names and argument values are words the template itself writes (`end`, `im`,
+`<|`, `assistant`, `tool_call` …, drawn from each template's rendering), on the served templates
+without generation blocks, GLM-4-0414's and plain ChatML: supervised as transformers does on the
+twin with blocks where the template shows calls, refused where it cannot (reliability_tool_names.py).
 
 Outcomes of a trial are those of benchmarks/trials.py (ok, clear_error, silent_wrong, crash, hang,
 leftover).
@@ -128,6 +132,7 @@ import reliability_stalls  # noqa: E402
 import reliability_stream  # noqa: E402
 import reliability_stream_acks  # noqa: E402
 import reliability_templates  # noqa: E402
+import reliability_tool_names  # noqa: E402
 import reliability_tool_templates  # noqa: E402
 from trials import (OUTCOMES, Tally, can_mount, cli, damage_file, failure_outcome, free_port, isolated,  # noqa: E402
                     judged, kill_after, mount_tmpfs, run, table)
@@ -555,6 +560,7 @@ FAMILIES = [
      reliability_stream_acks),
     ("(s) decontaminate forms: items split over turns, in tool calls and results, behind invisible characters; "
      "blank items, paths with = and :, odd records", reliability_decontaminate_forms),
+    ("(t) tool names and argument values that collide with the template's own text", reliability_tool_names),
 ]
 ALL_SECTIONS = "abcd" + "".join(title[1] for title, _ in FAMILIES)
 

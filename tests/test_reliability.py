@@ -5,7 +5,7 @@ clear error, never in wrong data, a crash, a hang or files left behind.
 
 It runs in three parts, one test each, which the two xdist workers of the slow part take one by
 one: the pretraining sections (a)-(d), which share their inputs, and the families of their own
-modules, (e)-(l) and (m) onwards."""
+modules, (e)-(o) and (p) onwards."""
 
 import subprocess
 import sys
@@ -22,29 +22,30 @@ from reliability import ALL_SECTIONS  # noqa: E402
 
 PARTS = {
     "abcd": {"kill -9 and resume", "fuzz", "bad corpus"},
-    "efghijkl": {"templates", "servers", "export reruns", "vocab-map", "chat forms", "stalls", "prompts", "chat records",
-                 "odd values of numeric options", "wrong record type per command",
-                 "chat regenerate resumed with another option or input"},
-    "mnopqrs": {"cache stream resumed with another option or input",
-                 "stream with a damaged partition or manifest, read whole",
-                 "stream with its builder and trainer ranks SIGKILLed at random moments",
-                 "decontaminate against a bad evaluation set", "decontaminate with odd values of its options",
-                 "decontaminate rerun after its evaluation set was edited",
-                 "outputs overlapping inputs, every command", "empty and repeated inputs",
-                 "outputs apart from their inputs run",
-                 "evaluation sets, servers, --config and pipeline files inside outputs",
-                 "--restart with a user's file in the output, every command",
-                 "refused reruns of a finished pipeline", "read-only and full output locations",
-                 "workers far above the input's shards", "odd numbers given to library entry points",
-                 "cache build with a tokenizer larger than the model's vocabulary",
-                 "stream acknowledgements x shuffle groups x windows x batches",
-                 "stream acknowledgements with kills and a builder resumed with another window",
-                 "decontaminate items split over turns", "decontaminate items in tool arguments and tool results",
-                 "decontaminate items hidden by invisible characters", "decontaminate with blank evaluation items",
-                 "decontaminate against evaluation paths holding = and :",
-                 "decontaminate odd records under --on-error skip and raise",
-                 "decontaminate resumed with another --turns",
-                 "decontaminate resumed over a damaged evaluation index"},
+    "efghijklmno": {"templates", "servers", "export reruns", "vocab-map", "chat forms", "stalls", "prompts",
+                    "chat records", "odd values of numeric options", "wrong record type per command",
+                    "chat regenerate resumed with another option or input",
+                    "cache stream resumed with another option or input",
+                    "stream with a damaged partition or manifest, read whole",
+                    "stream with its builder and trainer ranks SIGKILLed at random moments",
+                    "decontaminate against a bad evaluation set", "decontaminate with odd values of its options",
+                    "decontaminate rerun after its evaluation set was edited"},
+    "pqrst": {"outputs overlapping inputs, every command", "empty and repeated inputs",
+              "outputs apart from their inputs run",
+              "evaluation sets, servers, --config and pipeline files inside outputs",
+              "--restart with a user's file in the output, every command",
+              "refused reruns of a finished pipeline", "read-only and full output locations",
+              "workers far above the input's shards", "odd numbers given to library entry points",
+              "cache build with a tokenizer larger than the model's vocabulary",
+              "stream acknowledgements x shuffle groups x windows x batches",
+              "stream acknowledgements with kills and a builder resumed with another window",
+              "decontaminate items split over turns", "decontaminate items in tool arguments and tool results",
+              "decontaminate items hidden by invisible characters", "decontaminate with blank evaluation items",
+              "decontaminate against evaluation paths holding = and :",
+              "decontaminate odd records under --on-error skip and raise",
+              "decontaminate resumed with another --turns",
+              "decontaminate resumed over a damaged evaluation index",
+              "tool names that collide with template text"},
 }
 
 

@@ -1,6 +1,6 @@
 """Tool-call and reasoning conversations on served templates without generation blocks (issue 38).
 
-Five served templates reconstructed in `tool_template_families` and Qwen3's own, each as a
+Six served templates reconstructed in `tool_template_families` (GLM-4-0414's among them) and Qwen3's own, each as a
 tokenizer directory's chat template. The references, from transformers alone:
 
 - `rule`: the incremental rule run on transformers' renderings of the served template (which
@@ -18,6 +18,7 @@ rule keeps, and a Drop (`unrenderable`) naming the turn for every one it refuses
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -39,6 +40,7 @@ from .tool_template_families import FAMILIES, Family, family_dirs
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>")
 OPEN, CLOSE = "\ufdd2", "\ufdd3"
 PROBE = "probe-content"
+CALL_PROBE = {"id": "probecall", "type": "function", "function": {"name": "probe_call_name", "arguments": {}}}
 
 
 @pytest.fixture(scope="module")
@@ -136,11 +138,23 @@ def _located(ref: Reference, turns: list[dict], tools, i: int, rendered: str) ->
     """Where turn i's text starts in `rendered` (its rendering through turn i), or None: where the content of
     an assistant probe turn after turns[:i] starts, if the text before it is a prefix of `rendered` (what the
     template writes before every answer, whatever it says); else where rendering turns[:i] with the
-    generation prompt ends, if that is a prefix of it."""
+    generation prompt ends, if that is a prefix of it. The probe's start moves back to where a probe turn
+    with one call parts from it, if that call is written (a call is written there instead: the model's
+    choice), never before where the generation prompt parts from `rendered`; where no call is written, to
+    the generation prompt's end, if that is earlier, a prefix of `rendered`, and only whitespace is between."""
     probed = ref.render(turns[:i] + [{"role": "assistant", "content": PROBE}], tools)
-    if probed.count(PROBE) == 1 and rendered.startswith(probed[:probed.index(PROBE)]):
-        return probed.index(PROBE)
     prompt = ref.render(turns[:i], tools, generation_prompt=True)
+    if probed.count(PROBE) == 1 and rendered.startswith(probed[:probed.index(PROBE)]):
+        start = probed.index(PROBE)
+        try:
+            call = ref.render(turns[:i] + [{"role": "assistant", "content": "", "tool_calls": [CALL_PROBE]}], tools)
+        except Exception:  # a template that renders no call (it raises on one)
+            call = ""
+        parted = len(os.path.commonprefix([probed, call]))
+        if CALL_PROBE["function"]["name"] in call[parted:]:
+            return min(start, max(parted, len(os.path.commonprefix([prompt, rendered]))))
+        between = rendered[len(prompt):start]
+        return len(prompt) if len(prompt) < start and rendered.startswith(prompt) and not between.strip() else start
     return len(prompt) if rendered.startswith(prompt) else None
 
 
@@ -276,13 +290,12 @@ BY_HAND = {
     ("llama3.1", "error"): [llama_call(*ATLANTIS), ANSWERS["error"] + "<|eot_id|>"],
     ("llama3.1", "rounds"): [llama_call(*PARIS), llama_call(*TOKYO), "Tokyo, by 6 °C.<|eot_id|>", llama_call(*TIME),
                              "It is 21:04 in Tokyo.<|eot_id|>"],
-    # the " " before an answer is the template's (the probe's content starts after it), but the token " It"
-    # overlaps the answer; a " " before a digit is a token of its own, left out
+    # the " " before an answer is the model's: where it writes [TOOL_CALLS] for a call (no generation prompt)
     ("mistral", "single"): [mistral_calls((*PARIS, 1)), " " + ANSWERS["single"] + "</s>"],
     ("mistral", "parallel"): [mistral_calls((*PARIS, 1), (*TOKYO, 2), (*TIME, 3)), " " + ANSWERS["parallel"] + "</s>"],
-    ("mistral", "digits"): ["18 °C.</s>"],
-    # a system message: the first answer after each user turn is located by the probe, after the " "
-    ("mistral", "numbers"): ["18 °C.</s>", "24 °C.</s>"],
+    ("mistral", "digits"): [" 18 °C.</s>"],
+    # a system message (written into the last user turn only): the probes locate the answers, the " " included
+    ("mistral", "numbers"): [" 18 °C.</s>", " 24 °C.</s>"],
     ("qwen2.5", "parallel"): ["Let me check.\n" + "\n".join(hermes_call(*c) for c in (PARIS, TOKYO, TIME)) + END,
                               ANSWERS["parallel"] + END],
     ("qwen2.5", "error"): [hermes_call(*ATLANTIS) + END, ANSWERS["error"] + END],
@@ -296,6 +309,9 @@ BY_HAND = {
     # the last message's empty think block is written before every last answer: the prompt's, as in `qwen3`;
     # the earlier answer, rewritten, by its marks
     ("qwen3", "poem"): ["疑是地上霜。🙂 Then: 举头望明月" + END, "You're welcome." + END],
+    # no end-of-turn token; the "\n" after <|assistant|> is the model's (where a call writes its function's name)
+    ("glm-4-0414", "poem"): ["\n疑是地上霜。🙂 Then: 举头望明月", "\nYou're welcome."],
+    ("glm-4-0414", "hello"): ["\nHello!"],
 }
 
 
@@ -356,7 +372,7 @@ def test_rewritten_turns_with_calls_or_reasoning_are_refused_naming_turn_and_cau
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_plain_conversations_keep_their_masks(references, name):
     """No tools, no reasoning: where today's marks locate every answer, the rule gives the same mask (Qwen3's
-    empty think block before the last answer and Mistral's " " before each are the template's, as today)."""
+    empty think block before the last answer is the template's; Mistral's " " before each is the model's)."""
     ref = references(name)
     batch = [{"id": chat, "conversations": turns} for chat, turns in PLAIN.items()]
     for record, got in zip(batch, encode_chats(batch, ref.directory, "auto")):

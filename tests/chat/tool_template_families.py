@@ -6,7 +6,9 @@ used for tool-call data if the assistant spans are found by rendering turn by tu
 (`fuelline.chat.incremental_spans`): turn i's text in A_i = render(turns[:i + 1]) starts where the
 content of an empty assistant probe turn after turns[:i] starts, when the text before it is a
 prefix of A_i (what the template writes before every answer, whatever it says); else where P_i =
-render(turns[:i], add_generation_prompt=True) ends, when P_i is a prefix of A_i. Where every A_i
+render(turns[:i], add_generation_prompt=True) ends, when P_i is a prefix of A_i. The probe's start
+moves back to where a probe with a call parts from it (what a call writes in its place is the model's),
+or, where no call is written, to P_i's end when only whitespace is between. Where every A_i
 is a prefix of the later renderings, it is supervised up to and including its last end-of-turn
 token. A turn that neither locates, or whose text a later turn rewrites, falls back to the
 content marks (its content verbatim, then an end-of-turn token), and such a turn with tool calls
@@ -34,7 +36,8 @@ prompts, tool instructions) is shortened; every structural behaviour is kept:
   not: a tool-call turn right after a user turn, which has no " " before it as a plain answer
   has, is refused); answers ` {content|trim}</s>`; calls
   `[TOOL_CALLS] [{"name", "arguments", "id"}]</s>` with 9-alphanumeric ids (else it raises);
-  results `[TOOL_RESULTS] {"content": ..., "call_id": ...}[/TOOL_RESULTS]`; no generation
+  results `[TOOL_RESULTS] {"content": ..., "call_id": ...}[/TOOL_RESULTS]`; the " " before an answer
+  is the model's (a call writes `[TOOL_CALLS]` there) where the turn is rendered turn by turn; no generation
   prompt; user and assistant alternation checked, tool turns and tool-call turns exempt. With
   tools, every turn before the last user message is rewritten later (the tools move).
 - qwen2.5: ChatML, a default system prompt, tools in the system turn, content then calls
@@ -48,6 +51,11 @@ prompts, tool instructions) is shortened; every structural behaviour is kept:
   think block included. (The published template cuts the last message's
   reasoning too, as far as its text shows; then no reasoning is ever rendered, and a reasoning
   conversation is refused by the marks.)
+- glm-4-0414 (GLM-4-9B-0414, GLM-4-32B-0414): `[gMASK]<sop>`, headers `<|user|>`/`<|assistant|>` with
+  the text on the next line, no end-of-turn token, generation prompt `<|assistant|>`; calls are
+  `metadata` turns and results `observation` turns, so `tool_calls` and `tool` turns are not read
+  (tools=False: its conversations have none; a call given to it is refused). The "\n" after
+  `<|assistant|>` is the model's (where a call writes its name).
 - qwen3: `tool_conversations.QWEN3_TEMPLATE` (Qwen3's own), which rewrites earlier turns: the last
   message's (possibly empty) think block goes when a turn follows, and reasoning before the last
   user message goes. Its variant is QWEN3_GENERATION_TEMPLATE: the empty think block before the
@@ -233,8 +241,12 @@ _MISTRAL_ASSISTANT = r"""        {{- calls.text }}
     {%- elif message.role == 'assistant' %}
         {{- ' ' + message.content | trim + eos_token }}
 """
-# the " " before a plain answer is written before every answer: the template's (where the probe starts)
+# the " " before a plain answer is the model's (a call writes [TOOL_CALLS] where it is, and there is no prompt),
+# where the answer is rendered turn by turn; before the last user message the tools move, and marks locate the
+# content alone
 _MISTRAL_ASSISTANT_GEN = r"""        {%- generation %}{{ calls.text }}{% endgeneration %}
+    {%- elif message.role == 'assistant' and (tools is none or loop.index0 > ns.last_user) %}
+        {%- generation %}{{ ' ' + message.content | trim + eos_token }}{% endgeneration %}
     {%- elif message.role == 'assistant' %}
         {{- ' ' }}{% generation %}{{ message.content | trim + eos_token }}{% endgeneration %}
 """
@@ -333,6 +345,64 @@ QWEN3 = QWEN3_TEMPLATE
 QWEN3_GENERATION = QWEN3_GENERATION_TEMPLATE
 
 
+# ----------------------------------------------------------------------------------------- glm-4-0414
+
+# GLM-4-0414's chat template (THUDM/GLM-4-9B-0414 and GLM-4-32B-0414, tokenizer_config.json), reconstructed from
+# what it renders; its message loop is the one the GLM-4-0414 family serves (GLM-Z1-Rumination-32B-0414's
+# template, printed in a public GGUF conversion log, has the same loop). The tool prose of its system turn
+# (Chinese there) is shortened. No end-of-turn token after an answer: the next header ends it (`<|user|>`,
+# `<|observation|>` are among its model's stop tokens). A call is an assistant turn with `metadata` (the
+# function's name, right after `<|assistant|>`, where an answer has "\n") and the arguments as its content;
+# a result an `observation` turn. `tool_calls` and `tool` turns, the chat record's, are not read at all.
+_GLM4_HEAD = r"""[gMASK]<sop>
+{%- if tools -%}
+<|system|>
+# Tools
+{% for tool in tools %}
+    {%- set function = tool.function if tool.get("function") else tool %}
+
+## {{ function.name }}
+
+{{ function | tojson(indent=4, ensure_ascii=False) }}
+Write the arguments of a call to this function as JSON.
+{%- endfor %}
+{%- endif -%}
+{%- for msg in messages %}
+    {%- if msg.role == 'system' %}
+<|system|>
+{{ msg.content }}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages if message.role != 'system' %}
+    {%- set role = message['role'] %}
+    {%- set content = message['content'] %}
+    {%- set meta = message.get("metadata", "") %}
+    {%- if role == 'user' %}
+<|user|>
+{{ content }}
+"""
+_GLM4_ASSISTANT = r"""    {%- elif role == 'assistant' and not meta %}
+<|assistant|>
+{{ content }}
+"""
+# the "\n" after <|assistant|> is the model's: the generation prompt ends before it, and a call writes its name there
+_GLM4_ASSISTANT_GEN = r"""    {%- elif role == 'assistant' and not meta %}
+<|assistant|>{% generation %}{{ '\n' + content }}{% endgeneration %}
+"""
+_GLM4_TAIL = r"""    {%- elif role == 'assistant' and meta %}
+<|assistant|>{{ meta }} 
+{{ content }}
+    {%- elif role == 'observation' %}
+<|observation|>
+{{ content }}
+    {%- endif %}
+{%- endfor %}
+{% if add_generation_prompt %}<|assistant|>{% endif %}"""
+
+GLM4_0414 = _GLM4_HEAD + _GLM4_ASSISTANT + _GLM4_TAIL
+GLM4_0414_GENERATION = _GLM4_HEAD + _GLM4_ASSISTANT_GEN + _GLM4_TAIL
+
+
 @dataclass(frozen=True)
 class Family:
     """A served template, its variant with generation blocks, its special tokens, and what its
@@ -358,6 +428,7 @@ FAMILIES = {f.name: f for f in (
     Family("deepseek-r1", DEEPSEEK_R1, DEEPSEEK_R1_GENERATION, eos="<｜end▁of▁sentence｜>",
            bos="<｜begin▁of▁sentence｜>", tools=False, reasoning_in_content=True),
     Family("qwen3", QWEN3, QWEN3_GENERATION, eos="<|im_end|>"),
+    Family("glm-4-0414", GLM4_0414, GLM4_0414_GENERATION, eos="<|endoftext|>", tools=False),
 )}
 
 # The control tokens of all families, added to the Qwen vocabulary as special tokens (Qwen's own
@@ -367,6 +438,7 @@ CONTROL_TOKENS = [
     "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|python_tag|>",
     "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
     "[/TOOL_RESULTS]", "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
+    "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>",
 ]
 
 

@@ -59,7 +59,8 @@ def _render(turns: list[dict], tools: list[dict] | None, t: ChatTemplate, add_ge
 
     ends_of_turn = (t.end_of_turn,) if t.end_of_turn else (variables.get("eos_token") or "", *END_OF_TURN_TOKENS)
     located = [i for i in assistant if i in trained]
-    found = dict(zip(located, incremental_spans(turns, located, text, add_generation_prompt, render, ends_of_turn)))
+    found = dict(zip(located, incremental_spans(turns, located, text, add_generation_prompt, render, ends_of_turn,
+                                                reads_calls="tool_calls" in t.jinja)))
     moved = {i: result for i, result in found.items() if isinstance(result, NotIncremental)}
     if moved:
         marked = _marked_spans(turns, list(moved), t, text, lambda part: render(part, add_generation_prompt),
