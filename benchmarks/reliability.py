@@ -2,7 +2,7 @@
 
     python benchmarks/reliability.py [--reduced] [--sections LETTERS] [--trials N] [--seed S] [--json PATH]
 
-Families of scenarios (issue 15):
+Families of scenarios:
 
 (a) kill: a command runs on a subset of the real poetry corpus (`clean`, `boilerplate`, `dedup`,
     `tokenizer train`, `pack`, `chat prepare`, and in the full run `chat regenerate` against echo
@@ -19,70 +19,74 @@ Families of scenarios (issue 15):
 (d) disk full (root only: a tmpfs): `clean` and `pack` into a disk too small, then the same command
     again with room.
 
-Issue 25 adds the distillation half's families, one module each: (b) also edits every field of a
-target cache's manifest and index records, for both formats and every reader mode
+The distillation half's families, one module each: (b) also edits every field of a target
+cache's manifest and index records, for both formats and every reader mode
 (reliability_cache.py); (e) chat template spans fuzzed against transformers' assistant masks
 (reliability_templates.py); (f) servers that answer wrongly or die under `chat regenerate`
-(reliability_servers.py). Issue 36 adds (g): exports rerun after each kind of damage and vocab-map
+(reliability_servers.py); (g) exports rerun after each kind of damage and vocab-map
 on damaged caches and pack outputs (reliability_exports.py), for SpecForge's export and both layouts of
 speculators'.
 
-It adds (h) tool-call arguments and reasoning in every form (integers beyond 64 bits, floats
+(h) tool-call arguments and reasoning in every form (integers beyond 64 bits, floats
 a rendering would change, lone surrogates, each `<think>` form, fields on the wrong role, OpenAI
 weights) through `chat prepare`, and through `chat regenerate` against echo servers answering in
 them: no rounded number or think tag may reach the rendered text, no field vanish unsaid
 (reliability_chat_forms.py).
 
-It adds (i) servers that stall, are slow or do not stream, and prompt records, under
+(i) servers that stall, are slow or do not stream, and prompt records, under
 `chat regenerate`, each trial bounded in time so that a hang is one (reliability_stalls.py).
 
-It adds (j) chat records a template should not train on as given: answers spelling control
+(j) chat records a template should not train on as given: answers spelling control
 tokens, records a template cannot render under `--on-error raise|skip` (pack and the cache build's
 plan), records the chat record contract refuses (refused alike by regenerate, before any request,
 by pack and by the plan), weight-0 assistant turns, and a pack resumed with a changed policy
 (reliability_chat_records.py).
 
-It adds (k) the command line as a new user meets it (reliability_cli.py): numeric options
+(k) the command line as a new user meets it (reliability_cli.py): numeric options
 given zero, negatives, huge numbers, NaN, infinity or the wrong type, on the command line and in
 pipeline files; records of the other pipeline to each command; `fuelline run` killed and rerun,
 leaving no lock or temp file.
 
-Issue 40 adds (n) `decontaminate` against bad evaluation sets, with odd values of its options,
-and rerun after its evaluation set was edited (reliability_decontaminate.py); and to (a) its kill
-and resume.
-
-It adds (l) `chat regenerate` resumed with another model, option or input (reliability_resume.py):
+(l) `chat regenerate` resumed with another model, option or input (reliability_resume.py):
 refused, naming what differs, the output untouched; other request settings resume.
 
-Issue 37 adds (m) the streaming target cache (reliability_stream.py): `fuelline cache stream`
+(m) the streaming target cache (reliability_stream.py): `fuelline cache stream`
 resumed with other options, damaged partitions and manifest, odd values (window 1, one-sample
 partitions, a disk bound below a partition), its builder and trainer ranks SIGKILLed: every
 sample once per epoch, byte-equal to the offline build's, or a clear error.
 
-Issue 38 adds (o) tool-call and reasoning conversations on served templates without generation
+(n) `decontaminate` against bad evaluation sets, with odd values of its options,
+and rerun after its evaluation set was edited (reliability_decontaminate.py); (a) kills and resumes it.
+
+(o) tool-call and reasoning conversations on served templates without generation
 blocks (Hermes', Llama 3.1's, Mistral's, Qwen2.5's, DeepSeek-R1's, Qwen3's), against transformers
 on each template's twin with blocks, and on two broken templates (one ignores `tool_calls`, one
 writes a turn only once another follows) that must refuse them (reliability_tool_templates.py).
 
-It adds (p) outputs that are, hold or lie inside an input, or another output, for every command
+(p) outputs that are, hold or lie inside an input, or another output, for every command
 that writes (absolute, through symlinks and `..`, with and without --restart), and empty and
-repeated inputs (reliability_paths.py): refused in one line with the tree byte for byte unchanged.
-It adds (s) the forms a planted evaluation item takes that `decontaminate` must see through (split
-over turns under each --turns, in tool calls' arguments and tool results, behind invisible
-characters of each kind) and the inputs it must read as meant (blank items, evaluation paths
-holding `=` and `:`, odd records under --on-error skip and raise, a rerun with another --turns)
-(reliability_decontaminate_forms.py).
-It adds (r) the streaming cache's acknowledgements against its window
-(reliability_stream_acks.py): acknowledgement modes, shuffle groups, windows, DataLoader batches
-and workers, with kills and a builder resumed with another window, each trial bounded in time:
-every sample once per epoch, or a refusal when a side opens or resumes, never a deadlock.
+repeated inputs, evaluation sets, servers, --config and pipeline files inside outputs, and
+--restart over an output holding a user's file (reliability_paths.py): refused in one line with the
+tree byte for byte unchanged.
 
-It adds (q) refused reruns of a finished pipeline (an option of each step, an edited input),
+(q) refused reruns of a finished pipeline (an option of each step, an edited input),
 read-only and full output locations, --workers far above the shards (capped, said once, the same
 bytes), odd numbers given to the library's entry points, and a model whose embedding is smaller
 than its tokenizer (reliability_refusals.py): one line, nothing changed, or a ValueError naming the
 argument.
-It adds (t) tool calls whose names and argument values are words the template itself writes (`end`, `im`,
+
+(r) the streaming cache's acknowledgements against its window
+(reliability_stream_acks.py): acknowledgement modes, shuffle groups, windows, DataLoader batches
+and workers, with kills and a builder resumed with another window, each trial bounded in time:
+every sample once per epoch, or a refusal when a side opens or resumes, never a deadlock.
+
+(s) the forms a planted evaluation item takes that `decontaminate` must see through (split
+over turns under each --turns, in tool calls' arguments and tool results, behind invisible
+characters of each kind) and the inputs it must read as meant (blank items, evaluation paths
+holding `=` and `:`, odd records under --on-error skip and raise, a rerun with another --turns)
+(reliability_decontaminate_forms.py).
+
+(t) tool calls whose names and argument values are words the template itself writes (`end`, `im`,
 `<|`, `assistant`, `tool_call` …, drawn from each template's rendering), on the served templates
 without generation blocks, GLM-4-0414's and plain ChatML: supervised as transformers does on the
 twin with blocks where the template shows calls, refused where it cannot (reliability_tool_names.py).
@@ -90,8 +94,9 @@ twin with blocks where the template shows calls, refused where it cannot (reliab
 Outcomes of a trial are those of benchmarks/trials.py (ok, clear_error, silent_wrong, crash, hang,
 leftover).
 
-`--reduced` (CI, under 5 minutes) runs fewer trials on a smaller subset; tests/test_reliability.py
-runs it, in two halves side by side (`--sections abcd` and the families), and fails on any
+`--reduced` (CI) runs fewer trials on a smaller subset; tests/test_reliability.py runs it in three
+parts that the slow part's two workers take one by one (`--sections abcd`, then the families in two
+groups), and fails on any
 silent_wrong, crash, hang or leftover. Results: benchmarks/results/reliability.json
 (full runs) and the table in docs/benchmarks.md.
 """
