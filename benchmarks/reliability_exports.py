@@ -13,8 +13,10 @@
   and a note in `hidden_states/`); and a record of the cache changed after the export (its id,
   its states) with the export's file of it deleted. The same command again: ok when it ends with
   exactly the undamaged export's files (stats.json aside) and says so; a clear error when it
-  refuses in one line naming the output or the cache (exit 2, no traceback); silent_wrong when
-  it exits 0 leaving other files (the files the trainer's walker would read included).
+  refuses in one line naming the output or the cache (exit 2, no traceback), as it must for a
+  stray (the finished export did not write it, so it is a user's file, never deleted);
+  silent_wrong when it exits 0 leaving other files (the files the trainer's walker would read
+  included).
 - **vocab-map on damage.** `build_vocab_mapping` over a copy of the fuelline cache and of a
   pack output (a synthetic chat token dataset in `train/`) with one file truncated or one byte
   flipped (hypothesis): ok when the mapping and counts equal the undamaged source's, a clear

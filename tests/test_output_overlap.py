@@ -138,6 +138,20 @@ def test_restart_refuses_an_output_holding_a_users_file_and_keeps_every_byte(tre
         assert snapshot(tree) == before, f"{command} changed the tree"
 
 
+def test_a_pipeline_refusing_to_delete_a_users_file_names_the_option_typed(tree):
+    """Inside `fuelline run --restart-from STEP` the refusal said `--restart would delete …`, an option
+    the user did not type."""
+    assert invoke_cli("run", "clean.toml", "-i", "corpus.jsonl", "-o", "run", "-q").exit_code == 0
+    (tree / "run" / "01-clean" / "notes.txt").write_text("mine\n")
+    before = snapshot(tree)
+    for option, says in ((["--restart-from", "clean"], "--restart-from clean"), (["--restart"], "--restart")):
+        result = invoke_cli("run", "clean.toml", "-i", "corpus.jsonl", "-o", "run", *option, "-q")
+        assert result.exit_code == 2, result.output
+        assert result.stderr.startswith(f"error: {says} would delete run/01-clean, which also holds notes.txt "), \
+            result.stderr
+        assert snapshot(tree) == before
+
+
 def test_restart_redoes_a_step_keeping_the_hidden_files_it_did_not_write(tree):
     (tree / "cl" / "notes.txt").unlink()
     (tree / "cl" / ".DS_Store").write_bytes(b"finder")

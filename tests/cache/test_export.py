@@ -207,9 +207,9 @@ def test_the_command_and_a_pipeline_step_take_the_same_options(tmp_path):
     assert len(specforge_reader.find_files(tmp_path / "run" / "01-specforge-export")) == 4
 
 
-def test_a_rerun_checks_every_file_and_repairs_what_is_missing_short_changed_or_stray(tmp_path):
+def test_a_rerun_checks_every_file_and_repairs_what_is_missing_short_or_changed(tmp_path):
     """Issue 36 class 5: each kind of damage to a finished export, then the same command: it says what
-    it repaired and ends with the files of an undamaged export; a stray data_500.ckpt is removed."""
+    it repaired and ends with the files of an undamaged export."""
     write_cache(tmp_path / "cache", num_samples=7)
     out, rows = tmp_path / "out", tmp_path / "out" / "rows_0-2000"
     export_specforge(tmp_path / "cache", out, SpecForgeExportConfig(), workers=1, progress=False)
@@ -220,8 +220,6 @@ def test_a_rerun_checks_every_file_and_repairs_what_is_missing_short_changed_or_
     changed[200] ^= 1
     (rows / "data_3.ckpt").write_bytes(bytes(changed))  # same size: only its checksum tells
     (rows / "data_4.ckpt").write_bytes((rows / "data_4.ckpt").read_bytes() + b"x")
-    (rows / "data_500.ckpt").write_bytes(b"not ours")
-    (rows / "data_5.ckpt.gz").write_bytes(b"not ours either")
     (out / "record_ids.txt").unlink()
     (out / "fuelline_export.json").write_bytes((out / "fuelline_export.json").read_bytes()[:40])
     record = read_index(tmp_path / "cache", read_manifest(tmp_path / "cache"))[6]  # its record opens with its id
@@ -233,8 +231,7 @@ def test_a_rerun_checks_every_file_and_repairs_what_is_missing_short_changed_or_
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert ("repaired: rewrote missing data_1; rewrote short data_2; rewrote longer data_4; rewrote changed data_3; "
-            "removed strays rows_0-2000/data_5.ckpt.gz, rows_0-2000/data_500.ckpt; rewrote fuelline_export.json, "
-            "record_ids.txt (missing)") in result.output
+            "rewrote fuelline_export.json, record_ids.txt (missing)") in result.output
     assert tree(out) == whole and len(specforge_reader.find_files(out)) == 7
     stats = orjson.loads((out / "stats.json").read_bytes())
     assert stats["export"]["written_files"] == 4 and stats["export"]["repaired"]["missing"] == [1]
@@ -245,6 +242,32 @@ def test_a_rerun_checks_every_file_and_repairs_what_is_missing_short_changed_or_
     refused = CliRunner().invoke(main, args)
     assert refused.exit_code == 2 and f"{rows / 'data_0.ckpt'}: not a regular file where the export's file of " \
         "sample 0 goes" in refused.output and (rows / "data_0.ckpt").is_dir()
+
+
+def test_a_rerun_refuses_a_users_file_the_walker_would_read_and_removes_only_its_own_strays(tmp_path):
+    """A rerun deleted every file under OUT that SpecForge's walker would read and no sample names, a
+    user's my.ckpt with them. Now one the export did not write refuses the run, every byte kept (the
+    damage it would repair too); what lies in the rows_* folders of an unfinished export is its own."""
+    write_cache(tmp_path / "cache", num_samples=7)
+    out, rows = tmp_path / "out", tmp_path / "out" / "rows_0-2000"
+    export_specforge(tmp_path / "cache", out, SpecForgeExportConfig(), workers=1, progress=False)
+    whole = tree(out)
+    (rows / "data_1.ckpt").unlink()
+    (out / "my.ckpt").write_bytes(b"mine")
+    (rows / "data_500.ckpt").write_bytes(b"mine too")  # in its folder, but the export finished without it
+    args = ["cache", "export", "--to", "specforge", str(tmp_path / "cache"), "-o", str(out), "--quiet"]
+    for mine in (out / "my.ckpt", rows / "data_500.ckpt"):
+        before = tree(out, without=())
+        refused = CliRunner().invoke(main, args)
+        assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1, refused.output
+        assert f"{mine}: not written by this export, and specforge would read it as training data" in refused.output
+        assert tree(out, without=()) == before
+        mine.rename(tmp_path / mine.name)
+    (rows / "data_500.ckpt").write_bytes(b"left by the unfinished export")
+    (out / "stats.json").unlink()
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0 and "removed strays rows_0-2000/data_500.ckpt" in result.output, result.output
+    assert tree(out) == whole and (tmp_path / "my.ckpt").read_bytes() == b"mine"
 
 
 def test_a_damaged_journal_is_repaired_and_a_partial_export_with_a_torn_line_resumes(tmp_path):

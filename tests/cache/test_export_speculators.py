@@ -150,7 +150,9 @@ def test_other_options_another_trainer_or_another_cache_are_refused(tmp_path):
     assert "resumed" not in redone and not list(out.glob("*.pt")) and len(reader.arrow_rows(out)) == 4
 
 
-def test_a_rerun_repairs_damaged_files_and_removes_what_the_walker_would_also_read(tmp_path):
+def test_a_rerun_refuses_a_users_file_the_walker_would_read_then_repairs_damaged_files(tmp_path):
+    """Its walker takes every name ending in pt at any depth: a rerun deleted a user's notes.pt.
+    Now such a file refuses the rerun, every byte kept, until it is moved away."""
     write_cache(tmp_path / "cache", num_samples=5)
     out = tmp_path / "out"
     export_speculators(tmp_path / "cache", out, SpeculatorsExportConfig(), workers=1, progress=False)
@@ -158,15 +160,25 @@ def test_a_rerun_repairs_damaged_files_and_removes_what_the_walker_would_also_re
     changed = bytearray((out / "data_3.pt").read_bytes())
     changed[-300] ^= 1
     (out / "data_3.pt").write_bytes(bytes(changed))
-    (out / "token_freq.pt").write_bytes(b"its walker takes every name ending in pt")
+    (out / "sample_lengths.json").write_text('{"0": 1}')
     (out / "sub").mkdir()
     (out / "sub" / "data_9.pt").write_bytes(b"at any depth")
-    (out / "sample_lengths.json").write_text('{"0": 1}')
     args = ["cache", "export", "--to", "speculators", str(tmp_path / "cache"), "-o", str(out), "--quiet"]
+    for mine in (out / "notes.pt", out / "sub" / "data_9.pt"):
+        mine.touch()
+        before = tree(out, without=())
+        refused = CliRunner().invoke(main, args)
+        assert refused.exit_code == 2 and f"{mine}: not written by this export" in refused.output, refused.output
+        assert tree(out, without=()) == before
+        (out / "stats.json").unlink()  # nor is it the export's in an unfinished one: not a name it writes
+        refused = CliRunner().invoke(main, args)
+        assert refused.exit_code == 2 and f"{mine}: not written by this export" in refused.output, refused.output
+        (out / "stats.json").write_bytes(before["stats.json"])
+        mine.unlink()
+    (out / "sub").rmdir()
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    assert ("repaired: rewrote changed data_3.pt; removed strays sub/data_9.pt, token_freq.pt; "
-            "rewrote sample_lengths.json") in result.output
+    assert "repaired: rewrote changed data_3.pt; rewrote sample_lengths.json" in result.output
     assert tree(out) == whole
 
 
@@ -179,8 +191,11 @@ def test_a_rerun_of_the_arrow_layout_rewrites_its_table_and_its_files(tmp_path):
     (out / "hidden_states" / "hs_2.safetensors").unlink()
     (out / "hidden_states" / "hs_70.safetensors").write_bytes(b"not ours")
     (out / "data-00000-of-00001.arrow").write_bytes(b"torn")
+    with pytest.raises(ValueError, match="hs_70.safetensors: not written by this export"):  # it finished without it
+        export_speculators(tmp_path / "cache", out, config, workers=1, progress=False)
+    (out / "stats.json").unlink()  # unfinished: hidden_states/ is its own
     stats = export_speculators(tmp_path / "cache", out, config, workers=1, progress=False)
-    assert stats["export"]["repaired"] == {"missing": [2], "strays_removed": ["hidden_states/hs_70.safetensors"],
+    assert stats["export"]["repaired"] == {"strays_removed": ["hidden_states/hs_70.safetensors"],
                                            "rewritten": ["data-00000-of-00001.arrow"]}
     assert tree(out) == whole
 

@@ -47,6 +47,24 @@ def test_restart_of_each_cache_command_keeps_a_users_file_and_every_byte(built):
     assert invoke_cli(*commands[1], "--restart", "-q").exit_code == 0
 
 
+def test_a_rerun_of_each_export_refuses_a_users_file_its_trainer_would_read_and_keeps_every_byte(built):
+    """A plain rerun of an export deleted any file under its output its trainer's walker would read and
+    no sample names: a user's my.ckpt (SpecForge), notes.pt (speculators' files at any depth, its Arrow
+    layout's in hidden_states/)."""
+    root, commands = built
+    mine = {"es": "my.ckpt", "ep": "notes.pt", "ea": "hidden_states/notes.pt"}
+    for output, name in mine.items():
+        (root / output / name).parent.mkdir(exist_ok=True)
+        (root / output / name).write_bytes(b"mine\n")
+    before = snapshot(root)
+    for command in commands[1:]:
+        output = command[command.index("-o") + 1]
+        result = invoke_cli(*command, "-q")
+        assert result.exit_code == 2 and f"{output}/{mine[output]}: not written by this export" in result.stderr, \
+            (command, result.output)
+        assert snapshot(root) == before, f"{command} changed the tree"
+
+
 def test_cache_outputs_overlapping_what_they_read_are_refused_unchanged(built, tiny_qwen3_dir):
     root, _ = built
     before = snapshot(root)

@@ -16,9 +16,10 @@ told in docs/cache.md ("Training with SpecForge"). How they are kept:
   (200 samples of 1 to 512 tokens, hidden 1024, 3 layers), 1 → 2 threads: SpecForge gzip 6.2 →
   12.4 files/s (zlib is the whole cost), plain bf16 61 → 80 files/s (fsync-bound), plain fp8 48 → 52.
 - **Resume and recheck.** Every run, finished or not, checks every file against the journal
-  (`export_files`) and rewrites the small files where they differ from what the cache and the
-  options make them; the identity (`WorkDir`) is the step's, the cache's (`cache_identity`) and
-  the options. stats.json is written last: an OUT with a stats.json is finished.
+  (`export_files`), removes the strays it wrote and refuses one it did not, and rewrites the small
+  files where they differ from what the cache and the options make them; the identity (`WorkDir`)
+  is the step's, the cache's (`cache_identity`) and the options. stats.json is written last: an
+  OUT with a stats.json is finished.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from fuelline.cache.export_files import JOURNAL, check_files, digest, journal_by
 from fuelline.formats.target_cache import BF16, INDEX, checksum, manifest_digest
 from fuelline.io.atomic import atomic_write, remove_temp_files, write_bytes_atomic
 from fuelline.io.stage_layout import STATS_FILE
+from fuelline.io.step_files import Layout
 from fuelline.pipeline.options import Options, check_declared, identity_history, identity_values, option
 from fuelline.pipeline.stats import StepStats, read_stats
 from fuelline.pipeline.step import Step
@@ -81,7 +83,8 @@ class ExportTarget:
 
     def is_data_file(self, output: Path, path: Path) -> bool:
         """Whether `path`, a file under `output`, is one the trainer would read or that lies in the
-        export's own folders: one that no sample of this export names is a stray and is removed."""
+        export's own folders: one that no sample of this export names is a stray, removed when the
+        export wrote it, else refused (`_Run._strays`)."""
         raise NotImplementedError
 
     def file_bytes(self, item: dict, where: tuple[Path, int]) -> tuple[memoryview | bytes, dict]:
@@ -145,14 +148,14 @@ def export_cache(cache: str | os.PathLike, output: str | os.PathLike, target: Ex
         if done is None:
             theirs = partial(target.is_data_file, output)  # a file the trainer would read, or of the export's folders
             step_dir.begin(anything_finished=lambda: bool(strays(output, set(), theirs)))
-        remove_temp_files(output)  # of files a killed export left half written (we hold the lock)
         run = _Run(dataset, step_dir, target, workers or len(os.sched_getaffinity(0)), progress, verify, step)
         return run.export(done)
 
 
 class _Run:
-    """One run of an export: check what OUT holds against the journal (`export_files`), write what is
-    missing or wrong, remove strays, write the small files, then stats.json."""
+    """One run of an export: check what OUT holds against the journal (`export_files`), refuse a
+    user's file the trainer would read, write what is missing or wrong, remove the export's own
+    strays, write the small files, then stats.json."""
 
     def __init__(self, dataset, step_dir: WorkDir, target: ExportTarget, workers: int, progress: bool, verify: bool,
                  step: str):
@@ -170,6 +173,8 @@ class _Run:
         if dataset.fuelline:  # a line without the record id its sample has names no file of this export
             entries = {i: e for i, e in entries.items() if isinstance(e.get("record_id"), str)}
         found = check_files(paths, entries, verify=self.verify, workers=self.workers)
+        left = self._strays(set(paths.values()), entries, finished=done is not None)
+        remove_temp_files(output)  # of files a killed export left half written (we hold the lock)
         pending = sorted(sample for samples in found.values() for sample in samples)
         began = time.perf_counter()
         self._write(pending, entries, count)
@@ -180,7 +185,7 @@ class _Run:
             raise ValueError(f"{dataset.path}: no file exported: all {count:,} samples were skipped (the first, "
                              f"sample {first}: {skipped[first]})")
         exported = [i for i in range(count) if i not in skipped]
-        removed = self._remove_strays({paths[i] for i in exported})
+        removed = self._remove([*left, *(paths[i] for i in skipped if paths[i].is_file())])  # a skipped sample's name
         # as the journal has them: each read with its sample, its record checksummed (None: the format has no ids)
         ids = [entries[i]["record_id"] for i in range(count)] if dataset.fuelline else None
         small = {JOURNAL: journal_bytes(entries, count),
@@ -228,15 +233,29 @@ class _Run:
                 journal.write(journal_line(entry))
                 journal.flush()
 
-    def _remove_strays(self, expected: set[Path]) -> list[str]:
-        """Remove the strays of `export_files.strays` (and the folders they leave empty); their names."""
-        output = self.output
-        found = strays(output, expected, partial(self.target.is_data_file, output))
+    def _strays(self, expected: set[Path], entries: dict[int, dict], *, finished: bool) -> list[Path]:
+        """The files under OUT the trainer would read as data that no sample of this export has: each
+        one the export wrote (its journal names it; or its declared layout does, and the export is
+        unfinished), to remove once the files are written. One it did not write (a user's `notes.pt`)
+        refuses the run, before anything is written or deleted."""
+        output, target = self.output, self.target
+        journaled = {target.file_path(output, sample) for sample in entries}
+        layout = Layout(self.step_dir.writes)
+        found = strays(output, expected, partial(target.is_data_file, output))
         for path in found:
+            if path not in journaled and (finished or not layout.written(path.relative_to(output).parts)):
+                raise ValueError(f"{path}: not written by this export, and {target.trainer} would read it as "
+                                 "training data; move it away and run the same command again")
+        return found
+
+    def _remove(self, found: list[Path]) -> list[str]:
+        """Remove `found`, the export's strays (and the folders they leave empty); their names."""
+        output = self.output
+        for path in sorted(found):
             path.unlink()
             if path.parent != output and not any(path.parent.iterdir()):
                 path.parent.rmdir()
-        return [path.relative_to(output).as_posix() for path in found]
+        return [path.relative_to(output).as_posix() for path in sorted(found)]
 
     def _manifest(self, count: int, exported: int, skipped: dict[int, str], ids: list[str] | None) -> dict:
         dataset, manifest, config = self.dataset, self.dataset.manifest, self.target.config

@@ -14,9 +14,9 @@ export finishes the journal is rewritten sorted by sample, atomically, and is th
 list of files.
 
 Every run of an export, finished or not, checks every file against it (`check_files`) and lists
-the rest of OUT's data files (`strays`: a `data_500.ckpt` left by someone else, a `.ckpt` beside
-the `.ckpt.gz`) for removal, since a trainer's walker reads every file it takes under OUT
-(SpecForge's every `.ckpt` and `.ckpt.gz`, speculators' every name ending in `pt`).
+the rest of OUT's data files (`strays`), since a trainer's walker reads every file it takes under
+OUT (SpecForge's every `.ckpt` and `.ckpt.gz`, speculators' every name ending in `pt`). A stray is
+removed only when the export wrote it (`fuelline.cache.export`); a user's `notes.pt` refuses the run.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from pathlib import Path
 import orjson
 
 from fuelline.formats.target_cache import checksum, checksum_of
+from fuelline.io.atomic import is_temp_name
 
 JOURNAL = "fuelline_export_files.jsonl"
 READ_BLOCK = 16 << 20
@@ -122,9 +123,10 @@ def file_digest(path: Path) -> str:
 
 def strays(output: Path, expected: set[Path], is_data_file: Callable[[Path], bool]) -> list[Path]:
     """Every file under `output` (at any depth) that `is_data_file` calls the export's (what the
-    trainer's walker would take, what lies in the export's own folders) and that is not in `expected`."""
+    trainer's walker would take, what lies in the export's own folders) and that is not in `expected`;
+    not the temp files of a killed run's writes, which every run removes (`remove_temp_files`)."""
     found = []
     for folder, _, names in os.walk(output):
-        found += [Path(folder) / name for name in names
-                  if is_data_file(Path(folder) / name) and Path(folder) / name not in expected]
+        found += [Path(folder) / name for name in names if not is_temp_name(name)
+                  and is_data_file(Path(folder) / name) and Path(folder) / name not in expected]
     return sorted(found)

@@ -7,8 +7,9 @@ Two layouts (what each file holds: `fuelline.cache.speculators`):
   ending in `pt`, at any depth, and looks for sample_lengths.json beside the first file it lists,
   taking each file's index from the digits after the last `_` of its stem (without the json, or
   with a file it does not name, it guesses lengths from file sizes). So every file lies in OUT
-  itself, and any other name ending in pt under OUT (a `token_freq.pt` left there) is a stray and is
-  removed. Bytes as SpecForge's: torch.save into a file object.
+  itself, and any other name ending in pt under OUT is a stray: removed when the export wrote it,
+  refused when it did not (a user's `token_freq.pt`). Bytes as SpecForge's: torch.save into a file
+  object.
 - `--layout arrow` (its `ArrowDataset`): OUT is a `datasets.save_to_disk` directory
   (`fuelline.formats.hf_dataset`, written with pyarrow; in torch format, as its preparation saves
   it: its reader takes each row's loss_mask as a tensor) with one row per exported sample,

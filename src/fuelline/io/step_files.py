@@ -21,7 +21,17 @@ from fuelline.io.atomic import is_temp_name
 
 
 class ForeignFiles(ValueError):
-    """An output to be deleted holds a file its step did not write."""
+    """An output to be deleted holds a file its step did not write: the one-line refusal to delete
+    `where`, naming `refusal` (what would delete it) and `first`, the first such file in it."""
+
+    def __init__(self, refusal: str, where: str | Path, first: str):
+        super().__init__(f"{refusal} would delete {where}, which also holds {first} that fuelline did not write; "
+                         "move it away or choose another output")
+        self.refusal, self.where, self.first = refusal, where, first
+
+    def by(self, refusal: str) -> ForeignFiles:
+        """The same refusal, naming what the user typed (a pipeline's `--restart-from STEP`)."""
+        return ForeignFiles(refusal, self.where, self.first)
 
 
 class Layout:
@@ -82,7 +92,7 @@ def delete_written(directory: Path, patterns: Sequence[str], refusal: str | None
     if not written:
         return
     if foreign and refusal is not None:
-        raise refused(refusal, directory, foreign[0].relative_to(directory).as_posix())
+        raise ForeignFiles(refusal, directory, foreign[0].relative_to(directory).as_posix())
     for entry in written:
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
@@ -91,9 +101,3 @@ def delete_written(directory: Path, patterns: Sequence[str], refusal: str | None
     for folder in [*reversed(mixed), directory]:  # deepest first: a folder emptied here goes too
         if not any(folder.iterdir()):
             folder.rmdir()
-
-
-def refused(refusal: str, where: str | Path, first: str) -> ForeignFiles:
-    """The one-line refusal to delete `where`, naming the first file in it fuelline did not write."""
-    return ForeignFiles(f"{refusal} would delete {where}, which also holds {first} that fuelline did not write; "
-                        "move it away or choose another output")

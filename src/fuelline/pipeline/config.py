@@ -36,11 +36,12 @@ from fuelline.io.overlap import check_outputs
 from fuelline.io.paths import expand_inputs
 from fuelline.io.remote import refuse_url
 from fuelline.io.stage_layout import PIPELINE_FILE
+from fuelline.io.step_files import ForeignFiles
 from fuelline.pipeline.options import build_config, option_fields, option_problem, replaced_names
 from fuelline.pipeline.ray_executor import RayExecutor
 from fuelline.pipeline.registry import make_step, step_class
 from fuelline.pipeline.step import Step, resolve_step
-from fuelline.pipeline.workdir import Checked, StepOutputMismatch, checking
+from fuelline.pipeline.workdir import RESTART, Checked, StepOutputMismatch, checking
 from fuelline.pipeline.workers import RunOptions
 
 RUN_OPTION_KEYS = {f.name for f, _ in option_fields(RunOptions)}  # restart and progress are the command line's
@@ -199,7 +200,8 @@ def run_pipeline(steps: list[PipelineStep], run_dir: str | os.PathLike, *, input
         with _one_ray_instance(steps, options):
             run_dir.mkdir(parents=True, exist_ok=True)
             _write_layout(run_dir, planned)
-            return _run_steps(planned, options)
+            by = f"--restart-from {restart_from}" if restart_from is not None and not restart else RESTART
+            return _run_steps(planned, options, by)
 
 
 def _one_ray_instance(steps: list[PipelineStep], step_options: list[RunOptions]):
@@ -269,7 +271,9 @@ def _write_layout(run_dir: Path, planned: list[PlannedStep]) -> None:
         write_bytes_atomic(path, data)
 
 
-def _run_steps(planned: list[PlannedStep], step_options: list[RunOptions]) -> list[dict]:
+def _run_steps(planned: list[PlannedStep], step_options: list[RunOptions], restarted_by: str) -> list[dict]:
+    """Run each step; `restarted_by`: the option, as typed, that restarts steps (a step's refusal to
+    delete a user's file names it, not the step's own --restart)."""
     all_stats = []
     for planned_step, options in zip(planned, step_options):
         step = planned_step.step
@@ -277,4 +281,8 @@ def _run_steps(planned: list[PlannedStep], step_options: list[RunOptions]) -> li
             all_stats.append(step.step.run(planned_step.inputs, planned_step.output, options, planned_step.steps))
         except StepOutputMismatch as e:
             raise e.in_pipeline(step.name) from None
+        except ForeignFiles as e:
+            if e.refusal != RESTART:  # replacing another run's unfinished output: not an option's doing
+                raise
+            raise e.by(restarted_by) from None
     return all_stats

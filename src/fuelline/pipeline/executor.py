@@ -32,7 +32,7 @@ from fuelline.pipeline.shards import InputShard, describe_inputs, plan_shards
 from fuelline.pipeline.stage import PrepareContext, ShardContext, Stage
 from fuelline.pipeline.stats import StepStats, write_json
 from fuelline.pipeline.step import Step
-from fuelline.pipeline.workdir import WorkDir, not_a_step_output
+from fuelline.pipeline.workdir import RESTART, WorkDir, not_a_step_output
 from fuelline.pipeline.ray_executor import RayExecutor  # imports Ray itself only when it is opened
 from fuelline.pipeline.workers import WORKER_BYTES, RunOptions, WorkerPool
 from fuelline.progress import progress_bar
@@ -156,7 +156,7 @@ class _StageDir(WorkDir):
     def lock(self):
         return self.store.lock()
 
-    def discard(self, by: str | None = "--restart") -> None:
+    def discard(self, by: str | None = RESTART) -> None:
         self.store.discard(self.writes, by)  # first: a URL that holds a file of its own refuses before anything goes
         super().discard(by)  # the directory the run writes (a URL's staging directory)
         for directory in self.outside:  # only the parts this stage wrote there

@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 from fuelline.io.atomic import is_temp_name, write_bytes_atomic
 from fuelline.io.lock import exclusive_output
 from fuelline.io.remote import RemoteDir, canonical, is_url, staging_dir
-from fuelline.io.step_files import is_foreign, refused
+from fuelline.io.step_files import ForeignFiles, is_foreign
 from fuelline.pipeline.workdir import not_a_step_output
 from fuelline.io.stage_layout import (
     DONE_DIR,
@@ -144,7 +144,7 @@ class RemoteOutput(OutputStore):
     def discard(self, writes: Sequence[str], by: str | None) -> None:
         listing = sorted(self.remote.sizes())
         if by is not None and (foreign := [n for n in listing if is_foreign(n, writes)]):
-            raise refused(by, self.url, foreign[0])
+            raise ForeignFiles(by, self.url, foreign[0])
         self.remote.remove([n for n in listing if not is_foreign(n, writes)])
 
     def finish(self) -> None:

@@ -25,7 +25,8 @@ from fuelline.io.step_files import delete_written
 from fuelline.io.stage_layout import PLAN_FILE, STATS_FILE
 from fuelline.pipeline.stats import StepStats, read_stats, resumed, write_json
 
-RESTART_HINT = "pass --restart to delete it and run again, or choose another output directory"
+RESTART = "--restart"  # what deletes a step's output in `WorkDir.discard`'s refusals, unless told otherwise
+RESTART_HINT = f"pass {RESTART} to delete it and run again, or choose another output directory"
 # The plan markers of outputs that an earlier fuelline left unfinished: pack's shards under `_work/`,
 # a cache build's `.build/`, the identity of a step done in one go (tokenizer, export, vocab-map).
 EARLIER_MARKERS = ("_work/plan.json", ".build/plan.json", "_started.json")
@@ -131,7 +132,7 @@ class WorkDir:
         """Held from before the output is read or deleted to the end of the run; beside the output."""
         return exclusive_output(self.path, name=self.name)
 
-    def discard(self, by: str | None = "--restart") -> None:
+    def discard(self, by: str | None = RESTART) -> None:
         """Delete what the step wrote of the output (`--restart`, or another identity's unfinished
         work): refused, before anything is deleted, when it also holds a file the step does not write
         (`by` names what would delete it; None: such a file is kept, a failed run's own output goes);
