@@ -32,7 +32,9 @@ Supervised of a turn's text: up to and including its last end-of-turn token; wha
 (ChatML's "\n") the template writes, not the model. Cost: three renderings per assistant turn (the
 full rendering counted among them; the second probe, or P_i; a turn with calls, which is its own
 second probe, renders its placeholders instead), four for Mistral's answers, and P_i where the
-probe's text is not a prefix of A_i.
+probe's text is not a prefix of A_i. Where two or more turns have calls, their placeholders are all
+rendered at once, in one rendering of the whole conversation written back to its text, instead of
+one per turn; a turn that rendering does not prove is checked alone.
 """
 
 from __future__ import annotations
@@ -72,9 +74,11 @@ def incremental_spans(turns: list[dict], assistant: list[int], text: str, genera
     `reads_calls`: False for a template whose source never names `tool_calls` (it shows no call: the second
     probe is not rendered)."""
     found, previous_end = [], 0
+    placed = _placed_at_once(turns, assistant, text, generation_prompt, render)
     for i in assistant:
         try:
-            span, end = _turn(turns, i, text, generation_prompt, render, ends_of_turn, previous_end, reads_calls)
+            span, end = _turn(turns, i, text, generation_prompt, render, ends_of_turn, previous_end, reads_calls,
+                              placed)
         except NotIncremental as moved:
             found.append(moved)
             continue
@@ -84,7 +88,8 @@ def incremental_spans(turns: list[dict], assistant: list[int], text: str, genera
 
 
 def _turn(turns: list[dict], i: int, text: str, generation_prompt: bool, render: Render,
-          ends_of_turn: tuple[str, ...], previous_end: int, reads_calls: bool) -> tuple[tuple[int, int], int]:
+          ends_of_turn: tuple[str, ...], previous_end: int, reads_calls: bool, placed: dict[int, list] | None
+          ) -> tuple[tuple[int, int], int]:
     through = text if i == len(turns) - 1 and not generation_prompt else render(turns[:i + 1], False)
     if not text.startswith(through):
         raise NotIncremental(i, f"rewrites turn {i} once later turns follow it{_where(through, text)}")
@@ -93,7 +98,7 @@ def _turn(turns: list[dict], i: int, text: str, generation_prompt: bool, render:
         raise NotIncremental(i, f"ends the generation prompt of turn {i} before the previous assistant turn ends "
                                 f"(character {start}, not {previous_end})")
     span = (start, _end_of_turn(text, start, len(through), ends_of_turn))
-    _require_said(turns, i, through, span, bare, render)
+    _require_said(turns, i, through, span, bare, render, placed)
     return span, len(through)
 
 
@@ -142,14 +147,15 @@ def _before_a_call(turns: list[dict], i: int, through: str, start: int, probe: s
 
 
 def _require_said(turns: list[dict], i: int, through: str, span: tuple[int, int], bare: str | None,
-                  render: Render) -> None:
+                  render: Render, placed: dict[int, list] | None) -> None:
     """The supervised text of turn i must hold what the turn says, among what the turn adds (module docstring):
     else it is another turn's text (a template that writes a turn only once another follows) or an answer
     without its calls (a template that ignores `tool_calls`). A content or reasoning the template leaves out
     beside tool calls (Hermes' and Llama 3.1's write only the calls) is not trained on, as it is not in the text."""
     turn = turns[i]
-    if len(turn) > 2 and turn.get("tool_calls"):
-        _require_calls(turns, i, through, span, render)
+    if _calls(turn):
+        if placed is None or not _all_in(placed[i], span):
+            _require_calls(turns, i, through, span, render)
         return
     content = turn["content"].strip()
     lo, hi = _added(through, bare) if bare is not None else (0, len(through))
@@ -157,31 +163,75 @@ def _require_said(turns: list[dict], i: int, through: str, span: tuple[int, int]
         raise NotIncremental(i, f"writes a text for turn {i} that lacks its content")
 
 
+def _placed_at_once(turns: list[dict], assistant: list[int], text: str, generation_prompt: bool,
+                    render: Render) -> dict[int, list[list[tuple[int, int]]]] | None:
+    """Where in `text` each string of the calls of turns `assistant` is, from one rendering of the whole
+    conversation with all of them held by placeholders (each its own number): per turn, per string, the places
+    its placeholder is written back. None where fewer than two turns have calls (each turn's own rendering, a
+    prefix, costs less), or where that rendering is refused or does not write back to `text`: each turn is then
+    checked alone, as a template that matches a tool result to its call by name needs."""
+    with_calls = [i for i in assistant if _calls(turns[i])]
+    if len(with_calls) < 2:
+        return None
+    held: list[str] = []
+    firsts, part = {}, list(turns)
+    for i in with_calls:
+        firsts[i] = len(held)
+        part[i] = _held_turn(turns[i], held)
+    try:
+        places = _written_back(render(part, generation_prompt), held, text)
+    except ValueError:
+        return None
+    if places is None:
+        return None
+    return {i: places[first:first + _count(turns[i])] for i, first in firsts.items()}
+
+
 def _require_calls(turns: list[dict], i: int, through: str, span: tuple[int, int], render: Render) -> None:
     """Each call's name and argument strings must be in turn i's supervised text: A_i is rendered again with each
     of them held by a placeholder of its own (noncharacters, which no data holds), each of which must be there;
     and the placeholders written back must give A_i (the template writes them as they are, or JSON-escaped)."""
     held: list[str] = []
-    calls = [{**call, "function": {**call["function"], "name": _hold(call["function"]["name"], held),
-                                   "arguments": _hold(call["function"]["arguments"], held)}}
-             for call in turns[i]["tool_calls"]]
     try:
-        placed = render([*turns[:i], {**turns[i], "tool_calls": calls}], False)
+        placed = render([*turns[:i], _held_turn(turns[i], held)], False)
     except ValueError as e:
         raise NotIncremental(i, f"cannot render turn {i} with its tool calls' names and arguments held by "
                                 f"placeholders ({e}), so whether it writes them is unknown") from None
-    if not _written_back(placed, held, through):
+    places = _written_back(placed, held, through)
+    if places is None:
         raise NotIncremental(i, f"transforms the names or arguments of turn {i}'s tool calls (or escapes them), "
                                 f"so whether it writes them is unknown")
-    found = {_number(m) for m in _PLACEHOLDER.finditer(placed, span[0], len(placed) - (len(through) - span[1]))}
     k = 0
     for j, call in enumerate(turns[i]["tool_calls"]):
         function = call["function"]
         for what in ("its name", *(repr(value) for value in held[k + 1:k + 1 + _strings(function["arguments"])])):
-            if k not in found:
+            if not _all_in(places[k:k + 1], span):
                 raise NotIncremental(i, f"writes a text for turn {i} that lacks its tool_calls[{j}] "
                                         f"({function['name']!r}): {what} is not in the turn's supervised text")
             k += 1
+
+
+def _calls(turn: dict) -> bool:
+    return len(turn) > 2 and bool(turn.get("tool_calls"))
+
+
+def _held_turn(turn: dict, held: list[str]) -> dict:
+    """The turn with each of its calls' names and argument strings held by a placeholder (numbered on in `held`)."""
+    return {**turn, "tool_calls": [{**call, "function": {**call["function"],
+                                                         "name": _hold(call["function"]["name"], held),
+                                                         "arguments": _hold(call["function"]["arguments"], held)}}
+                                   for call in turn["tool_calls"]]}
+
+
+def _count(turn: dict) -> int:
+    """How many strings `_held_turn` holds of the turn's calls."""
+    return sum(_strings(call["function"]["name"]) + _strings(call["function"]["arguments"])
+               for call in turn["tool_calls"])
+
+
+def _all_in(places: list[list[tuple[int, int]]], span: tuple[int, int]) -> bool:
+    """Whether each string is written back at least once within `span`."""
+    return all(any(span[0] <= lo and hi <= span[1] for lo, hi in where) for where in places)
 
 
 def _hold(value, held: list[str]):
@@ -205,24 +255,23 @@ def _strings(value) -> int:
     return int(isinstance(value, str) and value != "")
 
 
-def _written_back(placed: str, held: list[str], through: str) -> bool:
-    """Whether `through` is `placed` with each placeholder its string, as it is or as a JSON string writes it
-    (the form after which the text goes on as `placed` does)."""
+def _written_back(placed: str, held: list[str], through: str) -> list[list[tuple[int, int]]] | None:
+    """Where in `through` each held string is, if `through` is `placed` with each placeholder its string, as it
+    is or as a JSON string writes it (the form after which the text goes on as `placed` does); else None."""
     pieces = _PLACEHOLDER.split(placed)  # text, number, text, …, text
     at = len(pieces[0])
     if not through.startswith(pieces[0]):
-        return False
+        return None
+    places: list[list[tuple[int, int]]] = [[] for _ in held]
     for number, after in zip(pieces[1::2], pieces[2::2]):
-        forms = sorted(_written(held[int(number.translate(_FROM_DIGITS))]), key=len, reverse=True)
+        k = int(number.translate(_FROM_DIGITS))
+        forms = sorted(_written(held[k]), key=len, reverse=True)
         form = next((f for f in forms if through.startswith(f + after[:64], at)), None)
         if form is None or not through.startswith(after, at + len(form)):
-            return False
+            return None
+        places[k].append((at, at + len(form)))
         at += len(form) + len(after)
-    return at == len(through)
-
-
-def _number(placeholder: re.Match) -> int:
-    return int(placeholder.group(1).translate(_FROM_DIGITS))
+    return places if at == len(through) else None
 
 
 def _added(text: str, other: str) -> tuple[int, int]:

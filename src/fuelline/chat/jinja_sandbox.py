@@ -131,6 +131,12 @@ def _compile_jinja(source: str):
                     pass
             return super().getattr(obj, attribute)
 
+        def make_globals(self, d):
+            """The template's globals as one plain dict, not jinja2's ChainMap over the environment's: every
+            rendering copies them into a new context, and iterating a ChainMap cost a fifth of a short
+            conversation's rendering. Nothing changes the globals once the template is compiled."""
+            return {**self.globals, **(d or {})}
+
     env = Environment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, "jinja2.ext.loopcontrols"])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
