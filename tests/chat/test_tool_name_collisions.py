@@ -22,6 +22,10 @@ from .tool_template_families import FAMILIES, family_dirs, with_chat_template
 COLLIDING = ["end", "im", "im_end", "start", "im_start", "assistant", "user", "tool", "function", "name",
              "arguments", "parameters", "tool_call", "eot_id", "header", "INST", "TOOL_CALLS", "gMASK", "sop",
              "observation", "system", "e", "s"]
+# In the default part, a name from each kind (a word, a token fragment, a single letter); all of them
+# in the slow part (the reliability family (t) draws more from each template's own rendering).
+EVERY_NAME = [name if name in ("end", "im_end", "tool_call", "e") else pytest.param(name, marks=pytest.mark.slow)
+              for name in COLLIDING]
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endfor %}"
           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
@@ -43,7 +47,7 @@ def test_a_template_that_ignores_tool_calls_refuses_them_whatever_the_name(name)
         render(called(name), ChatTemplate("chatml-only", jinja=CHATML))
 
 
-@pytest.mark.parametrize("name", COLLIDING)
+@pytest.mark.parametrize("name", EVERY_NAME)
 def test_glm_4_0414_refuses_tool_calls_it_does_not_read(dirs, name):
     """GLM-4-0414's template reads no `tool_calls` (its calls are `metadata`): a call turn is a bare header."""
     got = encode_chats([{"id": name, "conversations": called(name), "tools": TOOLS}], dirs["glm-4-0414"], "auto",
@@ -53,7 +57,7 @@ def test_glm_4_0414_refuses_tool_calls_it_does_not_read(dirs, name):
 
 
 @pytest.mark.parametrize("family", ["hermes", "llama3.1", "mistral", "qwen2.5", "qwen3"])
-@pytest.mark.parametrize("name", COLLIDING)
+@pytest.mark.parametrize("name", EVERY_NAME)
 def test_templates_that_write_the_call_supervise_it_whatever_the_name(dirs, family, name):
     ref = Reference(FAMILIES[family], dirs[family])
     turns = adapted(ref.family, called(name))
