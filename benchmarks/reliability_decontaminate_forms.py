@@ -210,7 +210,7 @@ def _blank(work: Path, items: list[str], full: bool) -> Tally:
 def _paths(work: Path, items: list[str], full: bool) -> Tally:
     """Each case: the files that exist (path: holds the item, or another), the spec, and the file meant
     (None: the spec must be refused)."""
-    tally = Tally("decontaminate against evaluation paths holding = and :")
+    tally = Tally("decontaminate against evaluation paths holding an equals sign or a colon")
     meant, other = [{"question": items[0]}], [{"question": items[1]}]
     cases = [
         ({"split=test/eval.jsonl": meant}, "split=test/eval.jsonl:question", "split=test/eval.jsonl"),

@@ -41,7 +41,7 @@ PARTS = {
               "stream acknowledgements with kills and a builder resumed with another window",
               "decontaminate items split over turns", "decontaminate items in tool arguments and tool results",
               "decontaminate items hidden by invisible characters", "decontaminate with blank evaluation items",
-              "decontaminate against evaluation paths holding = and :",
+              "decontaminate against evaluation paths holding an equals sign or a colon",
               "decontaminate odd records under --on-error skip and raise",
               "decontaminate resumed with another --turns",
               "decontaminate resumed over a damaged evaluation index",
