@@ -230,7 +230,10 @@ def interrupt_mid_run(command: list[str], progress: Path | None) -> subprocess.C
     return subprocess.CompletedProcess(command, proc.returncode, out.decode(), err.decode())
 
 
-@pytest.mark.parametrize(("name", "when"), [("clean", "starting"), ("clean", "working"), ("dedup", "working")])
+# Workers importing is where a traceback leaked; mid-run interrupts are the slow part's variations.
+@pytest.mark.parametrize(("name", "when"), [("clean", "starting"),
+                                            pytest.param("clean", "working", marks=pytest.mark.slow),
+                                            pytest.param("dedup", "working", marks=pytest.mark.slow)])
 def test_ctrl_c_of_a_run_with_workers_is_one_line_and_the_same_command_resumes(name, when, corpus, tokenizer_dir,
                                                                                tmp_path):
     out = tmp_path / "out"
